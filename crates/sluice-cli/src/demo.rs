@@ -1,0 +1,264 @@
+//! `sluice demo`: a local dataset, pipelines/demo.sql, one producer, several subscribers.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Int32Array, Int64Array, StringArray};
+use arrow::datatypes::{DataType, Field};
+use arrow::record_batch::RecordBatch;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+use sluice::{Plan, RunOptions};
+
+/// Width of the demo's feature vectors.
+const FEATURES: i32 = 16;
+const DEMO_PLAN: &str = include_str!("../../../pipelines/demo.sql");
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct DemoArgs {
+    /// Rows in the generated dataset.
+    #[arg(long, default_value_t = 200_000)]
+    rows: usize,
+    /// Subscriber processes to start.
+    #[arg(long, default_value_t = 4)]
+    subscribers: usize,
+    /// Where the dataset lives (generated if absent).
+    #[arg(long, default_value = "data/demo")]
+    data: PathBuf,
+    /// The plan to run (written from the built-in demo plan if absent).
+    #[arg(long, default_value = "pipelines/demo.sql")]
+    plan: PathBuf,
+    /// Only generate the dataset and the plan file, then exit.
+    #[arg(long)]
+    prepare_only: bool,
+}
+
+pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
+    if args.subscribers == 0 {
+        bail!("--subscribers must be at least 1");
+    }
+    prepare(&args)?;
+    if args.prepare_only {
+        return Ok(());
+    }
+    let rt = crate::runtime()?;
+    let plan = rt.block_on(Plan::load(&args.plan))?;
+    let topic = plan.options().topic.clone();
+    let epochs = plan.options().epochs;
+    eprintln!(
+        "demo: {} rows in {}, plan {}, topic '{}', {} epoch(s), {} subscribers",
+        args.rows,
+        args.data.display(),
+        args.plan.display(),
+        topic,
+        epochs,
+        args.subscribers
+    );
+    let source = rt.block_on(plan.checksum())?;
+
+    let exe = std::env::current_exe().context("cannot find the sluice executable")?;
+    let mut children = Vec::new();
+    for _ in 0..args.subscribers {
+        let child = Command::new(&exe)
+            .args(["subscribe", &topic, "--json", "--timeout", "120"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot start a subscriber process")?;
+        children.push(KillOnDrop(child));
+    }
+    let options = RunOptions {
+        min_subscribers: Some(args.subscribers),
+        subscriber_timeout: Some(Duration::from_secs(60)),
+        stop: crate::stop_flag(&rt),
+        ..RunOptions::default()
+    };
+    let stats = crate::run_producer(&rt, plan, &options, false)?;
+
+    let mut rows_out = Vec::new();
+    let mut all_ok = true;
+    for (i, child) in children.iter_mut().enumerate() {
+        let report = collect(&mut child.0).with_context(|| format!("subscriber {i}"))?;
+        let ok = report.epochs.len() as u64 == epochs
+            && report
+                .epochs
+                .iter()
+                .all(|(rows, sum, complete)| *complete && *rows == source.rows() && *sum == source.hex());
+        all_ok &= ok;
+        rows_out.push((i, report, ok));
+    }
+
+    println!();
+    println!(
+        "{:<12} {:>12} {:>10} {:>14} {:>10}",
+        "subscriber", "rows", "seconds", "rows/s", "verified"
+    );
+    let mut total_rows = 0u64;
+    let mut max_secs: f64 = 0.0;
+    for (i, report, ok) in &rows_out {
+        total_rows += report.rows;
+        max_secs = max_secs.max(report.seconds);
+        println!(
+            "{:<12} {:>12} {:>10.2} {:>14.0} {:>10}",
+            format!("#{i}"),
+            report.rows,
+            report.seconds,
+            report.rows as f64 / report.seconds.max(1e-9),
+            if *ok { "yes" } else { "NO" }
+        );
+    }
+    println!(
+        "{:<12} {:>12} {:>10.2} {:>14.0} {:>10}",
+        "aggregate",
+        total_rows,
+        max_secs,
+        total_rows as f64 / max_secs.max(1e-9),
+        if all_ok { "yes" } else { "NO" }
+    );
+    println!(
+        "\nproducer: {} rows x {} epoch(s) in {} batches, {} written to shared memory once, read by {} subscribers",
+        source.rows(),
+        epochs,
+        stats.batches,
+        crate::human_bytes(stats.bytes),
+        args.subscribers
+    );
+    println!("source checksum (DataFusion, one epoch): {} rows, {}", source.rows(), source.hex());
+    if !all_ok {
+        bail!("a subscriber did not receive every row exactly once");
+    }
+    println!("every subscriber received every row of every epoch exactly once");
+    Ok(())
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+struct Report {
+    epochs: Vec<(u64, String, bool)>,
+    rows: u64,
+    seconds: f64,
+}
+
+fn collect(child: &mut Child) -> anyhow::Result<Report> {
+    let stdout = child.stdout.take().context("no output")?;
+    let mut report = Report {
+        epochs: Vec::new(),
+        rows: 0,
+        seconds: 0.0,
+    };
+    for line in BufReader::new(stdout).lines() {
+        let v: serde_json::Value = serde_json::from_str(&line?)?;
+        if v.get("end").is_some() {
+            report.rows = v["rows"].as_u64().unwrap_or(0);
+            report.seconds = v["seconds"].as_f64().unwrap_or(0.0);
+        } else {
+            report.epochs.push((
+                v["rows"].as_u64().unwrap_or(0),
+                v["checksum"].as_str().unwrap_or("").to_string(),
+                v["complete"].as_bool().unwrap_or(false),
+            ));
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("subscriber exited with {status}");
+    }
+    Ok(report)
+}
+
+fn prepare(args: &DemoArgs) -> anyhow::Result<()> {
+    if !args.plan.exists() {
+        if let Some(dir) = args.plan.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&args.plan, DEMO_PLAN)
+            .with_context(|| format!("cannot write {}", args.plan.display()))?;
+    }
+    let marker = args.data.join(format!(".complete-{}", args.rows));
+    if marker.exists() {
+        return Ok(());
+    }
+    if args.data.exists() {
+        std::fs::remove_dir_all(&args.data)
+            .with_context(|| format!("cannot replace {}", args.data.display()))?;
+    }
+    std::fs::create_dir_all(&args.data)?;
+    eprintln!("demo: generating {} rows in {}", args.rows, args.data.display());
+    write_dataset(&args.data, args.rows)?;
+    std::fs::write(marker, b"")?;
+    Ok(())
+}
+
+/// Writes `rows` deterministic rows as four Parquet files with several row groups each.
+pub(crate) fn write_dataset(dir: &Path, rows: usize) -> anyhow::Result<()> {
+    const FILES: usize = 4;
+    let per_file = rows.div_ceil(FILES);
+    let props = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(10_000))
+        .build();
+    for f in 0..FILES {
+        let start = (f * per_file).min(rows);
+        let end = ((f + 1) * per_file).min(rows);
+        let batch = demo_batch(start as i64, end as i64)?;
+        let file = File::create(dir.join(format!("part-{f:02}.parquet")))?;
+        let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props.clone()))?;
+        writer.write(&batch)?;
+        writer.close()?;
+    }
+    Ok(())
+}
+
+fn demo_batch(start: i64, end: i64) -> anyhow::Result<RecordBatch> {
+    // SplitMix64: deterministic and dependency-free.
+    let mix = |x: i64| {
+        let mut z = (x as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    const WORDS: [&str; 8] = ["cat", "dog", "owl", "fox", "elk", "yak", "emu", "bee"];
+    let ids = Int64Array::from_iter_values(start..end);
+    let labels: Int32Array = (start..end)
+        .map(|i| (i % 97 != 13).then_some((mix(i) % 10) as i32))
+        .collect();
+    let text = StringArray::from_iter_values((start..end).map(|i| {
+        let h = mix(i ^ 0x5555);
+        format!(
+            "sample {i}: {} {} {}",
+            WORDS[(h % 8) as usize],
+            WORDS[((h >> 8) % 8) as usize],
+            WORDS[((h >> 16) % 8) as usize]
+        )
+    }));
+    let values = Float32Array::from_iter_values((start..end).flat_map(|i| {
+        (0..FEATURES).map(move |j| (mix(i * 64 + j as i64) % 10_000) as f32 / 10_000.0)
+    }));
+    let features = FixedSizeListArray::try_new(
+        Arc::new(Field::new("item", DataType::Float32, false)),
+        FEATURES,
+        Arc::new(values),
+        None,
+    )?;
+    Ok(RecordBatch::try_from_iter([
+        ("id", Arc::new(ids) as ArrayRef),
+        ("label", Arc::new(labels) as ArrayRef),
+        ("text", Arc::new(text) as ArrayRef),
+        ("features", Arc::new(features) as ArrayRef),
+    ])?)
+}

@@ -1,0 +1,250 @@
+//! The `sluice` command: argument parsing and glue; the work happens in the libraries.
+
+mod demo;
+mod subscribe;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use sluice::{Namespace, Plan, Producer, RunOptions, SluiceError};
+
+/// Run one ML preprocessing pipeline and feed its output, zero-copy, to every trainer on
+/// the machine.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a plan file and publish its batches on the plan's topic.
+    Run {
+        /// The plan file (DataFusion SQL).
+        plan: PathBuf,
+        /// Override sluice.epochs.
+        #[arg(long)]
+        epochs: Option<u64>,
+        /// Wait for this many subscribers before the first batch (overrides sluice.min_subscribers).
+        #[arg(long)]
+        min_subscribers: Option<usize>,
+        /// Give up waiting for --min-subscribers after this many seconds.
+        #[arg(long)]
+        wait_timeout: Option<f64>,
+        /// After the end of the stream, wait up to this many seconds for subscribers to finish reading.
+        #[arg(long, default_value_t = 10.0)]
+        linger: f64,
+        /// Override sluice.topic.
+        #[arg(long)]
+        topic: Option<String>,
+        /// No progress bar.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Receive a topic and report what arrived.
+    Subscribe {
+        /// The topic (sluice.topic of the producer's plan).
+        topic: String,
+        /// One JSON object per epoch (rows, batches, checksum) and one for the whole stream.
+        #[arg(long)]
+        json: bool,
+        /// Give up after this many seconds without a message (or without a producer).
+        #[arg(long)]
+        timeout: Option<f64>,
+    },
+    /// Print a plan's resolved options, schema and DataFusion physical plan.
+    Explain {
+        /// The plan file.
+        plan: PathBuf,
+    },
+    /// Compute the checksum of one epoch of a plan directly through DataFusion.
+    Checksum {
+        /// The plan file.
+        plan: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the demo: a local dataset, pipelines/demo.sql, one producer and several subscribers.
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if is_broken_pipe(&e) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {e:#}");
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}
+
+/// One place that maps errors to exit codes: 2 for a bad plan or configuration, 3 for a
+/// lost or failed producer, 4 for a timeout, 1 otherwise.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    match e.downcast_ref::<SluiceError>() {
+        Some(SluiceError::Plan { .. } | SluiceError::Config(_)) => 2,
+        Some(SluiceError::ProducerLost(_) | SluiceError::ProducerFailed(_)) => 3,
+        Some(SluiceError::Timeout { .. }) => 4,
+        _ => 1,
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// A flag set by SIGINT/SIGTERM, so the producer can tell its subscribers it stopped.
+pub(crate) fn stop_flag(rt: &tokio::runtime::Runtime) -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    rt.spawn(async move {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        flag.store(true, Ordering::Relaxed);
+    });
+    stop
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run {
+            plan,
+            epochs,
+            min_subscribers,
+            wait_timeout,
+            linger,
+            topic,
+            quiet,
+        } => {
+            let rt = runtime()?;
+            let mut plan = rt.block_on(Plan::load(&plan))?;
+            if let Some(e) = epochs {
+                plan.options_mut().epochs = e;
+            }
+            if let Some(t) = topic {
+                plan.options_mut().topic = t;
+            }
+            let options = RunOptions {
+                min_subscribers,
+                subscriber_timeout: wait_timeout.map(Duration::from_secs_f64),
+                linger: Duration::from_secs_f64(linger),
+                stop: stop_flag(&rt),
+            };
+            let stats = run_producer(&rt, plan, &options, quiet)?;
+            if !quiet {
+                eprintln!(
+                    "published {} rows in {} batches over {} epoch(s) in {:.2}s ({:.0} rows/s, {} of shared memory)",
+                    stats.rows,
+                    stats.batches,
+                    stats.epochs,
+                    stats.elapsed.as_secs_f64(),
+                    stats.rows as f64 / stats.elapsed.as_secs_f64().max(1e-9),
+                    human_bytes(stats.shm_bytes)
+                );
+            }
+            Ok(())
+        }
+        Command::Subscribe { topic, json, timeout } => {
+            subscribe::run(&topic, json, timeout.map(Duration::from_secs_f64))
+        }
+        Command::Explain { plan } => {
+            let rt = runtime()?;
+            let plan = rt.block_on(Plan::load(&plan))?;
+            print!("{}", rt.block_on(plan.explain())?);
+            Ok(())
+        }
+        Command::Checksum { plan, json } => {
+            let rt = runtime()?;
+            let plan = rt.block_on(Plan::load(&plan))?;
+            let sum = rt.block_on(plan.checksum())?;
+            if json {
+                println!("{}", serde_json::json!({"rows": sum.rows(), "checksum": sum.hex()}));
+            } else {
+                println!("rows {}  checksum {}", sum.rows(), sum.hex());
+            }
+            Ok(())
+        }
+        Command::Demo(args) => demo::run(args),
+    }
+}
+
+pub(crate) fn run_producer(
+    rt: &tokio::runtime::Runtime,
+    plan: Plan,
+    options: &RunOptions,
+    quiet: bool,
+) -> anyhow::Result<sluice::RunStats> {
+    let namespace = Namespace::from_env()?;
+    let epochs = plan.options().epochs;
+    let producer = Producer::new(plan, namespace);
+    let bar = if quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        );
+        bar.enable_steady_tick(Duration::from_millis(200));
+        bar
+    };
+    let stats = producer.run(rt.handle(), options, |p| {
+        if p.batches % 16 == 0 {
+            bar.set_message(format!(
+                "epoch {}/{}  {} rows  {} batches  {}  {} subscriber(s)",
+                p.epoch + 1,
+                epochs,
+                p.rows,
+                p.batches,
+                human_bytes(p.bytes),
+                p.subscribers
+            ));
+        }
+    });
+    bar.finish_and_clear();
+    Ok(stats?)
+}
+
+pub(crate) fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}

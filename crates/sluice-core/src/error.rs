@@ -1,0 +1,110 @@
+//! The Sluice error type.
+//!
+//! One enum for the whole runtime, with variants that follow the stages of the work
+//! (plan, execution, transport, protocol), as DataFusion does. Each message says what
+//! went wrong and, where there is one, what to do about it.
+
+use std::fmt;
+
+/// Result alias used across Sluice.
+pub type Result<T, E = SluiceError> = std::result::Result<T, E>;
+
+/// Where in a plan file something went wrong (1-based line and column).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    /// The plan file, as given by the user.
+    pub file: String,
+    /// 1-based line.
+    pub line: u64,
+    /// 1-based column.
+    pub column: u64,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.file, self.line, self.column)
+    }
+}
+
+/// Every error Sluice reports.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SluiceError {
+    /// The plan file is wrong: syntax, options, tables, or the shape of the file.
+    #[error("{location}: {message}")]
+    Plan {
+        /// Where in the plan file.
+        location: Location,
+        /// What was wrong and what was expected.
+        message: String,
+    },
+    /// A configuration value is invalid (outside a plan file, e.g. a CLI flag).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Running the plan failed (I/O, decoding the source, a failing expression).
+    #[error("pipeline failed: {0}")]
+    Execution(String),
+    /// The shared-memory transport failed.
+    #[error("transport error: {0}")]
+    Transport(String),
+    /// Not enough shared memory for the topic.
+    #[error(
+        "topic '{topic}' needs {needed} bytes of shared memory but {path} has only {available} bytes free; \
+         lower sluice.max_subscribers, sluice.window or sluice.batch_rows, or enlarge {path} \
+         (e.g. `mount -o remount,size=8G /dev/shm`)"
+    )]
+    ShmTooSmall {
+        /// The topic being created.
+        topic: String,
+        /// Bytes the topic would map.
+        needed: u64,
+        /// Bytes free on the shared-memory file system.
+        available: u64,
+        /// The shared-memory file system.
+        path: String,
+    },
+    /// A message read from shared memory is malformed. Never trusted, never undefined behaviour.
+    #[error("corrupt message on topic: {0}")]
+    Corrupt(String),
+    /// The producer failed and told its subscribers why.
+    #[error("producer failed: {0}")]
+    ProducerFailed(String),
+    /// The producer disappeared without ending the stream (crash, SIGKILL).
+    #[error("producer of topic '{0}' is gone (it exited or was killed without ending the stream)")]
+    ProducerLost(String),
+    /// Waiting took longer than the caller allowed.
+    #[error("timed out after {seconds:.1}s waiting for {what}")]
+    Timeout {
+        /// What was awaited.
+        what: String,
+        /// How long.
+        seconds: f64,
+    },
+    /// A second producer tried to publish on a topic that already has one.
+    #[error("topic '{0}' already has a producer; stop it first or choose another sluice.topic")]
+    TopicBusy(String),
+    /// An Arrow operation failed.
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    /// An I/O operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A bug in Sluice: please report it.
+    #[error("internal error (this is a bug in Sluice, please report it): {0}")]
+    Internal(String),
+}
+
+impl SluiceError {
+    /// An I/O error with what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! Sluice core: the pure pieces of the runtime, with no I/O.
+//!
+//! ```text
+//! plan ─► source ─► [rebatch] ─► [wire::encode] ─► topic ─► [wire::decode] ─► subscriber
+//!                                                                  │
+//!                                                          [checksum] (verification)
+//! ```
+//!
+//! * [`rebatch`] cuts a stream of record batches into batches of exactly `n` rows
+//!   (the last one of an epoch may be shorter), slicing without copies where it can.
+//! * [`wire`] turns a batch into self-contained Arrow IPC messages that can be written
+//!   once into shared memory, and validates and decodes them in place on the other side.
+//! * [`checksum`] is an order-independent fingerprint of a set of rows, so delivery can
+//!   be checked against the source whatever the order or batching.
+//! * [`frame`] names the kinds of message that travel on a topic.
+//! * [`error`] is the one error type of Sluice.
+#![warn(missing_docs)]
+
+pub mod checksum;
+pub mod error;
+pub mod frame;
+pub mod rebatch;
+pub mod wire;
+
+pub use checksum::Checksum;
+pub use error::{Result, SluiceError};
+pub use frame::{FrameKind, TopicName};
+pub use rebatch::Rebatcher;

@@ -1,0 +1,271 @@
+//! Cutting a stream of record batches into batches of exactly `n` rows.
+//!
+//! DataFusion yields batches of whatever size its operators produce. Trainers want a
+//! fixed batch size, so the producer cuts the stream into batches of exactly
+//! `target_rows` rows. Only the last batch of an epoch may be shorter, and it is never
+//! dropped.
+//!
+//! Where one input batch covers a whole output batch, the output is a zero-copy slice of
+//! it. Only an output batch that spans several input batches is concatenated, which
+//! copies its rows once. Empty input batches are ignored.
+
+use std::collections::VecDeque;
+
+use arrow::compute::concat_batches;
+use arrow::record_batch::RecordBatch;
+
+use crate::error::{Result, SluiceError};
+
+/// Re-batches a stream to exactly `target_rows` rows per batch.
+#[derive(Debug)]
+pub struct Rebatcher {
+    target_rows: usize,
+    pending: VecDeque<RecordBatch>,
+    pending_rows: usize,
+}
+
+impl Rebatcher {
+    /// A re-batcher producing batches of `target_rows` rows; `target_rows` must be positive.
+    pub fn new(target_rows: usize) -> Result<Self> {
+        if target_rows == 0 {
+            return Err(SluiceError::Config(
+                "batch size must be a positive number of rows".into(),
+            ));
+        }
+        Ok(Self {
+            target_rows,
+            pending: VecDeque::new(),
+            pending_rows: 0,
+        })
+    }
+
+    /// The number of rows in each full output batch.
+    pub fn target_rows(&self) -> usize {
+        self.target_rows
+    }
+
+    /// Rows received but not yet emitted.
+    pub fn pending_rows(&self) -> usize {
+        self.pending_rows
+    }
+
+    /// Adds an input batch and returns every output batch that is now complete.
+    pub fn push(&mut self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+        if batch.num_rows() > 0 {
+            self.pending_rows += batch.num_rows();
+            self.pending.push_back(batch);
+        }
+        let mut out = Vec::with_capacity(self.pending_rows / self.target_rows);
+        while self.pending_rows >= self.target_rows {
+            out.push(self.take(self.target_rows)?);
+        }
+        Ok(out)
+    }
+
+    /// Ends the input: returns the final, possibly shorter, batch if any rows remain.
+    pub fn finish(&mut self) -> Result<Option<RecordBatch>> {
+        if self.pending_rows == 0 {
+            return Ok(None);
+        }
+        let rows = self.pending_rows;
+        self.take(rows).map(Some)
+    }
+
+    /// Removes exactly `rows` rows (`rows <= pending_rows`) from the front.
+    fn take(&mut self, rows: usize) -> Result<RecordBatch> {
+        debug_assert!(rows > 0 && rows <= self.pending_rows);
+        let front_rows = match self.pending.front() {
+            Some(front) => front.num_rows(),
+            None => {
+                return Err(SluiceError::Internal(
+                    "re-batcher has pending rows but no pending batch".into(),
+                ));
+            }
+        };
+        self.pending_rows -= rows;
+        if front_rows >= rows {
+            // One input batch covers the output: slice it, no copy.
+            let Some(front) = self.pending.pop_front() else {
+                unreachable!("front checked above");
+            };
+            if front_rows > rows {
+                self.pending.push_front(front.slice(rows, front_rows - rows));
+            }
+            return Ok(front.slice(0, rows));
+        }
+        // The output spans several input batches: gather slices and concatenate once.
+        let mut parts = Vec::new();
+        let mut needed = rows;
+        while needed > 0 {
+            let Some(batch) = self.pending.pop_front() else {
+                return Err(SluiceError::Internal(
+                    "re-batcher ran out of pending batches".into(),
+                ));
+            };
+            let n = batch.num_rows();
+            if n <= needed {
+                needed -= n;
+                parts.push(batch);
+            } else {
+                parts.push(batch.slice(0, needed));
+                self.pending.push_front(batch.slice(needed, n - needed));
+                needed = 0;
+            }
+        }
+        Ok(concat_batches(&parts[0].schema(), &parts)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{
+        Array, ArrayRef, DictionaryArray, Int32Array, Int64Array, ListArray, StringArray,
+        TimestampMicrosecondArray,
+    };
+    use arrow::datatypes::{Int32Type, Int8Type};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::Checksum;
+
+    fn ints(start: i64, n: usize) -> RecordBatch {
+        let values: Int64Array = (start..start + n as i64)
+            .map(|v| if v % 7 == 0 { None } else { Some(v) })
+            .collect();
+        RecordBatch::try_from_iter([("v", Arc::new(values) as ArrayRef)]).unwrap()
+    }
+
+    fn rich(start: i64, n: usize) -> RecordBatch {
+        let r = start..start + n as i64;
+        let strings: StringArray = r
+            .clone()
+            .map(|v| (v % 5 != 0).then(|| format!("row-{v}")))
+            .collect();
+        let dict: DictionaryArray<Int8Type> =
+            r.clone().map(|v| ["cat", "dog", "owl"][(v % 3) as usize]).collect();
+        let list = ListArray::from_iter_primitive::<Int32Type, _, _>(r.clone().map(|v| {
+            (v % 4 != 0).then(|| (0..(v % 3) as i32).map(Some).collect::<Vec<_>>())
+        }));
+        let ts = TimestampMicrosecondArray::from_iter(r.clone().map(|v| Some(v * 1_000_000)))
+            .with_timezone("UTC");
+        let ids: Int32Array = r.map(|v| Some(v as i32)).collect();
+        RecordBatch::try_from_iter([
+            ("id", Arc::new(ids) as ArrayRef),
+            ("s", Arc::new(strings) as ArrayRef),
+            ("d", Arc::new(dict) as ArrayRef),
+            ("l", Arc::new(list) as ArrayRef),
+            ("t", Arc::new(ts) as ArrayRef),
+        ])
+        .unwrap()
+    }
+
+    fn run(target: usize, inputs: Vec<RecordBatch>) -> Vec<RecordBatch> {
+        let mut rebatcher = Rebatcher::new(target).unwrap();
+        let mut out = Vec::new();
+        for b in inputs {
+            out.extend(rebatcher.push(b).unwrap());
+        }
+        out.extend(rebatcher.finish().unwrap());
+        out
+    }
+
+    fn checksum(batches: &[RecordBatch]) -> Checksum {
+        let mut c = Checksum::default();
+        for b in batches {
+            c.update(b).unwrap();
+        }
+        c
+    }
+
+    fn assert_rebatched(target: usize, inputs: Vec<RecordBatch>) {
+        let total: usize = inputs.iter().map(|b| b.num_rows()).sum();
+        let expected = checksum(&inputs);
+        let expected_concat = if inputs.is_empty() {
+            None
+        } else {
+            Some(concat_batches(&inputs[0].schema(), &inputs).unwrap())
+        };
+        let out = run(target, inputs);
+        assert_eq!(out.len(), total.div_ceil(target));
+        for (i, b) in out.iter().enumerate() {
+            if i + 1 < out.len() {
+                assert_eq!(b.num_rows(), target, "batch {i} of {}", out.len());
+            } else {
+                assert!(b.num_rows() > 0 && b.num_rows() <= target);
+            }
+        }
+        assert_eq!(checksum(&out), expected);
+        if let Some(expected) = expected_concat {
+            let got = concat_batches(&expected.schema(), &out).unwrap();
+            assert_eq!(got, expected, "rows or their order changed");
+        }
+    }
+
+    #[test]
+    fn final_partial_batch_is_kept() {
+        let out = run(4, vec![ints(0, 10)]);
+        assert_eq!(
+            out.iter().map(|b| b.num_rows()).collect::<Vec<_>>(),
+            [4, 4, 2]
+        );
+    }
+
+    #[test]
+    fn empty_input_gives_no_batches() {
+        assert!(run(8, vec![]).is_empty());
+        assert!(run(8, vec![ints(0, 0), ints(0, 0)]).is_empty());
+    }
+
+    #[test]
+    fn one_huge_input_batch_is_sliced_without_copying() {
+        let huge = ints(0, 100_000);
+        let base = huge.column(0).to_data().buffers()[0].as_ptr() as usize;
+        let out = run(1000, vec![huge.clone()]);
+        assert_eq!(out.len(), 100);
+        for b in &out {
+            let ptr = b.column(0).to_data().buffers()[0].as_ptr() as usize;
+            assert_eq!(ptr, base, "slice must share the input buffer");
+        }
+        assert_rebatched(1000, vec![huge]);
+    }
+
+    #[test]
+    fn many_tiny_batches_are_combined() {
+        assert_rebatched(100, (0..1000).map(|i| ints(i * 3, 3)).collect());
+        assert_rebatched(7, (0..50).map(|i| ints(i, 1)).collect());
+    }
+
+    #[test]
+    fn nulls_strings_lists_dictionaries_and_timestamps_survive_rebatching() {
+        assert_rebatched(
+            33,
+            vec![rich(0, 10), rich(10, 100), rich(110, 1), rich(111, 64)],
+        );
+        let out = run(33, vec![rich(0, 10), rich(10, 100)]);
+        assert!(out[0].column(1).null_count() > 0);
+    }
+
+    #[test]
+    fn zero_batch_size_is_rejected() {
+        assert!(Rebatcher::new(0).is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn any_target_and_any_input_sizes_preserve_rows_in_order(
+            target in 1usize..300,
+            sizes in proptest::collection::vec(0usize..500, 0..20),
+        ) {
+            let mut start = 0i64;
+            let inputs: Vec<_> = sizes.iter().map(|&n| {
+                let b = rich(start, n);
+                start += n as i64;
+                b
+            }).collect();
+            assert_rebatched(target, inputs);
+        }
+    }
+}

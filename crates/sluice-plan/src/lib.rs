@@ -1,0 +1,306 @@
+//! Sluice plan files: DataFusion SQL that defines one stream of record batches.
+//!
+//! A plan file is a sequence of SQL statements:
+//!
+//! ```sql
+//! SET sluice.topic = 'demo';            -- Sluice options (a DataFusion config extension)
+//! SET sluice.batch_rows = 256;
+//! SET datafusion.execution.batch_size = 4096;   -- DataFusion's own options work too
+//! CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION 'data/demo/';
+//! SELECT id, label, features FROM train WHERE label IS NOT NULL;   -- exactly one, last
+//! ```
+//!
+//! [`Plan::load`] parses the file with DataFusion's SQL parser, applies the options,
+//! registers the tables, and plans the final query. Every error names the file, line and
+//! column, and says what was expected. [`Plan::execute_epoch`] runs the query once.
+//!
+//! Relative `LOCATION`s are resolved against the working directory of the process, like
+//! any DataFusion session.
+#![warn(missing_docs)]
+
+mod options;
+mod split;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::error::DataFusionError;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::logical_expr::{DdlStatement, LogicalPlan, Statement as PlanStatement};
+use datafusion::physical_plan::{ExecutionPlan, displayable, execute_stream_partitioned};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::sql::parser::DFParser;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::sync::mpsc;
+
+pub use options::SluiceOptions;
+use sluice_core::error::Location;
+use sluice_core::{Checksum, Result, SluiceError};
+
+/// A stream of record batches (one epoch of a plan).
+pub type BatchStream = BoxStream<'static, Result<RecordBatch>>;
+
+/// How many batches each partition may compute ahead of the consumer.
+const PARTITION_PREFETCH: usize = 2;
+
+/// A loaded, validated plan file.
+pub struct Plan {
+    file: String,
+    ctx: SessionContext,
+    options: SluiceOptions,
+    query: LogicalPlan,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("file", &self.file)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plan {
+    /// Reads and plans the plan file at `path`.
+    pub async fn load(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let sql = std::fs::read_to_string(path)
+            .map_err(|e| SluiceError::io(format!("cannot read plan file {}", path.display()), e))?;
+        Self::from_sql(&path.display().to_string(), &sql).await
+    }
+
+    /// Plans `sql`, reporting errors against the name `file`.
+    pub async fn from_sql(file: &str, sql: &str) -> Result<Self> {
+        let config = SessionConfig::new()
+            .with_option_extension(SluiceOptions::default())
+            // Round-robin repartitioning interleaves batches by timing; without it, each
+            // partition reads a fixed set of files and row groups, so the order of rows
+            // depends only on the plan.
+            .set_bool("datafusion.optimizer.enable_round_robin_repartition", false)
+            // Plain Utf8/Binary columns are what most Arrow consumers (numpy, older
+            // pyarrow, many trainers) expect; plans can SET it back to true.
+            .set_bool("datafusion.execution.parquet.schema_force_view_types", false);
+        let ctx = SessionContext::new_with_config(config);
+        let at = |line: u64, column: u64| Location {
+            file: file.to_string(),
+            line,
+            column,
+        };
+        let plan_err = |location: Location, message: String| SluiceError::Plan { location, message };
+
+        let starts = split::statement_starts(sql).map_err(|(l, c, m)| plan_err(at(l, c), m))?;
+        let statements = DFParser::parse_sql(sql).map_err(|e| {
+            let (line, column, message) = split::located_message(&e.to_string());
+            plan_err(at(line, column), format!("syntax error: {message}"))
+        })?;
+
+        let mut options = SluiceOptions::default();
+        let mut query: Option<(LogicalPlan, Location)> = None;
+        let end = split::end_location(sql);
+        for (i, statement) in statements.into_iter().enumerate() {
+            let (line, column) = starts.get(i).copied().unwrap_or(end);
+            let here = at(line, column);
+            if let Some((_, first)) = &query {
+                return Err(plan_err(
+                    here,
+                    format!(
+                        "the query at {}:{} must be the last statement, but another statement follows it \
+                         (a plan file has exactly one final query)",
+                        first.line, first.column
+                    ),
+                ));
+            }
+            let state = ctx.state();
+            let plan = state
+                .statement_to_plan(statement)
+                .await
+                .map_err(|e| plan_err(here.clone(), df_message(e)))?;
+            match &plan {
+                LogicalPlan::Statement(PlanStatement::SetVariable(set)) => {
+                    let variable = set.variable.to_ascii_lowercase();
+                    if let Some(key) = variable.strip_prefix("sluice.") {
+                        options
+                            .set_checked(key, &set.value)
+                            .map_err(|e| plan_err(here.clone(), config_message(e)))?;
+                    } else {
+                        ctx.execute_logical_plan(plan)
+                            .await
+                            .map_err(|e| plan_err(here.clone(), df_message(e)))?;
+                    }
+                }
+                LogicalPlan::Ddl(
+                    DdlStatement::CreateExternalTable(_)
+                    | DdlStatement::CreateView(_)
+                    | DdlStatement::CreateMemoryTable(_),
+                ) => {
+                    ctx.execute_logical_plan(plan)
+                        .await
+                        .map_err(|e| plan_err(here.clone(), df_message(e)))?;
+                }
+                LogicalPlan::Ddl(_)
+                | LogicalPlan::Dml(_)
+                | LogicalPlan::Copy(_)
+                | LogicalPlan::Statement(_)
+                | LogicalPlan::Explain(_)
+                | LogicalPlan::Analyze(_)
+                | LogicalPlan::DescribeTable(_) => {
+                    return Err(plan_err(
+                        here,
+                        format!(
+                            "unsupported statement ({}); a plan file holds SET, CREATE EXTERNAL TABLE, \
+                             CREATE VIEW and one final SELECT query",
+                            plan.display()
+                        ),
+                    ));
+                }
+                _ => query = Some((plan, here)),
+            }
+        }
+        let Some((query, _)) = query else {
+            return Err(plan_err(
+                at(end.0, end.1),
+                "expected a final SELECT query that defines the stream, found none".into(),
+            ));
+        };
+        Ok(Self {
+            file: file.to_string(),
+            ctx,
+            options,
+            query,
+        })
+    }
+
+    /// The plan file's name as given.
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    /// The resolved `sluice.*` options.
+    pub fn options(&self) -> &SluiceOptions {
+        &self.options
+    }
+
+    /// Mutable options, for overrides from the command line.
+    pub fn options_mut(&mut self) -> &mut SluiceOptions {
+        &mut self.options
+    }
+
+    /// The Arrow schema of the stream.
+    pub fn schema(&self) -> SchemaRef {
+        Arc::new(self.query.schema().as_arrow().clone())
+    }
+
+    /// DataFusion's optimized physical plan for the query.
+    pub async fn physical_plan(&self) -> Result<Arc<dyn ExecutionPlan>> {
+        self.ctx
+            .state()
+            .create_physical_plan(&self.query)
+            .await
+            .map_err(|e| SluiceError::Execution(df_message(e)))
+    }
+
+    /// A human-readable account of the plan: options, schema and physical plan.
+    pub async fn explain(&self) -> Result<String> {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(out, "plan file: {}", self.file);
+        let _ = writeln!(out, "\noptions:");
+        for (k, v) in self.options.resolved() {
+            let _ = writeln!(out, "  {k} = {v}");
+        }
+        let _ = writeln!(out, "\nschema:");
+        for field in self.schema().fields() {
+            let _ = writeln!(
+                out,
+                "  {}: {}{}",
+                field.name(),
+                field.data_type(),
+                if field.is_nullable() { "" } else { " not null" }
+            );
+        }
+        let physical = self.physical_plan().await?;
+        let _ = writeln!(out, "\nphysical plan:");
+        let _ = write!(out, "{}", displayable(physical.as_ref()).indent(true));
+        Ok(out)
+    }
+
+    /// Runs the query once and returns its rows.
+    ///
+    /// Partitions run in parallel, each at most a few batches ahead, and their batches
+    /// are taken round-robin in partition order, so the order of rows depends only on the
+    /// plan and the data, not on timing.
+    pub async fn execute_epoch(&self, _epoch: u64) -> Result<BatchStream> {
+        let physical = self.physical_plan().await?;
+        let streams = execute_stream_partitioned(physical, self.ctx.task_ctx())
+            .map_err(|e| SluiceError::Execution(df_message(e)))?;
+        Ok(round_robin(streams))
+    }
+
+    /// The order-independent checksum of one epoch, computed directly by DataFusion.
+    pub async fn checksum(&self) -> Result<Checksum> {
+        let mut stream = self.execute_epoch(0).await?;
+        let mut checksum = Checksum::default();
+        while let Some(batch) = stream.next().await {
+            checksum.update(&batch?)?;
+        }
+        Ok(checksum)
+    }
+}
+
+/// Drains partition streams in a fixed round-robin order, each prefetching on its own task.
+fn round_robin(streams: Vec<SendableRecordBatchStream>) -> BatchStream {
+    let mut receivers = Vec::with_capacity(streams.len());
+    for mut stream in streams {
+        let (tx, rx) = mpsc::channel(PARTITION_PREFETCH);
+        tokio::spawn(async move {
+            while let Some(item) = stream.next().await {
+                let failed = item.is_err();
+                let item = item.map_err(|e| SluiceError::Execution(df_message(e)));
+                if tx.send(item).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        receivers.push(rx);
+    }
+    let state = (receivers, 0usize);
+    futures::stream::unfold(state, |(mut receivers, mut next)| async move {
+        while !receivers.is_empty() {
+            next %= receivers.len();
+            match receivers[next].recv().await {
+                Some(item) => {
+                    let failed = item.is_err();
+                    next += 1;
+                    if failed {
+                        receivers.clear();
+                    }
+                    return Some((item, (receivers, next)));
+                }
+                None => {
+                    receivers.remove(next);
+                }
+            }
+        }
+        None
+    })
+    .boxed()
+}
+
+/// DataFusion's message without its wrapper noise.
+fn df_message(e: DataFusionError) -> String {
+    let e = e.find_root().to_string();
+    e.trim().to_string()
+}
+
+fn config_message(e: SluiceError) -> String {
+    match e {
+        SluiceError::Config(m) => m,
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

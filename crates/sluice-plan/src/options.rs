@@ -1,0 +1,145 @@
+//! `SET sluice.*` options: a DataFusion config extension.
+
+use datafusion::common::config::{ConfigEntry, ConfigExtension, ExtensionOptions};
+use datafusion::common::extensions_options;
+
+use sluice_core::{Result, SluiceError, TopicName};
+
+extensions_options! {
+    /// Options a plan file sets with `SET sluice.<name> = <value>`.
+    pub struct SluiceOptions {
+        /// Name of the topic subscribers attach to (A-Z, a-z, 0-9, '_', '-', '.').
+        pub topic: String, default = "sluice".to_string()
+        /// Rows per published batch; the last batch of an epoch may be shorter.
+        pub batch_rows: usize, default = 1024
+        /// Number of passes over the data.
+        pub epochs: u64, default = 1
+        /// Seed of the per-epoch shuffle; unset keeps source order.
+        pub shuffle_seed: Option<u64>, default = None
+        /// Batches a subscriber may have queued: how far the producer runs ahead of the slowest subscriber.
+        pub window: usize, default = 4
+        /// Most subscribers that can attach at once; sizes the shared memory.
+        pub max_subscribers: usize, default = 16
+        /// Subscribers to wait for before publishing the first batch (0: start at once).
+        pub min_subscribers: usize, default = 0
+        /// Batches a subscriber may hold (borrowed, not yet dropped) at once.
+        pub max_held: usize, default = 4
+    }
+}
+
+impl ConfigExtension for SluiceOptions {
+    const PREFIX: &'static str = "sluice";
+}
+
+impl SluiceOptions {
+    /// The option names, for error messages.
+    pub fn keys() -> Vec<String> {
+        Self::default()
+            .entries()
+            .into_iter()
+            .map(|ConfigEntry { key, .. }| key)
+            .collect()
+    }
+
+    /// Sets `key` (without the `sluice.` prefix) from its SQL text, rejecting unknown keys
+    /// with the list of valid ones.
+    pub fn set_checked(&mut self, key: &str, value: &str) -> Result<()> {
+        if !Self::keys().iter().any(|k| k == key) {
+            return Err(SluiceError::Config(format!(
+                "unknown option 'sluice.{key}'; valid options are: {}",
+                Self::keys()
+                    .iter()
+                    .map(|k| format!("sluice.{k}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        self.set(key, value).map_err(|e| {
+            SluiceError::Config(format!("invalid value '{value}' for sluice.{key}: {e}"))
+        })?;
+        self.validate()
+    }
+
+    /// Checks the values together.
+    pub fn validate(&self) -> Result<()> {
+        TopicName::new(self.topic.clone())?;
+        for (name, value) in [
+            ("batch_rows", self.batch_rows),
+            ("window", self.window),
+            ("max_subscribers", self.max_subscribers),
+            ("max_held", self.max_held),
+        ] {
+            if value == 0 {
+                return Err(SluiceError::Config(format!(
+                    "sluice.{name} must be at least 1"
+                )));
+            }
+        }
+        if self.epochs == 0 {
+            return Err(SluiceError::Config("sluice.epochs must be at least 1".into()));
+        }
+        if self.min_subscribers > self.max_subscribers {
+            return Err(SluiceError::Config(format!(
+                "sluice.min_subscribers ({}) exceeds sluice.max_subscribers ({})",
+                self.min_subscribers, self.max_subscribers
+            )));
+        }
+        Ok(())
+    }
+
+    /// The validated topic name.
+    pub fn topic_name(&self) -> Result<TopicName> {
+        TopicName::new(self.topic.clone())
+    }
+
+    /// `(key, value)` pairs of every option, for `sluice explain`.
+    pub fn resolved(&self) -> Vec<(String, String)> {
+        self.entries()
+            .into_iter()
+            .map(|e| (format!("sluice.{}", e.key), e.value.unwrap_or_else(|| "(unset)".into())))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        SluiceOptions::default().validate().unwrap();
+    }
+
+    #[test]
+    fn options_are_typed() {
+        let mut o = SluiceOptions::default();
+        o.set_checked("batch_rows", "256").unwrap();
+        o.set_checked("shuffle_seed", "42").unwrap();
+        o.set_checked("topic", "train-a").unwrap();
+        assert_eq!(o.batch_rows, 256);
+        assert_eq!(o.shuffle_seed, Some(42));
+        assert_eq!(o.topic, "train-a");
+        let err = o.set_checked("batch_rows", "many").unwrap_err().to_string();
+        assert!(err.contains("sluice.batch_rows"), "{err}");
+    }
+
+    #[test]
+    fn unknown_options_list_the_valid_ones() {
+        let err = SluiceOptions::default()
+            .set_checked("bach_rows", "1")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown option 'sluice.bach_rows'"), "{err}");
+        assert!(err.contains("sluice.batch_rows") && err.contains("sluice.window"), "{err}");
+    }
+
+    #[test]
+    fn zero_and_inconsistent_values_are_rejected() {
+        let mut o = SluiceOptions::default();
+        assert!(o.set_checked("batch_rows", "0").is_err());
+        let mut o = SluiceOptions::default();
+        assert!(o.set_checked("min_subscribers", "99").is_err());
+        let mut o = SluiceOptions::default();
+        assert!(o.set_checked("topic", "a/b").is_err());
+    }
+}

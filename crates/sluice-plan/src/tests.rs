@@ -1,0 +1,221 @@
+//! Plan-file parsing, options and errors.
+
+use std::fs::File;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, Int64Array, StringArray};
+use datafusion::arrow::ipc::writer::FileWriter;
+use datafusion::arrow::record_batch::RecordBatch;
+use futures::StreamExt;
+use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
+
+use super::*;
+
+fn batch(start: i64, n: i64) -> RecordBatch {
+    RecordBatch::try_from_iter([
+        ("id", Arc::new(Int64Array::from_iter_values(start..start + n)) as ArrayRef),
+        (
+            "name",
+            Arc::new(StringArray::from_iter_values((start..start + n).map(|i| format!("r{i}"))))
+                as ArrayRef,
+        ),
+    ])
+    .unwrap()
+}
+
+/// A directory with the same 1000 rows as Parquet (two files, small row groups), Arrow IPC and CSV.
+fn dataset() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, dirname) in ["pq", "ipc", "csv"].iter().enumerate() {
+        std::fs::create_dir(dir.path().join(dirname)).unwrap();
+        for part in 0..2 {
+            let b = batch(part * 500, 500);
+            let base = dir.path().join(dirname).join(format!("part-{part}"));
+            match i {
+                0 => {
+                    let props = WriterProperties::builder().set_max_row_group_row_count(Some(77)).build();
+                    let mut w =
+                        ArrowWriter::try_new(File::create(base.with_extension("parquet")).unwrap(), b.schema(), Some(props))
+                            .unwrap();
+                    w.write(&b).unwrap();
+                    w.close().unwrap();
+                }
+                1 => {
+                    let mut w = FileWriter::try_new(File::create(base.with_extension("arrow")).unwrap(), &b.schema())
+                        .unwrap();
+                    w.write(&b).unwrap();
+                    w.finish().unwrap();
+                }
+                _ => {
+                    let mut w =
+                        datafusion::arrow::csv::Writer::new(File::create(base.with_extension("csv")).unwrap());
+                    w.write(&b).unwrap();
+                }
+            }
+        }
+    }
+    dir
+}
+
+async fn rows(plan: &Plan) -> usize {
+    let mut s = plan.execute_epoch(0).await.unwrap();
+    let mut n = 0;
+    while let Some(b) = s.next().await {
+        n += b.unwrap().num_rows();
+    }
+    n
+}
+
+fn plan_error(result: Result<Plan>) -> (u64, u64, String) {
+    match result {
+        Err(SluiceError::Plan { location, message }) => (location.line, location.column, message),
+        Err(other) => panic!("expected a plan error, got {other}"),
+        Ok(_) => panic!("expected a plan error, got a plan"),
+    }
+}
+
+#[tokio::test]
+async fn parquet_ipc_and_csv_sources_give_the_same_rows() {
+    let dir = dataset();
+    let d = dir.path().display();
+    let mut sums = Vec::new();
+    for (format, sub) in [("PARQUET", "pq"), ("ARROW", "ipc"), ("CSV", "csv")] {
+        let options = if format == "CSV" { "OPTIONS ('format.has_header' 'true')" } else { "" };
+        let sql = format!(
+            "SET sluice.topic = 't';\nCREATE EXTERNAL TABLE src STORED AS {format} LOCATION '{d}/{sub}/' {options};\n\
+             SELECT id, name FROM src;"
+        );
+        let plan = Plan::from_sql("test.sql", &sql).await.unwrap();
+        assert_eq!(rows(&plan).await, 1000, "{format}");
+        sums.push(plan.checksum().await.unwrap());
+    }
+    assert_eq!(sums[0], sums[1]);
+    assert_eq!(sums[0], sums[2]);
+}
+
+#[tokio::test]
+async fn options_are_applied_and_datafusion_options_pass_through() {
+    let dir = dataset();
+    let sql = format!(
+        "SET sluice.batch_rows = 128;\nSET sluice.epochs = 3;\nSET sluice.shuffle_seed = 7;\n\
+         SET datafusion.execution.batch_size = 100;\n\
+         CREATE EXTERNAL TABLE src STORED AS PARQUET LOCATION '{}/pq/';\nSELECT * FROM src WHERE id % 2 = 0",
+        dir.path().display()
+    );
+    let plan = Plan::from_sql("p.sql", &sql).await.unwrap();
+    let o = plan.options();
+    assert_eq!((o.batch_rows, o.epochs, o.shuffle_seed, o.window), (128, 3, Some(7), 4));
+    assert_eq!(rows(&plan).await, 500);
+    let explain = plan.explain().await.unwrap();
+    assert!(explain.contains("sluice.batch_rows = 128"), "{explain}");
+    assert!(explain.contains("DataSourceExec"), "{explain}");
+}
+
+#[tokio::test]
+async fn execution_order_is_the_same_on_every_run() {
+    let dir = dataset();
+    let sql = format!(
+        "SET datafusion.execution.target_partitions = 4;\n\
+         CREATE EXTERNAL TABLE src STORED AS PARQUET LOCATION '{}/pq/';\nSELECT id FROM src WHERE id % 3 <> 0",
+        dir.path().display()
+    );
+    let plan = Plan::from_sql("p.sql", &sql).await.unwrap();
+    let mut orders = Vec::new();
+    for _ in 0..5 {
+        let mut s = plan.execute_epoch(0).await.unwrap();
+        let mut ids = Vec::new();
+        while let Some(b) = s.next().await {
+            let b = b.unwrap();
+            let col = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            ids.extend(col.values().iter().copied());
+        }
+        orders.push(ids);
+    }
+    assert!(orders.windows(2).all(|w| w[0] == w[1]));
+}
+
+#[tokio::test]
+async fn syntax_errors_name_line_and_column() {
+    let (line, col, msg) = plan_error(Plan::from_sql("bad.sql", "SET sluice.topic = 'a';\nSELEC 1;").await);
+    assert_eq!((line, col), (2, 1));
+    assert!(msg.contains("syntax error"), "{msg}");
+    let (line, _, msg) = plan_error(Plan::from_sql("bad.sql", "\n\nSELECT id FROM WHERE;").await);
+    assert_eq!(line, 3);
+    assert!(msg.contains("Expected"), "{msg}");
+}
+
+#[tokio::test]
+async fn unknown_options_are_rejected_with_the_valid_ones() {
+    let (line, col, msg) =
+        plan_error(Plan::from_sql("o.sql", "\n  SET sluice.bach_rows = 5;\nSELECT 1;").await);
+    assert_eq!((line, col), (2, 3));
+    assert!(msg.contains("unknown option 'sluice.bach_rows'") && msg.contains("sluice.batch_rows"), "{msg}");
+    let (_, _, msg) = plan_error(Plan::from_sql("o.sql", "SET sluice.batch_rows = 'lots';\nSELECT 1;").await);
+    assert!(msg.contains("sluice.batch_rows"), "{msg}");
+}
+
+#[tokio::test]
+async fn missing_tables_and_files_are_located() {
+    let (line, _, msg) = plan_error(Plan::from_sql("m.sql", "SET sluice.epochs = 1;\nSELECT * FROM nowhere;").await);
+    assert_eq!(line, 2);
+    assert!(msg.contains("nowhere"), "{msg}");
+    let (line, _, msg) = plan_error(
+        Plan::from_sql(
+            "m.sql",
+            "CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION '/definitely/not/here/';\nSELECT * FROM t;",
+        )
+        .await,
+    );
+    assert_eq!(line, 1);
+    assert!(!msg.is_empty());
+}
+
+#[tokio::test]
+async fn a_plan_has_exactly_one_final_query() {
+    let (line, _, msg) = plan_error(Plan::from_sql("q.sql", "SET sluice.epochs = 2;\n").await);
+    assert_eq!(line, 1);
+    assert!(msg.contains("expected a final SELECT query"), "{msg}");
+    let (line, _, msg) = plan_error(Plan::from_sql("q.sql", "SELECT 1;\nSELECT 2;").await);
+    assert_eq!(line, 2);
+    assert!(msg.contains("exactly one final query"), "{msg}");
+    let (line, _, msg) = plan_error(Plan::from_sql("q.sql", "SELECT 1;\nSET sluice.epochs = 2;").await);
+    assert_eq!(line, 2);
+    assert!(msg.contains("must be the last statement"), "{msg}");
+}
+
+#[tokio::test]
+async fn other_statements_are_rejected() {
+    let (_, _, msg) = plan_error(Plan::from_sql("s.sql", "CREATE TABLE x AS SELECT 1 AS a;\nDROP TABLE x;\nSELECT 1;").await);
+    assert!(msg.contains("unsupported statement"), "{msg}");
+}
+
+#[tokio::test]
+async fn empty_results_are_an_empty_stream() {
+    let dir = dataset();
+    let sql = format!(
+        "CREATE EXTERNAL TABLE src STORED AS PARQUET LOCATION '{}/pq/';\nSELECT * FROM src WHERE id < 0",
+        dir.path().display()
+    );
+    let plan = Plan::from_sql("e.sql", &sql).await.unwrap();
+    assert_eq!(rows(&plan).await, 0);
+}
+
+#[tokio::test]
+async fn runtime_failures_surface_as_execution_errors() {
+    let plan = Plan::from_sql(
+        "r.sql",
+        "SELECT CAST(s AS INT) AS v FROM (VALUES ('1'), ('x')) AS t(s);",
+    )
+    .await
+    .unwrap();
+    let mut s = plan.execute_epoch(0).await.unwrap();
+    let mut failed = false;
+    while let Some(b) = s.next().await {
+        if let Err(e) = b {
+            assert!(matches!(e, SluiceError::Execution(_)), "{e}");
+            failed = true;
+        }
+    }
+    assert!(failed);
+}

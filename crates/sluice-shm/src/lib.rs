@@ -1,0 +1,43 @@
+//! Sluice topics over iceoryx2 shared memory.
+//!
+//! A topic `T` is three iceoryx2 services in the caller's [`Namespace`]:
+//!
+//! ```text
+//! sluice/T/data      publish-subscribe [u8] + FrameHeader   producer ──► subscribers
+//! sluice/T/ready     event                                   producer ──► subscribers  ("data is queued")
+//! sluice/T/released  event                                   subscribers ──► producer  ("queue has room")
+//! ```
+//!
+//! Each batch is written once into a loaned shared-memory sample as a 64-byte-aligned
+//! Arrow IPC fragment ([`sluice_core::wire`]) and decoded in place by every subscriber.
+//!
+//! # Flow control
+//! The data service never overflows: a subscriber's queue holds at most `window`
+//! messages, and when it is full the producer waits on the `released` event (it never
+//! spins) until that subscriber takes one. The slowest live subscriber sets the pace.
+//!
+//! # Failures
+//! While it waits, the producer reclaims the resources of dead processes, so a killed
+//! subscriber stops holding it back. Subscribers wait on the `ready` event with a short
+//! timeout and, on every timeout, check that the producer's process is still alive: a
+//! producer that died makes them fail with [`SluiceError::ProducerLost`] instead of
+//! hanging.
+#![warn(missing_docs)]
+
+mod header;
+mod namespace;
+mod publisher;
+mod subscriber;
+
+pub use header::FrameHeader;
+pub use namespace::{Namespace, shm_available};
+pub use publisher::{TopicConfig, TopicPublisher};
+pub use subscriber::{Frame, TopicSubscriber};
+
+/// The iceoryx2 service flavour Sluice uses: inter-process, with thread-safe ports so
+/// that samples and ports can move between threads (Python, async runtimes).
+pub(crate) type Ipc = iceoryx2::service::ipc_threadsafe::Service;
+
+fn transport<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> sluice_core::SluiceError + '_ {
+    move |e| sluice_core::SluiceError::Transport(format!("{what}: {e:?}"))
+}

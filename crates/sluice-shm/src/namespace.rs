@@ -1,0 +1,254 @@
+//! Where a topic's shared memory and service files live, and who may touch them.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use iceoryx2::config::Config;
+use iceoryx2::prelude::{FileName, NodeBuilder, NodeState, SemanticString, SignalHandlingMode};
+use iceoryx2::prelude::{CallbackProgression, Node};
+use iceoryx2::prelude::Path as IoxPath;
+use sluice_core::{Result, SluiceError};
+
+use crate::Ipc;
+
+/// Directory of POSIX shared memory on Linux.
+pub const SHM_DIR: &str = "/dev/shm";
+
+/// An isolated set of topics: its own shared-memory prefix and service directory.
+///
+/// The default namespace is per user (`u<uid>`), so users on one machine never see each
+/// other's topics. `SLUICE_NAMESPACE` selects another one (tests use one each).
+/// Everything is created readable and writable by the owner only: the service
+/// directory is `0700`, and iceoryx2's node-counter segment, which iceoryx2 creates
+/// world-writable, is narrowed to `0600`.
+#[derive(Debug, Clone)]
+pub struct Namespace {
+    name: String,
+    config: Config,
+}
+
+impl Namespace {
+    /// The namespace from `SLUICE_NAMESPACE`, or the current user's.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("SLUICE_NAMESPACE") {
+            Ok(name) if !name.is_empty() => Self::new(&name),
+            _ => {
+                // SAFETY: getuid has no preconditions and cannot fail.
+                let uid = unsafe { libc::getuid() };
+                Self::new(&format!("u{uid}"))
+            }
+        }
+    }
+
+    /// A named namespace: 1 to 32 characters from `[A-Za-z0-9_-]`.
+    pub fn new(name: &str) -> Result<Self> {
+        let valid = !name.is_empty()
+            && name.len() <= 32
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !valid {
+            return Err(SluiceError::Config(format!(
+                "invalid SLUICE_NAMESPACE '{name}': use 1 to 32 characters from A-Z, a-z, 0-9, '_', '-'"
+            )));
+        }
+        let mut config = Config::default();
+        let prefix = format!("iox2_sluice_{name}_");
+        config.global.prefix = FileName::new(prefix.as_bytes())
+            .map_err(|e| SluiceError::Config(format!("bad shared-memory prefix {prefix}: {e:?}")))?;
+        let root = Self::root_for(name);
+        let mut root_str = root.display().to_string();
+        root_str.push('/');
+        let root_path = IoxPath::new(root_str.as_bytes())
+            .map_err(|e| SluiceError::Config(format!("bad service directory {root_str}: {e:?}")))?;
+        config.global.set_root_path(&root_path);
+        Ok(Self {
+            name: name.to_string(),
+            config,
+        })
+    }
+
+    fn root_for(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("sluice-{name}"))
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The iceoryx2 configuration of this namespace.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The directory that holds the namespace's service and node files.
+    pub fn root(&self) -> PathBuf {
+        Self::root_for(&self.name)
+    }
+
+    /// The prefix of the namespace's files in `/dev/shm`.
+    pub fn shm_prefix(&self) -> String {
+        format!("iox2_sluice_{}_", self.name)
+    }
+
+    /// Creates an iceoryx2 node in this namespace, owner-only.
+    pub(crate) fn node(&self, role: &str) -> Result<Node<Ipc>> {
+        self.prepare_root()?;
+        let node = NodeBuilder::new()
+            .config(&self.config)
+            // Sluice handles signals itself (Ctrl-C in Python, clean producer shutdown).
+            .signal_handling_mode(SignalHandlingMode::Disabled)
+            .create::<Ipc>()
+            .map_err(|e| SluiceError::Transport(format!("cannot create {role} node: {e:?}")))?;
+        self.narrow_global_segment();
+        Ok(node)
+    }
+
+    fn prepare_root(&self) -> Result<()> {
+        let root = self.root();
+        match std::fs::create_dir(&root) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(SluiceError::io(format!("cannot create {}", root.display()), e)),
+        }
+        let meta = std::fs::symlink_metadata(&root)
+            .map_err(|e| SluiceError::io(format!("cannot inspect {}", root.display()), e))?;
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        if !meta.is_dir() || meta.uid() != uid {
+            return Err(SluiceError::Config(format!(
+                "{} is not a directory owned by you; remove it or set SLUICE_NAMESPACE",
+                root.display()
+            )));
+        }
+        if meta.mode() & 0o777 != 0o700 {
+            std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| SluiceError::io(format!("cannot restrict {}", root.display()), e))?;
+        }
+        Ok(())
+    }
+
+    /// iceoryx2 makes its node counter world-writable so that any user's nodes can share
+    /// it; a namespace belongs to one user, so take write access away from the others.
+    fn narrow_global_segment(&self) {
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        for path in self.files_in(Path::new(SHM_DIR)) {
+            let is_global = path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().ends_with("global_mgmt"));
+            if let (true, Ok(meta)) = (is_global, std::fs::metadata(&path))
+                && meta.uid() == uid
+                && meta.mode() & 0o077 != 0
+            {
+                let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+            }
+        }
+    }
+
+    fn files_in(&self, dir: &Path) -> Vec<PathBuf> {
+        let prefix = self.shm_prefix();
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|e| e.path())
+            .collect()
+    }
+
+    /// Removes the resources of every dead process of this namespace (crashed producers
+    /// and subscribers). Returns how many dead nodes were cleaned.
+    pub fn reclaim_dead(&self) -> usize {
+        let mut cleaned = 0;
+        let _ = Node::<Ipc>::list(&self.config, |state| {
+            if let NodeState::Dead(view) = state
+                && view.try_remove_stale_resources().is_ok()
+            {
+                cleaned += 1;
+            }
+            CallbackProgression::Continue
+        });
+        cleaned
+    }
+
+    /// Files of this namespace that are still present: shared-memory segments (except
+    /// iceoryx2's persistent node counter) and service or node files.
+    pub fn leftovers(&self) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = self
+            .files_in(Path::new(SHM_DIR))
+            .into_iter()
+            .filter(|p| !p.to_string_lossy().ends_with("global_mgmt"))
+            .collect();
+        let mut stack = vec![self.root()];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else {
+                    out.push(path);
+                }
+            }
+        }
+        out
+    }
+
+    /// Every file of this namespace that someone other than its owner may write.
+    pub fn loose_permissions(&self) -> Vec<(PathBuf, u32)> {
+        let mut out = Vec::new();
+        let mut paths = self.files_in(Path::new(SHM_DIR));
+        let mut stack = vec![self.root()];
+        while let Some(dir) = stack.pop() {
+            paths.push(dir.clone());
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else {
+                    paths.push(path);
+                }
+            }
+        }
+        for path in paths {
+            if let Ok(meta) = std::fs::symlink_metadata(&path) {
+                let mode = meta.mode() & 0o777;
+                // A file inside the 0700 directory is unreachable to others whatever its
+                // own mode; anything directly in /dev/shm must be owner-only itself.
+                let reachable = path.starts_with(SHM_DIR) || path == self.root();
+                if reachable && mode & 0o022 != 0 {
+                    out.push((path, mode));
+                }
+            }
+        }
+        out
+    }
+
+    /// Removes the namespace entirely: its node counter and service directory. Only for
+    /// when no process uses the namespace any more (the end of a test).
+    pub fn purge(&self) {
+        for path in self.files_in(Path::new(SHM_DIR)) {
+            let _ = std::fs::remove_file(path);
+        }
+        let _ = std::fs::remove_dir_all(self.root());
+    }
+}
+
+/// Free bytes on the shared-memory file system.
+pub fn shm_available() -> Result<u64> {
+    let path = std::ffi::CString::new(SHM_DIR).map_err(|e| SluiceError::Internal(e.to_string()))?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is a valid NUL-terminated string and `stat` points to writable
+    // memory of the right size; statvfs fills it on success.
+    let rc = unsafe { libc::statvfs(path.as_ptr(), stat.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(SluiceError::io(
+            format!("cannot query free space on {SHM_DIR}"),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: statvfs returned 0, so it initialised `stat`.
+    let stat = unsafe { stat.assume_init() };
+    Ok(stat.f_bavail as u64 * stat.f_frsize as u64)
+}

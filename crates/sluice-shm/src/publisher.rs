@@ -1,0 +1,388 @@
+//! The producer end of a topic.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use iceoryx2::port::listener::Listener;
+use iceoryx2::port::notifier::Notifier;
+use iceoryx2::port::publisher::Publisher;
+use iceoryx2::port::{BackpressureAction, BackpressureInfo};
+use iceoryx2::prelude::*;
+use iceoryx2::service::port_factory::publish_subscribe::PortFactory as PubSubFactory;
+use sluice_core::wire::{ALIGNMENT, Encoded};
+use sluice_core::{FrameKind, Result, SluiceError, TopicName};
+
+use crate::header::FrameHeader;
+use crate::namespace::{Namespace, SHM_DIR, shm_available};
+use crate::{Ipc, transport};
+
+type DataService = PubSubFactory<Ipc, [u8], FrameHeader>;
+
+/// How long a waiting producer sleeps on the `released` event before it looks for dead
+/// subscribers again; bounds the stall a killed subscriber causes.
+const DEAD_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+/// Loaned samples a producer may have in flight.
+const MAX_LOANED: usize = 2;
+/// Per-sample bookkeeping iceoryx2 adds to each chunk (header, user header, alignment).
+const CHUNK_OVERHEAD: u64 = 256;
+
+/// How a topic is sized. Fixed when the topic is created.
+#[derive(Debug, Clone)]
+pub struct TopicConfig {
+    /// The topic's name.
+    pub topic: TopicName,
+    /// Messages a subscriber may have queued; the producer's lead over the slowest one.
+    pub window: usize,
+    /// Most subscribers at once.
+    pub max_subscribers: usize,
+    /// Messages a subscriber may hold (received, not yet dropped) at once.
+    pub max_held: usize,
+    /// Expected largest message in bytes; larger ones make the topic grow its memory.
+    pub max_message_bytes: usize,
+}
+
+impl TopicConfig {
+    /// Shared-memory chunks the producer preallocates: enough that it can always loan
+    /// one, whatever its subscribers hold or have queued.
+    pub fn chunks(&self) -> u64 {
+        (self.max_subscribers * (self.window + self.max_held) + MAX_LOANED) as u64
+    }
+
+    /// Bytes of shared memory the topic's data segment takes.
+    pub fn shm_bytes(&self) -> u64 {
+        self.chunks() * (self.max_message_bytes as u64 + CHUNK_OVERHEAD)
+    }
+}
+
+pub(crate) fn service_name(topic: &TopicName, part: &str) -> Result<ServiceName> {
+    let name = format!("sluice/{topic}/{part}");
+    ServiceName::new(&name).map_err(transport("invalid service name"))
+}
+
+/// Event ids on the `released` service.
+pub(crate) mod events {
+    /// A subscriber took a message off its queue.
+    pub const RELEASED: usize = 1;
+}
+
+/// The producer end of a topic: creates it, publishes messages, and removes it on drop.
+pub struct TopicPublisher {
+    namespace: Namespace,
+    config: TopicConfig,
+    data: DataService,
+    publisher: Publisher<Ipc, [u8], FrameHeader>,
+    ready: Notifier<Ipc>,
+    released: Arc<Listener<Ipc>>,
+    seq: u64,
+    // Dropped last: the ports above belong to it.
+    _node: Node<Ipc>,
+}
+
+impl std::fmt::Debug for TopicPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TopicPublisher")
+            .field("namespace", &self.namespace.name())
+            .field("config", &self.config)
+            .field("seq", &self.seq)
+            .finish()
+    }
+}
+
+impl TopicPublisher {
+    /// Creates the topic, after checking that `/dev/shm` can hold it.
+    ///
+    /// Fails with [`SluiceError::TopicBusy`] if a live producer already serves the topic;
+    /// the leftovers of a dead one are reclaimed first.
+    pub fn create(namespace: &Namespace, config: TopicConfig, stop: Arc<AtomicBool>) -> Result<Self> {
+        let needed = config.shm_bytes();
+        let available = shm_available()?;
+        if needed > available {
+            return Err(SluiceError::ShmTooSmall {
+                topic: config.topic.to_string(),
+                needed,
+                available,
+                path: SHM_DIR.into(),
+            });
+        }
+        let node = namespace.node("producer")?;
+        namespace.reclaim_dead();
+        let topic = &config.topic;
+        let subscribers_plus_producer = config.max_subscribers + 1;
+
+        let ready_service = node
+            .service_builder(&service_name(topic, "ready")?)
+            .event()
+            .max_notifiers(1)
+            .max_listeners(config.max_subscribers)
+            .max_nodes(subscribers_plus_producer)
+            .create();
+        let ready_service = match ready_service {
+            Ok(s) => s,
+            Err(e) => return Err(busy_or(topic, e)),
+        };
+        let released_service = node
+            .service_builder(&service_name(topic, "released")?)
+            .event()
+            .max_notifiers(config.max_subscribers)
+            .max_listeners(1)
+            .max_nodes(subscribers_plus_producer)
+            .create()
+            .map_err(|e| busy_or(topic, e))?;
+        let alignment = Alignment::new(ALIGNMENT)
+            .ok_or_else(|| SluiceError::Internal("invalid alignment".into()))?;
+        let data = node
+            .service_builder(&service_name(topic, "data")?)
+            .publish_subscribe::<[u8]>()
+            .user_header::<FrameHeader>()
+            .payload_alignment(alignment)
+            .enable_safe_overflow(false)
+            .history_size(0)
+            .subscriber_max_buffer_size(config.window)
+            .subscriber_max_borrowed_samples(config.max_held)
+            .max_subscribers(config.max_subscribers)
+            .max_publishers(1)
+            .max_nodes(subscribers_plus_producer)
+            .create()
+            .map_err(|e| busy_or(topic, e))?;
+
+        let ready = ready_service
+            .notifier_builder()
+            .create()
+            .map_err(transport("cannot create ready notifier"))?;
+        let released = Arc::new(
+            released_service
+                .listener_builder()
+                .create()
+                .map_err(transport("cannot create released listener"))?,
+        );
+
+        let handler = BackpressureWaiter {
+            released: released.clone(),
+            // A second handle to the data service: the handler outlives this borrow.
+            data: node
+                .service_builder(&service_name(topic, "data")?)
+                .publish_subscribe::<[u8]>()
+                .user_header::<FrameHeader>()
+                .open()
+                .map_err(transport("cannot reopen the data service"))?,
+            namespace: namespace.clone(),
+            stop,
+            last_check: std::sync::Mutex::new(Instant::now()),
+        };
+        let publisher = data
+            .publisher_builder()
+            .initial_max_slice_len(config.max_message_bytes)
+            .allocation_strategy(AllocationStrategy::PowerOfTwo)
+            .max_loaned_samples(MAX_LOANED)
+            .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
+            .set_backpressure_handler(move |info: &BackpressureInfo| handler.on_full_queue(info))
+            .create()
+            .map_err(transport("cannot create publisher"))?;
+        tracing::info!(
+            topic = %config.topic,
+            shm_bytes = needed,
+            chunks = config.chunks(),
+            "topic created"
+        );
+        Ok(Self {
+            namespace: namespace.clone(),
+            config,
+            data,
+            publisher,
+            ready,
+            released,
+            seq: 0,
+            _node: node,
+        })
+    }
+
+    /// The topic's sizing.
+    pub fn config(&self) -> &TopicConfig {
+        &self.config
+    }
+
+    /// Subscribers currently attached.
+    pub fn subscribers(&self) -> usize {
+        self.data.dynamic_config().number_of_subscribers()
+    }
+
+    /// Waits until at least `n` subscribers are attached, or `stop` is set, or `timeout`.
+    pub fn wait_for_subscribers(&self, n: usize, timeout: Option<Duration>, stop: &AtomicBool) -> Result<()> {
+        let start = Instant::now();
+        while self.subscribers() < n {
+            if stop.load(Ordering::Relaxed) {
+                return Err(SluiceError::Execution("interrupted while waiting for subscribers".into()));
+            }
+            if timeout.is_some_and(|t| start.elapsed() >= t) {
+                return Err(SluiceError::Timeout {
+                    what: format!("{n} subscribers on topic '{}'", self.config.topic),
+                    seconds: start.elapsed().as_secs_f64(),
+                });
+            }
+            // Subscribers announce themselves on `released` once connected.
+            let _ = self.released.timed_wait(|_| {}, DEAD_CHECK_INTERVAL);
+            self.namespace.reclaim_dead();
+        }
+        Ok(())
+    }
+
+    /// Publishes one record batch, already encoded.
+    pub fn publish_batch(&mut self, epoch: u64, index: u64, rows: u64, encoded: &Encoded) -> Result<()> {
+        if encoded.len() > self.config.max_message_bytes {
+            tracing::warn!(
+                topic = %self.config.topic,
+                bytes = encoded.len(),
+                planned = self.config.max_message_bytes,
+                "batch is larger than planned; the topic's shared memory grows"
+            );
+            self.config.max_message_bytes = encoded.len().next_power_of_two();
+        }
+        let header = FrameHeader {
+            kind: FrameKind::Batch as u32,
+            epoch,
+            index,
+            rows,
+            len: encoded.len() as u64,
+            ..Default::default()
+        };
+        self.send(header, encoded.len(), |dst| encoded.write_to(dst))
+    }
+
+    /// Publishes the end of `epoch`, with its totals.
+    pub fn publish_end_of_epoch(&mut self, epoch: u64, batches: u64, rows: u64) -> Result<()> {
+        let header = FrameHeader {
+            kind: FrameKind::EndOfEpoch as u32,
+            epoch,
+            index: batches,
+            rows,
+            ..Default::default()
+        };
+        self.send(header, 0, |_| Ok(()))
+    }
+
+    /// Publishes the end of the stream.
+    pub fn publish_end_of_stream(&mut self, epochs: u64) -> Result<()> {
+        let header = FrameHeader {
+            kind: FrameKind::EndOfStream as u32,
+            epoch: epochs,
+            ..Default::default()
+        };
+        self.send(header, 0, |_| Ok(()))
+    }
+
+    /// Tells subscribers that the producer failed, and why.
+    pub fn publish_error(&mut self, message: &str) -> Result<()> {
+        let bytes = message.as_bytes();
+        let header = FrameHeader {
+            kind: FrameKind::Error as u32,
+            len: bytes.len() as u64,
+            ..Default::default()
+        };
+        self.send(header, bytes.len(), |dst| {
+            for (d, s) in dst.iter_mut().zip(bytes) {
+                d.write(*s);
+            }
+            Ok(())
+        })
+    }
+
+    fn send(
+        &mut self,
+        mut header: FrameHeader,
+        len: usize,
+        fill: impl FnOnce(&mut [std::mem::MaybeUninit<u8>]) -> Result<()>,
+    ) -> Result<()> {
+        header.seq = self.seq;
+        // iceoryx2 does not loan empty slices; control messages carry one unused byte.
+        let mut sample = self
+            .publisher
+            .loan_slice_uninit(len.max(1))
+            .map_err(transport("cannot loan shared memory for a message"))?;
+        *sample.user_header_mut() = header;
+        let payload = sample.payload_mut();
+        fill(&mut payload[..len])?;
+        if len == 0 {
+            payload[0].write(0);
+        }
+        // SAFETY: every byte of the payload was written above: `fill` wrote `len` bytes
+        // (Encoded::write_to checks it covers its destination exactly, error messages
+        // write all of theirs) and a zero-length payload's single byte is set.
+        let sample = unsafe { sample.assume_init() };
+        sample.send().map_err(transport("cannot deliver a message"))?;
+        self.seq += 1;
+        self.ready
+            .notify()
+            .map_err(transport("cannot wake subscribers"))?;
+        Ok(())
+    }
+
+    /// Waits (bounded by `timeout`) until every subscriber has read everything, so that a
+    /// clean exit does not cut off the end of the stream.
+    pub fn drain(&self, timeout: Duration) {
+        let start = Instant::now();
+        // Subscribers detach after the end of the stream; dead ones are reclaimed.
+        while self.subscribers() > 0 && start.elapsed() < timeout {
+            let _ = self.released.timed_wait(|_| {}, DEAD_CHECK_INTERVAL);
+            self.namespace.reclaim_dead();
+        }
+    }
+}
+
+fn busy_or<E: std::fmt::Debug>(topic: &TopicName, e: E) -> SluiceError {
+    let text = format!("{e:?}");
+    if text.contains("AlreadyExists") {
+        SluiceError::TopicBusy(topic.to_string())
+    } else {
+        SluiceError::Transport(format!("cannot create topic '{topic}': {text}"))
+    }
+}
+
+/// Decides what the producer does when a subscriber's queue is full.
+struct BackpressureWaiter {
+    released: Arc<Listener<Ipc>>,
+    data: DataService,
+    namespace: Namespace,
+    stop: Arc<AtomicBool>,
+    last_check: std::sync::Mutex<Instant>,
+}
+
+impl BackpressureWaiter {
+    fn on_full_queue(&self, info: &BackpressureInfo) -> BackpressureAction {
+        if self.stop.load(Ordering::Relaxed) {
+            return BackpressureAction::DiscardData;
+        }
+        // Dead subscribers are looked for at most every DEAD_CHECK_INTERVAL.
+        let check = {
+            let mut last = self.last_check.lock().unwrap_or_else(|p| p.into_inner());
+            let due = last.elapsed() >= DEAD_CHECK_INTERVAL;
+            if due {
+                *last = Instant::now();
+            }
+            due
+        };
+        if check {
+            self.namespace.reclaim_dead();
+            if !self.subscriber_attached(info.receiver_port_id) {
+                tracing::warn!("a subscriber went away with a full queue; continuing without it");
+                return BackpressureAction::DiscardData;
+            }
+        }
+        // Sleep until some subscriber takes a message (or the interval passes).
+        let _ = self.released.timed_wait(|_| {}, DEAD_CHECK_INTERVAL);
+        BackpressureAction::Retry
+    }
+
+    fn subscriber_attached(&self, port_id: u128) -> bool {
+        let mut found = false;
+        self.data.dynamic_config().list_subscribers(|details| {
+            if details.subscriber_id.value() == port_id {
+                found = true;
+                CallbackProgression::Stop
+            } else {
+                CallbackProgression::Continue
+            }
+        });
+        found
+    }
+}

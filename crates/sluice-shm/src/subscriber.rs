@@ -1,0 +1,331 @@
+//! The subscriber end of a topic.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::buffer::Buffer;
+use arrow::record_batch::RecordBatch;
+use iceoryx2::port::listener::Listener;
+use iceoryx2::port::notifier::Notifier;
+use iceoryx2::port::subscriber::Subscriber;
+use iceoryx2::port::ReceiveError;
+use iceoryx2::prelude::*;
+use iceoryx2::sample::Sample;
+use iceoryx2::service::port_factory::publish_subscribe::PortFactory as DataService;
+use sluice_core::{FrameKind, Result, SluiceError, TopicName, wire};
+
+use crate::header::FrameHeader;
+use crate::namespace::Namespace;
+use crate::publisher::{events, service_name};
+use crate::{Ipc, transport};
+
+/// How often a waiting subscriber checks that its producer is alive; bounds the time
+/// to [`SluiceError::ProducerLost`].
+const LIVENESS_INTERVAL: Duration = Duration::from_millis(100);
+/// How often a subscriber looks for a topic that does not exist yet.
+const TOPIC_POLL_INTERVAL: Duration = Duration::from_millis(25);
+
+/// A message received from a topic.
+#[derive(Debug)]
+pub enum Frame {
+    /// A record batch whose buffers live in shared memory.
+    Batch {
+        /// Epoch, from 0.
+        epoch: u64,
+        /// Index of the batch within its epoch.
+        index: u64,
+        /// The batch, decoded in place.
+        batch: RecordBatch,
+    },
+    /// The end of an epoch.
+    EndOfEpoch {
+        /// The epoch that ended.
+        epoch: u64,
+        /// Batches the producer published in it.
+        batches: u64,
+        /// Rows the producer published in it.
+        rows: u64,
+    },
+    /// The end of the stream: no more messages will come.
+    EndOfStream,
+}
+
+/// Keeps a received sample alive for as long as Arrow buffers point into it.
+struct SampleOwner {
+    _sample: Sample<Ipc, [u8], FrameHeader>,
+}
+
+// SAFETY: the owner is only used to keep the sample mapped until the last Arrow buffer
+// that points into it is dropped; the payload is never mutated through it, and the
+// thread-safe iceoryx2 service flavour (`ipc_threadsafe`) synchronises the release of the
+// sample back to its publisher, whichever thread drops it.
+unsafe impl Send for SampleOwner {}
+// SAFETY: shared references only read the immutable payload (see above).
+unsafe impl Sync for SampleOwner {}
+impl std::panic::RefUnwindSafe for SampleOwner {}
+
+/// The subscriber end of a topic.
+pub struct TopicSubscriber {
+    topic: TopicName,
+    namespace: Namespace,
+    data: DataService<Ipc, [u8], FrameHeader>,
+    subscriber: Option<Subscriber<Ipc, [u8], FrameHeader>>,
+    ready: Listener<Ipc>,
+    released: Notifier<Ipc>,
+    next_seq: Option<u64>,
+    producer_seen: bool,
+    ended: bool,
+    // Dropped last: the ports above belong to it.
+    _node: Node<Ipc>,
+}
+
+impl std::fmt::Debug for TopicSubscriber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TopicSubscriber")
+            .field("topic", &self.topic)
+            .field("namespace", &self.namespace.name())
+            .field("next_seq", &self.next_seq)
+            .finish()
+    }
+}
+
+impl TopicSubscriber {
+    /// Attaches to `topic`, waiting for its producer to create it if needed.
+    ///
+    /// With a `timeout`, gives up with [`SluiceError::Timeout`] once it has passed.
+    pub fn connect(namespace: &Namespace, topic: &TopicName, timeout: Option<Duration>) -> Result<Self> {
+        let start = Instant::now();
+        let node = namespace.node("subscriber")?;
+        let name = service_name(topic, "data")?;
+        let data = loop {
+            let opened = node
+                .service_builder(&name)
+                .publish_subscribe::<[u8]>()
+                .user_header::<FrameHeader>()
+                .open();
+            match opened {
+                Ok(service) => break service,
+                Err(e) => {
+                    let text = format!("{e:?}");
+                    if text.contains("DoesNotExist") || text.contains("InsufficientPermissions") || text.contains("IsMarkedForDestruction") || text.contains("InProgress") || text.contains("HangsInCreation") {
+                        if timeout.is_some_and(|t| start.elapsed() >= t) {
+                            return Err(SluiceError::Timeout {
+                                what: format!("a producer to create topic '{topic}'"),
+                                seconds: start.elapsed().as_secs_f64(),
+                            });
+                        }
+                        std::thread::sleep(TOPIC_POLL_INTERVAL);
+                        continue;
+                    }
+                    if text.contains("ExceedsMaxNumberOfNodes") || text.contains("ExceedsMax") {
+                        return Err(SluiceError::Transport(format!(
+                            "topic '{topic}' has no room for another subscriber; raise sluice.max_subscribers ({text})"
+                        )));
+                    }
+                    return Err(SluiceError::Transport(format!("cannot open topic '{topic}': {text}")));
+                }
+            }
+        };
+        let ready = node
+            .service_builder(&service_name(topic, "ready")?)
+            .event()
+            .open()
+            .map_err(transport("cannot open the topic's ready event"))?
+            .listener_builder()
+            .create()
+            .map_err(transport("cannot listen on the topic"))?;
+        let released = node
+            .service_builder(&service_name(topic, "released")?)
+            .event()
+            .open()
+            .map_err(transport("cannot open the topic's released event"))?
+            .notifier_builder()
+            .create()
+            .map_err(transport("cannot create a released notifier"))?;
+        let subscriber = data
+            .subscriber_builder()
+            .create()
+            .map_err(|e| SluiceError::Transport(format!(
+                "cannot subscribe to topic '{topic}' (is it full? raise sluice.max_subscribers): {e:?}"
+            )))?;
+        // Let a producer waiting for subscribers know that one arrived.
+        let _ = released.notify_with_custom_event_id(EventId::new(events::RELEASED));
+        Ok(Self {
+            topic: topic.clone(),
+            namespace: namespace.clone(),
+            data,
+            subscriber: Some(subscriber),
+            ready,
+            released,
+            next_seq: None,
+            producer_seen: false,
+            ended: false,
+            _node: node,
+        })
+    }
+
+    /// The topic's name.
+    pub fn topic(&self) -> &TopicName {
+        &self.topic
+    }
+
+    /// Receives the next message, waiting for it without spinning.
+    ///
+    /// With a `timeout`, returns [`SluiceError::Timeout`] once it has passed with nothing
+    /// received. A producer that dies makes this fail with [`SluiceError::ProducerLost`]
+    /// within about [`LIVENESS_INTERVAL`]; a producer that fails makes it return
+    /// [`SluiceError::ProducerFailed`] with the producer's message. After the end of the
+    /// stream (or an error) the subscriber detaches and keeps returning
+    /// [`Frame::EndOfStream`].
+    pub fn recv(&mut self, timeout: Option<Duration>) -> Result<Frame> {
+        let start = Instant::now();
+        loop {
+            let Some(subscriber) = &self.subscriber else {
+                return Ok(Frame::EndOfStream);
+            };
+            let received = match subscriber.receive() {
+                Ok(sample) => sample,
+                Err(ReceiveError::ExceedsMaxBorrows) => {
+                    return Err(SluiceError::Transport(format!(
+                        "this subscriber holds too many batches of topic '{}' at once; drop older batches \
+                         (or copy what you keep) or raise sluice.max_held",
+                        self.topic
+                    )));
+                }
+                Err(e) => return Err(SluiceError::Transport(format!("receive failed: {e:?}"))),
+            };
+            if let Some(sample) = received {
+                self.producer_seen = true;
+                let _ = self
+                    .released
+                    .notify_with_custom_event_id(EventId::new(events::RELEASED));
+                return self.frame(sample);
+            }
+            let elapsed = start.elapsed();
+            if let Some(t) = timeout
+                && elapsed >= t
+            {
+                return Err(SluiceError::Timeout {
+                    what: format!("the next batch on topic '{}'", self.topic),
+                    seconds: elapsed.as_secs_f64(),
+                });
+            }
+            let wait = timeout.map_or(LIVENESS_INTERVAL, |t| (t - elapsed).min(LIVENESS_INTERVAL));
+            let woken = self
+                .ready
+                .timed_wait(|_| {}, wait)
+                .map_err(transport("waiting for data failed"))?;
+            if woken == 0 {
+                self.check_producer()?;
+            }
+        }
+    }
+
+    fn frame(&mut self, sample: Sample<Ipc, [u8], FrameHeader>) -> Result<Frame> {
+        // The header lives in shared memory: copy it once, then validate the copy.
+        let header = *sample.user_header();
+        if let Some(expected) = self.next_seq
+            && header.seq != expected
+        {
+            return Err(SluiceError::Corrupt(format!(
+                "message {} arrived where {expected} was expected on topic '{}'",
+                header.seq, self.topic
+            )));
+        }
+        self.next_seq = Some(header.seq + 1);
+        let kind = FrameKind::try_from(header.kind)?;
+        let payload = sample.payload();
+        let len = usize::try_from(header.len).unwrap_or(usize::MAX);
+        if len > payload.len() {
+            return Err(SluiceError::Corrupt(format!(
+                "header claims {} bytes but the sample holds {}",
+                header.len,
+                payload.len()
+            )));
+        }
+        match kind {
+            FrameKind::Batch => {
+                let ptr = NonNull::new(payload.as_ptr().cast_mut())
+                    .ok_or_else(|| SluiceError::Corrupt("null payload".into()))?;
+                let owner = Arc::new(SampleOwner { _sample: sample });
+                // SAFETY: `ptr` points to the sample's payload, valid for `payload.len()
+                // >= len` bytes as long as the sample lives; the buffer owns an `Arc` of
+                // the sample, so the memory stays mapped until the last Arrow array that
+                // points into it is dropped. Nobody writes to a sent sample.
+                let buffer = unsafe { Buffer::from_custom_allocation(ptr, len, owner) };
+                let batch = wire::decode(buffer)?;
+                if batch.num_rows() as u64 != header.rows {
+                    return Err(SluiceError::Corrupt(format!(
+                        "batch has {} rows but its header says {}",
+                        batch.num_rows(),
+                        header.rows
+                    )));
+                }
+                Ok(Frame::Batch {
+                    epoch: header.epoch,
+                    index: header.index,
+                    batch,
+                })
+            }
+            FrameKind::EndOfEpoch => Ok(Frame::EndOfEpoch {
+                epoch: header.epoch,
+                batches: header.index,
+                rows: header.rows,
+            }),
+            FrameKind::EndOfStream => {
+                self.detach();
+                Ok(Frame::EndOfStream)
+            }
+            FrameKind::Error => {
+                let message = String::from_utf8_lossy(&payload[..len]).into_owned();
+                self.detach();
+                Err(SluiceError::ProducerFailed(message))
+            }
+        }
+    }
+
+    /// Leaves the topic: the producer stops waiting for this subscriber. Batches already
+    /// received stay valid.
+    pub fn detach(&mut self) {
+        self.ended = true;
+        self.subscriber = None;
+        let _ = self
+            .released
+            .notify_with_custom_event_id(EventId::new(events::RELEASED));
+    }
+
+    /// Fails with `ProducerLost` if the producer is gone.
+    fn check_producer(&mut self) -> Result<()> {
+        let mut producer = None;
+        self.data.dynamic_config().list_publishers(|details| {
+            producer = Some(details.node_id);
+            CallbackProgression::Stop
+        });
+        let alive = match producer {
+            None => false,
+            Some(node_id) => match Node::<Ipc>::state_of(self.namespace.config(), node_id) {
+                Ok(Some(NodeState::Alive(_))) | Ok(Some(NodeState::Inaccessible(_))) => true,
+                Ok(Some(NodeState::Undefined(_))) => true,
+                Ok(Some(NodeState::Dead(view))) => {
+                    let _ = view.try_remove_stale_resources();
+                    false
+                }
+                Ok(None) => false,
+                Err(_) => true,
+            },
+        };
+        if alive {
+            self.producer_seen = true;
+            return Ok(());
+        }
+        // Data may have arrived just before the producer exited.
+        if let Some(subscriber) = &self.subscriber
+            && subscriber.has_samples().unwrap_or(false)
+        {
+            return Ok(());
+        }
+        self.detach();
+        Err(SluiceError::ProducerLost(self.topic.to_string()))
+    }
+}

@@ -1,0 +1,70 @@
+//! Sluice: run one ML preprocessing pipeline per machine and feed its output,
+//! zero-copy, to every training process on it.
+//!
+//! # Architecture
+//!
+//! ```text
+//! pipelines/*.sql ─► Plan ─► DataFusion stream ─► Rebatcher ─► wire::encode ─► topic ─► Subscriber
+//!                   (sluice-plan)                 (sluice-core)                 (sluice-shm)
+//! ```
+//!
+//! A [`Producer`] runs a [`Plan`] once per epoch, cuts its output into batches of
+//! exactly `sluice.batch_rows` rows, and writes each batch once into shared memory. Every
+//! [`Subscriber`] on the machine reads the same memory, decoded in place.
+//!
+//! # Crates
+//! * [`core`] (`sluice-core`): re-batching, checksums, the wire format, the error type.
+//! * [`plan`] (`sluice-plan`): plan files and their execution by DataFusion.
+//! * [`shm`] (`sluice-shm`): topics over iceoryx2 shared memory.
+//! * `sluice` (this crate): [`Producer`] and [`Subscriber`], the API to program against.
+//!
+//! # Example
+//! ```no_run
+//! # fn main() -> sluice::Result<()> {
+//! use sluice::prelude::*;
+//!
+//! // In the trainer process:
+//! let mut sub = Subscriber::connect("demo", SubscribeOptions::default())?;
+//! loop {
+//!     match sub.next_event()? {
+//!         Event::Batch { batch, .. } => println!("{} rows", batch.num_rows()),
+//!         Event::EpochEnd(summary) => println!("epoch {} done", summary.epoch),
+//!         Event::End => break,
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! ```
+#![warn(missing_docs)]
+
+mod producer;
+mod subscriber;
+
+pub use producer::{Producer, Progress, RunOptions, RunStats};
+pub use sluice_core::{Checksum, Result, SluiceError};
+pub use sluice_plan::{Plan, SluiceOptions};
+pub use sluice_shm::Namespace;
+pub use subscriber::{EpochSummary, Event, SubscribeOptions, Subscriber};
+
+/// `sluice-core`: re-batching, checksums, wire format, errors.
+pub mod core {
+    pub use sluice_core::*;
+}
+
+/// `sluice-plan`: plan files.
+pub mod plan {
+    pub use sluice_plan::*;
+}
+
+/// `sluice-shm`: shared-memory topics.
+pub mod shm {
+    pub use sluice_shm::*;
+}
+
+/// The usual imports.
+pub mod prelude {
+    pub use crate::{
+        Checksum, EpochSummary, Event, Namespace, Plan, Producer, Result, RunOptions, SluiceError,
+        SubscribeOptions, Subscriber,
+    };
+}
