@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Int32Array, Int64Array, StringArray};
+use arrow::array::{
+    ArrayRef, FixedSizeListArray, Float32Array, Int32Array, Int64Array, StringArray,
+};
 use arrow::datatypes::{DataType, Field};
 use arrow::record_batch::RecordBatch;
 use parquet::arrow::ArrowWriter;
@@ -86,10 +88,9 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
     for (i, child) in children.iter_mut().enumerate() {
         let report = collect(&mut child.0).with_context(|| format!("subscriber {i}"))?;
         let ok = report.epochs.len() as u64 == epochs
-            && report
-                .epochs
-                .iter()
-                .all(|(rows, sum, complete)| *complete && *rows == source.rows() && *sum == source.hex());
+            && report.epochs.iter().all(|(rows, sum, complete)| {
+                *complete && *rows == source.rows() && *sum == source.hex()
+            });
         all_ok &= ok;
         rows_out.push((i, report, ok));
     }
@@ -129,7 +130,11 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
         crate::human_bytes(stats.bytes),
         args.subscribers
     );
-    println!("source checksum (DataFusion, one epoch): {} rows, {}", source.rows(), source.hex());
+    println!(
+        "source checksum (DataFusion, one epoch): {} rows, {}",
+        source.rows(),
+        source.hex()
+    );
     if !all_ok {
         bail!("a subscriber did not receive every row exactly once");
     }
@@ -198,7 +203,11 @@ fn prepare(args: &DemoArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot replace {}", args.data.display()))?;
     }
     std::fs::create_dir_all(&args.data)?;
-    eprintln!("demo: generating {} rows in {}", args.rows, args.data.display());
+    eprintln!(
+        "demo: generating {} rows in {}",
+        args.rows,
+        args.data.display()
+    );
     write_dataset(&args.data, args.rows)?;
     std::fs::write(marker, b"")?;
     Ok(())

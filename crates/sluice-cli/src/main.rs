@@ -78,7 +78,8 @@ enum Command {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+                .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -125,10 +126,11 @@ pub(crate) fn stop_flag(rt: &tokio::runtime::Runtime) -> Arc<AtomicBool> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     rt.spawn(async move {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => return,
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
@@ -177,9 +179,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Subscribe { topic, json, timeout } => {
-            subscribe::run(&topic, json, timeout.map(Duration::from_secs_f64))
-        }
+        Command::Subscribe {
+            topic,
+            json,
+            timeout,
+        } => subscribe::run(&topic, json, timeout.map(Duration::from_secs_f64)),
         Command::Explain { plan } => {
             let rt = runtime()?;
             let plan = rt.block_on(Plan::load(&plan))?;
@@ -191,7 +195,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let plan = rt.block_on(Plan::load(&plan))?;
             let sum = rt.block_on(plan.checksum())?;
             if json {
-                println!("{}", serde_json::json!({"rows": sum.rows(), "checksum": sum.hex()}));
+                println!(
+                    "{}",
+                    serde_json::json!({"rows": sum.rows(), "checksum": sum.hex()})
+                );
             } else {
                 println!("rows {}  checksum {}", sum.rows(), sum.hex());
             }

@@ -30,7 +30,9 @@ pub(crate) fn run(topic: &str, json: bool, timeout: Option<Duration>) -> anyhow:
                 batches += 1;
             }
             Event::EpochEnd(summary) => {
-                let secs = epoch_start.take().map_or(0.0, |s| s.elapsed().as_secs_f64());
+                let secs = epoch_start
+                    .take()
+                    .map_or(0.0, |s| s.elapsed().as_secs_f64());
                 if json {
                     writeln!(
                         out,
@@ -53,7 +55,11 @@ pub(crate) fn run(topic: &str, json: bool, timeout: Option<Duration>) -> anyhow:
                         summary.epoch,
                         epoch_sum.rows(),
                         batches,
-                        if summary.complete { "" } else { " (partial: joined late)" },
+                        if summary.complete {
+                            ""
+                        } else {
+                            " (partial: joined late)"
+                        },
                         epoch_sum.hex(),
                         epoch_sum.rows() as f64 / secs.max(1e-9)
                     )?;

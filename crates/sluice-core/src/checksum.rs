@@ -95,7 +95,10 @@ mod tests {
     fn batch(ids: &[i64], names: &[&str]) -> RecordBatch {
         RecordBatch::try_from_iter([
             ("id", Arc::new(Int64Array::from(ids.to_vec())) as ArrayRef),
-            ("name", Arc::new(StringArray::from(names.to_vec())) as ArrayRef),
+            (
+                "name",
+                Arc::new(StringArray::from(names.to_vec())) as ArrayRef,
+            ),
         ])
         .unwrap()
     }

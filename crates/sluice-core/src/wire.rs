@@ -200,11 +200,15 @@ mod tests {
         )
         .unwrap();
         RecordBatch::try_from_iter([
-            ("id", Arc::new(Int64Array::from_iter_values(0..10)) as ArrayRef),
+            (
+                "id",
+                Arc::new(Int64Array::from_iter_values(0..10)) as ArrayRef,
+            ),
             (
                 "name",
-                Arc::new(StringArray::from_iter((0..10).map(|i| (i % 3 != 0).then(|| format!("n{i}")))))
-                    as ArrayRef,
+                Arc::new(StringArray::from_iter(
+                    (0..10).map(|i| (i % 3 != 0).then(|| format!("n{i}"))),
+                )) as ArrayRef,
             ),
             ("x", Arc::new(feats) as ArrayRef),
         ])
@@ -231,7 +235,10 @@ mod tests {
             all.extend(data.child_data().iter().flat_map(|c| c.buffers().to_vec()));
             for buf in all {
                 let p = buf.as_ptr() as usize;
-                assert!(p >= lo && p + buf.len() <= hi, "buffer copied out of the message");
+                assert!(
+                    p >= lo && p + buf.len() <= hi,
+                    "buffer copied out of the message"
+                );
             }
         }
     }
@@ -264,7 +271,11 @@ mod tests {
         let whole = encode(&batch).unwrap().len();
         let slice = batch.slice(5000, 100);
         let part = encode(&slice).unwrap();
-        assert!(part.len() * 50 < whole, "slice {} vs whole {whole}", part.len());
+        assert!(
+            part.len() * 50 < whole,
+            "slice {} vs whole {whole}",
+            part.len()
+        );
         assert_eq!(decode(aligned(&part)).unwrap(), slice);
     }
 

@@ -32,8 +32,10 @@ use datafusion::logical_expr::{DdlStatement, LogicalPlan, Statement as PlanState
 use datafusion::physical_plan::{ExecutionPlan, displayable, execute_stream_partitioned};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::DFParser;
-use futures::StreamExt;
+use std::panic::AssertUnwindSafe;
+
 use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 
 pub use options::SluiceOptions;
@@ -82,14 +84,18 @@ impl Plan {
             .set_bool("datafusion.optimizer.enable_round_robin_repartition", false)
             // Plain Utf8/Binary columns are what most Arrow consumers (numpy, older
             // pyarrow, many trainers) expect; plans can SET it back to true.
-            .set_bool("datafusion.execution.parquet.schema_force_view_types", false);
+            .set_bool(
+                "datafusion.execution.parquet.schema_force_view_types",
+                false,
+            );
         let ctx = SessionContext::new_with_config(config);
         let at = |line: u64, column: u64| Location {
             file: file.to_string(),
             line,
             column,
         };
-        let plan_err = |location: Location, message: String| SluiceError::Plan { location, message };
+        let plan_err =
+            |location: Location, message: String| SluiceError::Plan { location, message };
 
         let starts = split::statement_starts(sql).map_err(|(l, c, m)| plan_err(at(l, c), m))?;
         let statements = DFParser::parse_sql(sql).map_err(|e| {
@@ -114,10 +120,9 @@ impl Plan {
                 ));
             }
             let state = ctx.state();
-            let plan = state
-                .statement_to_plan(statement)
+            let plan = guarded(state.statement_to_plan(statement))
                 .await
-                .map_err(|e| plan_err(here.clone(), df_message(e)))?;
+                .map_err(|e| plan_err(here.clone(), e))?;
             match &plan {
                 LogicalPlan::Statement(PlanStatement::SetVariable(set)) => {
                     let variable = set.variable.to_ascii_lowercase();
@@ -126,9 +131,9 @@ impl Plan {
                             .set_checked(key, &set.value)
                             .map_err(|e| plan_err(here.clone(), config_message(e)))?;
                     } else {
-                        ctx.execute_logical_plan(plan)
+                        guarded(ctx.execute_logical_plan(plan))
                             .await
-                            .map_err(|e| plan_err(here.clone(), df_message(e)))?;
+                            .map_err(|e| plan_err(here.clone(), e))?;
                     }
                 }
                 LogicalPlan::Ddl(
@@ -136,9 +141,9 @@ impl Plan {
                     | DdlStatement::CreateView(_)
                     | DdlStatement::CreateMemoryTable(_),
                 ) => {
-                    ctx.execute_logical_plan(plan)
+                    guarded(ctx.execute_logical_plan(plan))
                         .await
-                        .map_err(|e| plan_err(here.clone(), df_message(e)))?;
+                        .map_err(|e| plan_err(here.clone(), e))?;
                 }
                 LogicalPlan::Ddl(_)
                 | LogicalPlan::Dml(_)
@@ -256,9 +261,18 @@ fn round_robin(streams: Vec<SendableRecordBatchStream>) -> BatchStream {
     for mut stream in streams {
         let (tx, rx) = mpsc::channel(PARTITION_PREFETCH);
         tokio::spawn(async move {
-            while let Some(item) = stream.next().await {
+            loop {
+                // A panic in a scan (a reader bug on a corrupt file) must fail the epoch,
+                // not end the partition early as if its data were complete.
+                let item = match AssertUnwindSafe(stream.next()).catch_unwind().await {
+                    Ok(Some(item)) => item.map_err(|e| SluiceError::Execution(df_message(e))),
+                    Ok(None) => break,
+                    Err(panic) => Err(SluiceError::Execution(format!(
+                        "a data source failed unexpectedly: {}",
+                        panic_message(&panic)
+                    ))),
+                };
                 let failed = item.is_err();
-                let item = item.map_err(|e| SluiceError::Execution(df_message(e)));
                 if tx.send(item).await.is_err() || failed {
                     break;
                 }
@@ -286,7 +300,28 @@ fn round_robin(streams: Vec<SendableRecordBatchStream>) -> BatchStream {
         }
         None
     })
+    .fuse()
     .boxed()
+}
+
+/// Runs a DataFusion future, turning both its errors and its panics (bugs in a reader
+/// faced with a corrupt file, say) into messages.
+async fn guarded<T>(fut: impl Future<Output = datafusion::error::Result<T>>) -> Result<T, String> {
+    match AssertUnwindSafe(fut).catch_unwind().await {
+        Ok(result) => result.map_err(df_message),
+        Err(panic) => Err(format!(
+            "DataFusion failed unexpectedly (the input may be corrupt): {}",
+            panic_message(&panic)
+        )),
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic".into())
 }
 
 /// DataFusion's message without its wrapper noise.

@@ -76,7 +76,9 @@ impl SluiceOptions {
             }
         }
         if self.epochs == 0 {
-            return Err(SluiceError::Config("sluice.epochs must be at least 1".into()));
+            return Err(SluiceError::Config(
+                "sluice.epochs must be at least 1".into(),
+            ));
         }
         if self.min_subscribers > self.max_subscribers {
             return Err(SluiceError::Config(format!(
@@ -96,7 +98,12 @@ impl SluiceOptions {
     pub fn resolved(&self) -> Vec<(String, String)> {
         self.entries()
             .into_iter()
-            .map(|e| (format!("sluice.{}", e.key), e.value.unwrap_or_else(|| "(unset)".into())))
+            .map(|e| {
+                (
+                    format!("sluice.{}", e.key),
+                    e.value.unwrap_or_else(|| "(unset)".into()),
+                )
+            })
             .collect()
     }
 }
@@ -130,7 +137,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("unknown option 'sluice.bach_rows'"), "{err}");
-        assert!(err.contains("sluice.batch_rows") && err.contains("sluice.window"), "{err}");
+        assert!(
+            err.contains("sluice.batch_rows") && err.contains("sluice.window"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -12,7 +12,13 @@ pub(crate) fn statement_starts(sql: &str) -> Result<Vec<(u64, u64)>, (u64, u64, 
     let dialect = GenericDialect {};
     let tokens = Tokenizer::new(&dialect, sql)
         .tokenize_with_location()
-        .map_err(|e| (e.location.line, e.location.column, format!("syntax error: {}", e.message)))?;
+        .map_err(|e| {
+            (
+                e.location.line,
+                e.location.column,
+                format!("syntax error: {}", e.message),
+            )
+        })?;
     let mut starts = Vec::new();
     let mut in_statement = false;
     for t in tokens {
@@ -48,9 +54,11 @@ pub(crate) fn located_message(message: &str) -> (u64, u64, String) {
         let tail = &message[pos + " at Line: ".len()..];
         let mut parts = tail.split(", Column: ");
         let line = parts.next().and_then(|s| s.trim().parse().ok());
-        let column = parts
-            .next()
-            .and_then(|s| s.trim_end_matches(|c: char| !c.is_ascii_digit()).parse().ok());
+        let column = parts.next().and_then(|s| {
+            s.trim_end_matches(|c: char| !c.is_ascii_digit())
+                .parse()
+                .ok()
+        });
         if let (Some(line), Some(column)) = (line, column) {
             return (line, column, message[..pos].to_string());
         }

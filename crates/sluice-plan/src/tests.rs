@@ -14,11 +14,15 @@ use super::*;
 
 fn batch(start: i64, n: i64) -> RecordBatch {
     RecordBatch::try_from_iter([
-        ("id", Arc::new(Int64Array::from_iter_values(start..start + n)) as ArrayRef),
+        (
+            "id",
+            Arc::new(Int64Array::from_iter_values(start..start + n)) as ArrayRef,
+        ),
         (
             "name",
-            Arc::new(StringArray::from_iter_values((start..start + n).map(|i| format!("r{i}"))))
-                as ArrayRef,
+            Arc::new(StringArray::from_iter_values(
+                (start..start + n).map(|i| format!("r{i}")),
+            )) as ArrayRef,
         ),
     ])
     .unwrap()
@@ -34,22 +38,31 @@ fn dataset() -> tempfile::TempDir {
             let base = dir.path().join(dirname).join(format!("part-{part}"));
             match i {
                 0 => {
-                    let props = WriterProperties::builder().set_max_row_group_row_count(Some(77)).build();
-                    let mut w =
-                        ArrowWriter::try_new(File::create(base.with_extension("parquet")).unwrap(), b.schema(), Some(props))
-                            .unwrap();
+                    let props = WriterProperties::builder()
+                        .set_max_row_group_row_count(Some(77))
+                        .build();
+                    let mut w = ArrowWriter::try_new(
+                        File::create(base.with_extension("parquet")).unwrap(),
+                        b.schema(),
+                        Some(props),
+                    )
+                    .unwrap();
                     w.write(&b).unwrap();
                     w.close().unwrap();
                 }
                 1 => {
-                    let mut w = FileWriter::try_new(File::create(base.with_extension("arrow")).unwrap(), &b.schema())
-                        .unwrap();
+                    let mut w = FileWriter::try_new(
+                        File::create(base.with_extension("arrow")).unwrap(),
+                        &b.schema(),
+                    )
+                    .unwrap();
                     w.write(&b).unwrap();
                     w.finish().unwrap();
                 }
                 _ => {
-                    let mut w =
-                        datafusion::arrow::csv::Writer::new(File::create(base.with_extension("csv")).unwrap());
+                    let mut w = datafusion::arrow::csv::Writer::new(
+                        File::create(base.with_extension("csv")).unwrap(),
+                    );
                     w.write(&b).unwrap();
                 }
             }
@@ -81,7 +94,11 @@ async fn parquet_ipc_and_csv_sources_give_the_same_rows() {
     let d = dir.path().display();
     let mut sums = Vec::new();
     for (format, sub) in [("PARQUET", "pq"), ("ARROW", "ipc"), ("CSV", "csv")] {
-        let options = if format == "CSV" { "OPTIONS ('format.has_header' 'true')" } else { "" };
+        let options = if format == "CSV" {
+            "OPTIONS ('format.has_header' 'true')"
+        } else {
+            ""
+        };
         let sql = format!(
             "SET sluice.topic = 't';\nCREATE EXTERNAL TABLE src STORED AS {format} LOCATION '{d}/{sub}/' {options};\n\
              SELECT id, name FROM src;"
@@ -105,7 +122,10 @@ async fn options_are_applied_and_datafusion_options_pass_through() {
     );
     let plan = Plan::from_sql("p.sql", &sql).await.unwrap();
     let o = plan.options();
-    assert_eq!((o.batch_rows, o.epochs, o.shuffle_seed, o.window), (128, 3, Some(7), 4));
+    assert_eq!(
+        (o.batch_rows, o.epochs, o.shuffle_seed, o.window),
+        (128, 3, Some(7), 4)
+    );
     assert_eq!(rows(&plan).await, 500);
     let explain = plan.explain().await.unwrap();
     assert!(explain.contains("sluice.batch_rows = 128"), "{explain}");
@@ -137,10 +157,12 @@ async fn execution_order_is_the_same_on_every_run() {
 
 #[tokio::test]
 async fn syntax_errors_name_line_and_column() {
-    let (line, col, msg) = plan_error(Plan::from_sql("bad.sql", "SET sluice.topic = 'a';\nSELEC 1;").await);
+    let (line, col, msg) =
+        plan_error(Plan::from_sql("bad.sql", "SET sluice.topic = 'a';\nSELEC 1;").await);
     assert_eq!((line, col), (2, 1));
     assert!(msg.contains("syntax error"), "{msg}");
-    let (line, _, msg) = plan_error(Plan::from_sql("bad.sql", "\n\nSELECT id FROM WHERE;").await);
+    let (line, _, msg) =
+        plan_error(Plan::from_sql("bad.sql", "\n\nSELECT id FROM t WHERE ;").await);
     assert_eq!(line, 3);
     assert!(msg.contains("Expected"), "{msg}");
 }
@@ -150,14 +172,19 @@ async fn unknown_options_are_rejected_with_the_valid_ones() {
     let (line, col, msg) =
         plan_error(Plan::from_sql("o.sql", "\n  SET sluice.bach_rows = 5;\nSELECT 1;").await);
     assert_eq!((line, col), (2, 3));
-    assert!(msg.contains("unknown option 'sluice.bach_rows'") && msg.contains("sluice.batch_rows"), "{msg}");
-    let (_, _, msg) = plan_error(Plan::from_sql("o.sql", "SET sluice.batch_rows = 'lots';\nSELECT 1;").await);
+    assert!(
+        msg.contains("unknown option 'sluice.bach_rows'") && msg.contains("sluice.batch_rows"),
+        "{msg}"
+    );
+    let (_, _, msg) =
+        plan_error(Plan::from_sql("o.sql", "SET sluice.batch_rows = 'lots';\nSELECT 1;").await);
     assert!(msg.contains("sluice.batch_rows"), "{msg}");
 }
 
 #[tokio::test]
 async fn missing_tables_and_files_are_located() {
-    let (line, _, msg) = plan_error(Plan::from_sql("m.sql", "SET sluice.epochs = 1;\nSELECT * FROM nowhere;").await);
+    let (line, _, msg) =
+        plan_error(Plan::from_sql("m.sql", "SET sluice.epochs = 1;\nSELECT * FROM nowhere;").await);
     assert_eq!(line, 2);
     assert!(msg.contains("nowhere"), "{msg}");
     let (line, _, msg) = plan_error(
@@ -179,14 +206,21 @@ async fn a_plan_has_exactly_one_final_query() {
     let (line, _, msg) = plan_error(Plan::from_sql("q.sql", "SELECT 1;\nSELECT 2;").await);
     assert_eq!(line, 2);
     assert!(msg.contains("exactly one final query"), "{msg}");
-    let (line, _, msg) = plan_error(Plan::from_sql("q.sql", "SELECT 1;\nSET sluice.epochs = 2;").await);
+    let (line, _, msg) =
+        plan_error(Plan::from_sql("q.sql", "SELECT 1;\nSET sluice.epochs = 2;").await);
     assert_eq!(line, 2);
     assert!(msg.contains("must be the last statement"), "{msg}");
 }
 
 #[tokio::test]
 async fn other_statements_are_rejected() {
-    let (_, _, msg) = plan_error(Plan::from_sql("s.sql", "CREATE TABLE x AS SELECT 1 AS a;\nDROP TABLE x;\nSELECT 1;").await);
+    let (_, _, msg) = plan_error(
+        Plan::from_sql(
+            "s.sql",
+            "CREATE TABLE x AS SELECT 1 AS a;\nDROP TABLE x;\nSELECT 1;",
+        )
+        .await,
+    );
     assert!(msg.contains("unsupported statement"), "{msg}");
 }
 

@@ -4,9 +4,9 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use iceoryx2::config::Config;
-use iceoryx2::prelude::{FileName, NodeBuilder, NodeState, SemanticString, SignalHandlingMode};
-use iceoryx2::prelude::{CallbackProgression, Node};
 use iceoryx2::prelude::Path as IoxPath;
+use iceoryx2::prelude::{CallbackProgression, Node};
+use iceoryx2::prelude::{FileName, NodeBuilder, NodeState, SemanticString, SignalHandlingMode};
 use sluice_core::{Result, SluiceError};
 
 use crate::Ipc;
@@ -54,8 +54,9 @@ impl Namespace {
         }
         let mut config = Config::default();
         let prefix = format!("iox2_sluice_{name}_");
-        config.global.prefix = FileName::new(prefix.as_bytes())
-            .map_err(|e| SluiceError::Config(format!("bad shared-memory prefix {prefix}: {e:?}")))?;
+        config.global.prefix = FileName::new(prefix.as_bytes()).map_err(|e| {
+            SluiceError::Config(format!("bad shared-memory prefix {prefix}: {e:?}"))
+        })?;
         let root = Self::root_for(name);
         let mut root_str = root.display().to_string();
         root_str.push('/');
@@ -110,7 +111,12 @@ impl Namespace {
         match std::fs::create_dir(&root) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(SluiceError::io(format!("cannot create {}", root.display()), e)),
+            Err(e) => {
+                return Err(SluiceError::io(
+                    format!("cannot create {}", root.display()),
+                    e,
+                ));
+            }
         }
         let meta = std::fs::symlink_metadata(&root)
             .map_err(|e| SluiceError::io(format!("cannot inspect {}", root.display()), e))?;

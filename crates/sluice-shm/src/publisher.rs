@@ -94,7 +94,11 @@ impl TopicPublisher {
     ///
     /// Fails with [`SluiceError::TopicBusy`] if a live producer already serves the topic;
     /// the leftovers of a dead one are reclaimed first.
-    pub fn create(namespace: &Namespace, config: TopicConfig, stop: Arc<AtomicBool>) -> Result<Self> {
+    pub fn create(
+        namespace: &Namespace,
+        config: TopicConfig,
+        stop: Arc<AtomicBool>,
+    ) -> Result<Self> {
         let needed = config.shm_bytes();
         let available = shm_available()?;
         if needed > available {
@@ -208,11 +212,18 @@ impl TopicPublisher {
     }
 
     /// Waits until at least `n` subscribers are attached, or `stop` is set, or `timeout`.
-    pub fn wait_for_subscribers(&self, n: usize, timeout: Option<Duration>, stop: &AtomicBool) -> Result<()> {
+    pub fn wait_for_subscribers(
+        &self,
+        n: usize,
+        timeout: Option<Duration>,
+        stop: &AtomicBool,
+    ) -> Result<()> {
         let start = Instant::now();
         while self.subscribers() < n {
             if stop.load(Ordering::Relaxed) {
-                return Err(SluiceError::Execution("interrupted while waiting for subscribers".into()));
+                return Err(SluiceError::Execution(
+                    "interrupted while waiting for subscribers".into(),
+                ));
             }
             if timeout.is_some_and(|t| start.elapsed() >= t) {
                 return Err(SluiceError::Timeout {
@@ -228,7 +239,13 @@ impl TopicPublisher {
     }
 
     /// Publishes one record batch, already encoded.
-    pub fn publish_batch(&mut self, epoch: u64, index: u64, rows: u64, encoded: &Encoded) -> Result<()> {
+    pub fn publish_batch(
+        &mut self,
+        epoch: u64,
+        index: u64,
+        rows: u64,
+        encoded: &Encoded,
+    ) -> Result<()> {
         if encoded.len() > self.config.max_message_bytes {
             tracing::warn!(
                 topic = %self.config.topic,
@@ -309,7 +326,9 @@ impl TopicPublisher {
         // (Encoded::write_to checks it covers its destination exactly, error messages
         // write all of theirs) and a zero-length payload's single byte is set.
         let sample = unsafe { sample.assume_init() };
-        sample.send().map_err(transport("cannot deliver a message"))?;
+        sample
+            .send()
+            .map_err(transport("cannot deliver a message"))?;
         self.seq += 1;
         self.ready
             .notify()

@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use arrow::buffer::Buffer;
 use arrow::record_batch::RecordBatch;
+use iceoryx2::port::ReceiveError;
 use iceoryx2::port::listener::Listener;
 use iceoryx2::port::notifier::Notifier;
 use iceoryx2::port::subscriber::Subscriber;
-use iceoryx2::port::ReceiveError;
 use iceoryx2::prelude::*;
 use iceoryx2::sample::Sample;
 use iceoryx2::service::port_factory::publish_subscribe::PortFactory as DataService;
@@ -37,6 +37,9 @@ pub enum Frame {
         index: u64,
         /// The batch, decoded in place.
         batch: RecordBatch,
+        /// Addresses of the shared-memory sample the batch lives in (for checking that
+        /// nothing was copied).
+        shm_range: std::ops::Range<usize>,
     },
     /// The end of an epoch.
     EndOfEpoch {
@@ -94,7 +97,11 @@ impl TopicSubscriber {
     /// Attaches to `topic`, waiting for its producer to create it if needed.
     ///
     /// With a `timeout`, gives up with [`SluiceError::Timeout`] once it has passed.
-    pub fn connect(namespace: &Namespace, topic: &TopicName, timeout: Option<Duration>) -> Result<Self> {
+    pub fn connect(
+        namespace: &Namespace,
+        topic: &TopicName,
+        timeout: Option<Duration>,
+    ) -> Result<Self> {
         let start = Instant::now();
         let node = namespace.node("subscriber")?;
         let name = service_name(topic, "data")?;
@@ -108,7 +115,12 @@ impl TopicSubscriber {
                 Ok(service) => break service,
                 Err(e) => {
                     let text = format!("{e:?}");
-                    if text.contains("DoesNotExist") || text.contains("InsufficientPermissions") || text.contains("IsMarkedForDestruction") || text.contains("InProgress") || text.contains("HangsInCreation") {
+                    if text.contains("DoesNotExist")
+                        || text.contains("InsufficientPermissions")
+                        || text.contains("IsMarkedForDestruction")
+                        || text.contains("InProgress")
+                        || text.contains("HangsInCreation")
+                    {
                         if timeout.is_some_and(|t| start.elapsed() >= t) {
                             return Err(SluiceError::Timeout {
                                 what: format!("a producer to create topic '{topic}'"),
@@ -123,7 +135,9 @@ impl TopicSubscriber {
                             "topic '{topic}' has no room for another subscriber; raise sluice.max_subscribers ({text})"
                         )));
                     }
-                    return Err(SluiceError::Transport(format!("cannot open topic '{topic}': {text}")));
+                    return Err(SluiceError::Transport(format!(
+                        "cannot open topic '{topic}': {text}"
+                    )));
                 }
             }
         };
@@ -248,6 +262,7 @@ impl TopicSubscriber {
             FrameKind::Batch => {
                 let ptr = NonNull::new(payload.as_ptr().cast_mut())
                     .ok_or_else(|| SluiceError::Corrupt("null payload".into()))?;
+                let shm_range = ptr.as_ptr() as usize..ptr.as_ptr() as usize + len;
                 let owner = Arc::new(SampleOwner { _sample: sample });
                 // SAFETY: `ptr` points to the sample's payload, valid for `payload.len()
                 // >= len` bytes as long as the sample lives; the buffer owns an `Arc` of
@@ -266,6 +281,7 @@ impl TopicSubscriber {
                     epoch: header.epoch,
                     index: header.index,
                     batch,
+                    shm_range,
                 })
             }
             FrameKind::EndOfEpoch => Ok(Frame::EndOfEpoch {
@@ -303,6 +319,8 @@ impl TopicSubscriber {
             CallbackProgression::Stop
         });
         let alive = match producer {
+            // The topic exists but its producer has not created its publisher yet.
+            None if !self.producer_seen => true,
             None => false,
             Some(node_id) => match Node::<Ipc>::state_of(self.namespace.config(), node_id) {
                 Ok(Some(NodeState::Alive(_))) | Ok(Some(NodeState::Inaccessible(_))) => true,

@@ -92,7 +92,12 @@ impl Producer {
     ///
     /// Any failure, including a query that fails part-way, is published to subscribers
     /// as an error before this returns it.
-    pub fn run(&self, handle: &Handle, options: &RunOptions, mut on_progress: impl FnMut(&Progress)) -> Result<RunStats> {
+    pub fn run(
+        &self,
+        handle: &Handle,
+        options: &RunOptions,
+        mut on_progress: impl FnMut(&Progress),
+    ) -> Result<RunStats> {
         let opts = self.plan.options().clone();
         opts.validate()?;
         let topic = opts.topic_name()?;
@@ -127,7 +132,9 @@ impl Producer {
             max_subscribers: opts.max_subscribers,
             max_held: opts.max_held,
             // Later batches may carry longer strings or lists: leave room.
-            max_message_bytes: (largest + largest / 2).max(MIN_MESSAGE_BYTES).next_multiple_of(wire::ALIGNMENT),
+            max_message_bytes: (largest + largest / 2)
+                .max(MIN_MESSAGE_BYTES)
+                .next_multiple_of(wire::ALIGNMENT),
         };
         let mut publisher = TopicPublisher::create(&self.namespace, config, options.stop.clone())?;
         let shm_bytes = publisher.config().shm_bytes();
@@ -140,7 +147,8 @@ impl Producer {
             let min = options.min_subscribers.unwrap_or(opts.min_subscribers);
             publisher.wait_for_subscribers(min, options.subscriber_timeout, &options.stop)?;
             let start = Instant::now();
-            let mut pending: std::collections::VecDeque<_> = first.into_iter().zip(first_encoded).collect();
+            let mut pending: std::collections::VecDeque<_> =
+                first.into_iter().zip(first_encoded).collect();
             for epoch in 0..opts.epochs {
                 progress.epoch = epoch;
                 if epoch > 0 {
@@ -154,7 +162,12 @@ impl Producer {
                         return Err(SluiceError::Execution("the producer was stopped".into()));
                     }
                     if let Some((batch, encoded)) = pending.pop_front() {
-                        publisher.publish_batch(epoch, batches, batch.num_rows() as u64, &encoded)?;
+                        publisher.publish_batch(
+                            epoch,
+                            batches,
+                            batch.num_rows() as u64,
+                            &encoded,
+                        )?;
                         batches += 1;
                         rows += batch.num_rows() as u64;
                         progress.batches += 1;

@@ -43,6 +43,8 @@ pub enum Event {
         index: u64,
         /// The rows.
         batch: RecordBatch,
+        /// Addresses of the shared memory the batch's buffers lie in.
+        shm_range: std::ops::Range<usize>,
     },
     /// An epoch ended.
     EpochEnd(EpochSummary),
@@ -81,7 +83,12 @@ impl Subscriber {
     /// The next event. Errors: the producer failed or vanished, a timeout, a corrupt message.
     pub fn next_event(&mut self) -> Result<Event> {
         match self.inner.recv(self.timeout)? {
-            Frame::Batch { epoch, index, batch } => {
+            Frame::Batch {
+                epoch,
+                index,
+                batch,
+                shm_range,
+            } => {
                 if self.epoch != Some(epoch) {
                     self.epoch = Some(epoch);
                     self.received_batches = 0;
@@ -89,9 +96,18 @@ impl Subscriber {
                 }
                 self.received_batches += 1;
                 self.received_rows += batch.num_rows() as u64;
-                Ok(Event::Batch { epoch, index, batch })
+                Ok(Event::Batch {
+                    epoch,
+                    index,
+                    batch,
+                    shm_range,
+                })
             }
-            Frame::EndOfEpoch { epoch, batches, rows } => {
+            Frame::EndOfEpoch {
+                epoch,
+                batches,
+                rows,
+            } => {
                 let (received_batches, received_rows) = if self.epoch == Some(epoch) {
                     (self.received_batches, self.received_rows)
                 } else {

@@ -1,0 +1,171 @@
+//! A producer and a subscriber in one process (on two threads): the transport's
+//! guarantees that need a look inside the subscriber's memory.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use arrow::array::{Array, ArrayData, AsArray};
+use arrow::datatypes::Int64Type;
+use sluice::prelude::*;
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A namespace of this test's own, removed (and checked for leftovers) at the end.
+struct TestNamespace(Namespace);
+
+impl TestNamespace {
+    fn new() -> Self {
+        let name = format!(
+            "ip{}x{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        Self(Namespace::new(&name).unwrap())
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let left = self.0.leftovers();
+        self.0.purge();
+        if !std::thread::panicking() {
+            assert!(left.is_empty(), "left behind: {left:?}");
+        }
+    }
+}
+
+fn buffers(data: &ArrayData, out: &mut Vec<(usize, usize)>) {
+    for b in data.buffers() {
+        out.push((b.as_ptr() as usize, b.len()));
+    }
+    if let Some(nulls) = data.nulls() {
+        out.push((nulls.buffer().as_ptr() as usize, nulls.buffer().len()));
+    }
+    for child in data.child_data() {
+        buffers(child, out);
+    }
+}
+
+fn spawn_producer(ns: Namespace, sql: String) -> std::thread::JoinHandle<Result<sluice::RunStats>> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let plan = rt.block_on(Plan::from_sql("test.sql", &sql))?;
+        let options = RunOptions {
+            min_subscribers: Some(1),
+            subscriber_timeout: Some(Duration::from_secs(30)),
+            ..RunOptions::default()
+        };
+        Producer::new(plan, ns).run(rt.handle(), &options, |_| {})
+    })
+}
+
+/// Column buffers of received batches lie inside the shared-memory sample they arrived
+/// in (nothing is copied), and stay valid after the subscriber and producer are gone.
+#[test]
+fn batches_are_decoded_in_place_and_outlive_their_subscriber() {
+    let ns = TestNamespace::new();
+    let sql = "SET sluice.topic = 'zc'; SET sluice.batch_rows = 100;\n\
+               SELECT value AS v, CAST(value AS VARCHAR) AS s, make_array(value, value + 1) AS l, \
+               CASE WHEN value % 3 = 0 THEN NULL ELSE value END AS n \
+               FROM generate_series(1, 1050)"
+        .to_string();
+    let producer = spawn_producer(ns.0.clone(), sql.clone());
+    let mut sub = Subscriber::connect(
+        "zc",
+        SubscribeOptions {
+            timeout: Some(Duration::from_secs(30)),
+            namespace: Some(ns.0.clone()),
+        },
+    )
+    .unwrap();
+    let mut kept = Vec::new();
+    let mut got = Checksum::default();
+    let mut batches = 0;
+    loop {
+        match sub.next_event().unwrap() {
+            Event::Batch {
+                batch, shm_range, ..
+            } => {
+                let mut all = Vec::new();
+                for col in batch.columns() {
+                    buffers(&col.to_data(), &mut all);
+                }
+                assert!(all.len() >= 6);
+                for (ptr, len) in all {
+                    assert!(
+                        ptr >= shm_range.start && ptr + len <= shm_range.end,
+                        "a buffer at {ptr:#x}+{len} lies outside the sample {shm_range:x?}"
+                    );
+                }
+                got.update(&batch).unwrap();
+                batches += 1;
+                // Keep a batch past the subscriber's and the producer's lifetime.
+                if batches <= 2 {
+                    kept.push(batch);
+                }
+            }
+            Event::EpochEnd(summary) => {
+                assert!(summary.complete);
+                assert_eq!(summary.rows, 1050);
+            }
+            Event::End => break,
+        }
+    }
+    assert_eq!(batches, 11);
+    drop(sub);
+    producer.join().unwrap().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let plan = rt.block_on(Plan::from_sql("test.sql", &sql)).unwrap();
+    assert_eq!(got, rt.block_on(plan.checksum()).unwrap());
+    let first = kept[0].column(0).as_primitive::<Int64Type>();
+    assert_eq!(first.len(), 100);
+    assert_eq!(first.value(0), 1);
+    assert_eq!(first.value(99), 100);
+    let s = arrow::util::display::array_value_to_string(kept[1].column(1), 0).unwrap();
+    assert_eq!(s, "101");
+}
+
+/// A subscriber that never finds a producer gives up with a timeout error.
+#[test]
+fn connecting_without_a_producer_times_out() {
+    let ns = TestNamespace::new();
+    let err = Subscriber::connect(
+        "nobody",
+        SubscribeOptions {
+            timeout: Some(Duration::from_millis(300)),
+            namespace: Some(ns.0.clone()),
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(err, SluiceError::Timeout { .. }), "{err}");
+}
+
+/// An empty result is an empty epoch, not a hang: the subscriber sees the epoch end and
+/// the stream end.
+#[test]
+fn empty_results_give_empty_epochs() {
+    let ns = TestNamespace::new();
+    let sql = "SET sluice.topic = 'empty'; SET sluice.epochs = 2;\n\
+               SELECT value FROM generate_series(1, 10) WHERE value > 100"
+        .to_string();
+    let producer = spawn_producer(ns.0.clone(), sql);
+    let mut sub = Subscriber::connect(
+        "empty",
+        SubscribeOptions {
+            timeout: Some(Duration::from_secs(30)),
+            namespace: Some(ns.0.clone()),
+        },
+    )
+    .unwrap();
+    let mut ends = Vec::new();
+    loop {
+        match sub.next_event().unwrap() {
+            Event::Batch { .. } => panic!("no batch expected"),
+            Event::EpochEnd(s) => ends.push((s.epoch, s.rows, s.complete)),
+            Event::End => break,
+        }
+    }
+    assert_eq!(ends, vec![(0, 0, true), (1, 0, true)]);
+    drop(sub);
+    producer.join().unwrap().unwrap();
+}

@@ -1,0 +1,307 @@
+//! Cross-process tests: real producer and subscriber processes over real shared memory.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Harness, assert_exactly_once};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn plan_sql(topic: &str, extra: &str, query: &str) -> String {
+    format!(
+        "SET sluice.topic = '{topic}';\nSET sluice.batch_rows = 1000;\n{extra}\n\
+         CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION 'data/';\n{query};\n"
+    )
+}
+
+const QUERY: &str = "SELECT id, label, text, features FROM train WHERE label IS NOT NULL";
+
+/// Three subscriber processes started before the producer each receive every row of
+/// every epoch exactly once (checked against DataFusion reading the same source), the
+/// final partial batch included.
+#[test]
+fn three_subscriber_processes_receive_every_row_exactly_once() {
+    let mut h = Harness::new();
+    h.dataset(30_000);
+    let plan = h.plan("p.sql", &plan_sql("three", "SET sluice.epochs = 2;", QUERY));
+    let (rows, sum) = h.source_checksum(&plan);
+    assert!(rows > 29_000 && rows % 1000 != 0, "{rows}");
+    let subs: Vec<_> = (0..3)
+        .map(|_| h.spawn(&["subscribe", "three", "--json", "--timeout", "60"]))
+        .collect();
+    let producer = h.spawn(&[
+        "run",
+        "p.sql",
+        "--quiet",
+        "--min-subscribers",
+        "3",
+        "--wait-timeout",
+        "60",
+    ]);
+    for sub in subs {
+        assert_exactly_once(&sub.wait(LIMIT), 2, rows, &sum);
+    }
+    let out = producer.wait(LIMIT);
+    assert!(out.status.success(), "{}", out.stderr);
+}
+
+/// A producer waits for eight subscribers that start after it; all eight get the whole
+/// stream; everything the topic puts in /dev/shm and the service directory is private
+/// to its owner.
+#[test]
+fn eight_late_subscribers_and_private_shared_memory() {
+    let mut h = Harness::new();
+    h.dataset(8_000);
+    let plan = h.plan(
+        "p.sql",
+        &plan_sql("eight", "SET sluice.batch_rows = 333;", QUERY),
+    );
+    let (rows, sum) = h.source_checksum(&plan);
+    let producer = h.spawn(&[
+        "run",
+        "p.sql",
+        "--quiet",
+        "--min-subscribers",
+        "8",
+        "--wait-timeout",
+        "60",
+    ]);
+    h.wait_for_topic(LIMIT);
+    let loose = h.ns.loose_permissions();
+    assert!(loose.is_empty(), "writable by others: {loose:?}");
+    let subs: Vec<_> = (0..8)
+        .map(|_| h.spawn(&["subscribe", "eight", "--json", "--timeout", "60"]))
+        .collect();
+    for sub in subs {
+        assert_exactly_once(&sub.wait(LIMIT), 1, rows, &sum);
+    }
+    assert!(producer.wait(LIMIT).status.success());
+}
+
+/// A subscriber with a timeout and no producer fails with a clear error and exit code 4.
+#[test]
+fn a_subscriber_without_a_producer_times_out() {
+    let mut h = Harness::new();
+    let out = h.run(&["subscribe", "nobody", "--timeout", "0.5"]);
+    assert_eq!(out.status.code(), Some(4), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("timed out") && out.stderr.contains("nobody"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// A query that fails part-way makes the producer exit with an error, and its
+/// subscribers fail with the producer's message instead of hanging.
+#[test]
+fn a_query_that_fails_at_run_time_fails_its_subscribers() {
+    let mut h = Harness::new();
+    h.dataset(20_000);
+    let query = "SELECT id, CAST(CASE WHEN id < 15000 THEN '1' ELSE 'not a number' END AS INT) AS v FROM train";
+    h.plan(
+        "p.sql",
+        &plan_sql(
+            "fails",
+            "SET datafusion.execution.target_partitions = 1;",
+            query,
+        ),
+    );
+    let subs: Vec<_> = (0..2)
+        .map(|_| h.spawn(&["subscribe", "fails", "--json", "--timeout", "60"]))
+        .collect();
+    let producer = h.spawn(&[
+        "run",
+        "p.sql",
+        "--quiet",
+        "--min-subscribers",
+        "2",
+        "--wait-timeout",
+        "60",
+    ]);
+    let out = producer.wait(LIMIT);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("not a number"), "{}", out.stderr);
+    for sub in subs {
+        let out = sub.wait(LIMIT);
+        assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
+        assert!(
+            out.stderr.contains("producer failed") && out.stderr.contains("not a number"),
+            "{}",
+            out.stderr
+        );
+    }
+}
+
+/// Bad inputs give a clear error naming the problem, and a non-zero exit.
+#[test]
+fn bad_inputs_fail_clearly() {
+    let mut h = Harness::new();
+    h.dataset(1_000);
+    let cases: Vec<(&str, String, i32, Vec<&str>)> = vec![
+        (
+            "missing.sql",
+            "SET sluice.topic = 'm';\nCREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION 'no/such/dir/';\nSELECT * FROM t;".into(),
+            2,
+            vec!["missing.sql:2:1"],
+        ),
+        (
+            "syntax.sql",
+            "SET sluice.topic = 'm';\nSELEKT 1;".into(),
+            2,
+            vec!["syntax.sql:2:1", "syntax error"],
+        ),
+        (
+            "option.sql",
+            "SET sluice.topik = 'm';\nSELECT 1;".into(),
+            2,
+            vec!["option.sql:1:1", "unknown option 'sluice.topik'", "sluice.topic"],
+        ),
+        (
+            "value.sql",
+            "SET sluice.batch_rows = 0;\nSELECT 1;".into(),
+            2,
+            vec!["value.sql:1:1", "sluice.batch_rows must be at least 1"],
+        ),
+        (
+            "table.sql",
+            "SET sluice.topic = 'm';\n\n  SELECT * FROM nowhere;".into(),
+            2,
+            vec!["table.sql:3:3", "nowhere"],
+        ),
+        ("none.sql", "SET sluice.topic = 'm';".into(), 2, vec!["expected a final SELECT query"]),
+        (
+            "two.sql",
+            "SELECT 1;\nSELECT 2;".into(),
+            2,
+            vec!["two.sql:2:1", "exactly one final query"],
+        ),
+    ];
+    for (name, sql, code, needles) in cases {
+        h.plan(name, &sql);
+        let out = h.run(&["run", name, "--quiet"]);
+        assert_eq!(out.status.code(), Some(code), "{name}: {}", out.stderr);
+        for needle in needles {
+            assert!(
+                out.stderr.contains(needle),
+                "{name}: {needle:?} not in {}",
+                out.stderr
+            );
+        }
+    }
+    let out = h.run(&["run", "does-not-exist.sql"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stderr
+            .contains("cannot read plan file does-not-exist.sql"),
+        "{}",
+        out.stderr
+    );
+
+    // A corrupt Parquet file: the error names the file.
+    std::fs::create_dir(h.path("corrupt")).unwrap();
+    std::fs::write(
+        h.path("corrupt/bad.parquet"),
+        b"PAR1 this is not parquet at all PAR1",
+    )
+    .unwrap();
+    h.plan(
+        "corrupt.sql",
+        "SET sluice.topic = 'c';\nCREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION 'corrupt/';\nSELECT * FROM t;",
+    );
+    let out = h.run(&["run", "corrupt.sql", "--quiet"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        out.stderr.contains("corrupt.sql:2:1") && out.stderr.to_lowercase().contains("parquet"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// A producer killed with SIGKILL mid-stream makes every subscriber fail with
+/// "producer is gone" promptly, and its shared memory is reclaimed.
+#[test]
+fn a_killed_producer_makes_subscribers_fail_fast() {
+    let mut h = Harness::new();
+    h.dataset(5_000);
+    h.plan(
+        "p.sql",
+        &plan_sql(
+            "killed",
+            "SET sluice.epochs = 1000000; SET sluice.batch_rows = 100;",
+            QUERY,
+        ),
+    );
+    let subs: Vec<_> = (0..2)
+        .map(|_| h.spawn(&["subscribe", "killed", "--json", "--timeout", "60"]))
+        .collect();
+    let producer = h.spawn(&[
+        "run",
+        "p.sql",
+        "--quiet",
+        "--min-subscribers",
+        "2",
+        "--wait-timeout",
+        "60",
+    ]);
+    let start = Instant::now();
+    while subs[0].stdout_so_far().lines().count() < 2 {
+        assert!(start.elapsed() < LIMIT, "no epoch arrived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    producer.kill9();
+    let killed = Instant::now();
+    for sub in subs {
+        let out = sub.wait(Duration::from_secs(10));
+        assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
+        assert!(out.stderr.contains("is gone"), "{}", out.stderr);
+    }
+    eprintln!(
+        "subscribers noticed the SIGKILL within {:?}",
+        killed.elapsed()
+    );
+    producer.wait(LIMIT);
+}
+
+/// A second producer on a live topic is refused; after the first is killed, a new
+/// producer reclaims the topic and serves it normally.
+#[test]
+fn one_producer_per_topic_and_a_dead_ones_topic_is_reclaimed() {
+    let mut h = Harness::new();
+    h.dataset(3_000);
+    let plan = h.plan("p.sql", &plan_sql("solo", "", QUERY));
+    let (rows, sum) = h.source_checksum(&plan);
+    let first = h.spawn(&[
+        "run",
+        "p.sql",
+        "--quiet",
+        "--min-subscribers",
+        "1",
+        "--wait-timeout",
+        "60",
+    ]);
+    h.wait_for_topic(LIMIT);
+    let second = h.run(&["run", "p.sql", "--quiet"]);
+    assert_eq!(second.status.code(), Some(1), "{}", second.stderr);
+    assert!(
+        second.stderr.contains("already has a producer"),
+        "{}",
+        second.stderr
+    );
+
+    first.kill9();
+    first.wait(LIMIT);
+    let sub = h.spawn(&["subscribe", "solo", "--json", "--timeout", "60"]);
+    let third = h.spawn(&[
+        "run",
+        "p.sql",
+        "--quiet",
+        "--min-subscribers",
+        "1",
+        "--wait-timeout",
+        "60",
+    ]);
+    assert_exactly_once(&sub.wait(LIMIT), 1, rows, &sum);
+    let out = third.wait(LIMIT);
+    assert!(out.status.success(), "{}", out.stderr);
+}
