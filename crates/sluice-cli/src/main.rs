@@ -57,6 +57,12 @@ enum Command {
         /// Give up after this many seconds without a message (or without a producer).
         #[arg(long)]
         timeout: Option<f64>,
+        /// Rows per batch for this subscriber (default: the producer's batches).
+        #[arg(long)]
+        batch_size: Option<usize>,
+        /// Where to start in a running stream: now, or next_epoch.
+        #[arg(long, default_value = "now")]
+        join: sluice::Join,
     },
     /// Print a plan's resolved options, schema and DataFusion physical plan.
     Explain {
@@ -183,7 +189,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             topic,
             json,
             timeout,
-        } => subscribe::run(&topic, json, timeout.map(Duration::from_secs_f64)),
+            batch_size,
+            join,
+        } => subscribe::run(
+            &topic,
+            json,
+            timeout.map(Duration::from_secs_f64),
+            batch_size,
+            join,
+        ),
         Command::Explain { plan } => {
             let rt = runtime()?;
             let plan = rt.block_on(Plan::load(&plan))?;

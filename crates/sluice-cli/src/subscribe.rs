@@ -3,14 +3,22 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use sluice::{Checksum, Event, SubscribeOptions, Subscriber};
+use sluice::{Checksum, Event, Join, SubscribeOptions, Subscriber};
 
-pub(crate) fn run(topic: &str, json: bool, timeout: Option<Duration>) -> anyhow::Result<()> {
+pub(crate) fn run(
+    topic: &str,
+    json: bool,
+    timeout: Option<Duration>,
+    batch_size: Option<usize>,
+    join: Join,
+) -> anyhow::Result<()> {
     let mut sub = Subscriber::connect(
         topic,
         SubscribeOptions {
             timeout,
             namespace: None,
+            batch_size,
+            join,
         },
     )?;
     let stdout = std::io::stdout();

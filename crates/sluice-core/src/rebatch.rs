@@ -20,7 +20,8 @@ use crate::error::{Result, SluiceError};
 #[derive(Debug)]
 pub struct Rebatcher {
     target_rows: usize,
-    pending: VecDeque<RecordBatch>,
+    /// Input batches (or their unconsumed tails) and whether they are private copies.
+    pending: VecDeque<(RecordBatch, bool)>,
     pending_rows: usize,
 }
 
@@ -53,13 +54,32 @@ impl Rebatcher {
     pub fn push(&mut self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
         if batch.num_rows() > 0 {
             self.pending_rows += batch.num_rows();
-            self.pending.push_back(batch);
+            self.pending.push_back((batch, false));
         }
         let mut out = Vec::with_capacity(self.pending_rows / self.target_rows);
         while self.pending_rows >= self.target_rows {
             out.push(self.take(self.target_rows)?);
         }
         Ok(out)
+    }
+
+    /// Input batches still referenced by pending rows.
+    pub fn pending_inputs(&self) -> usize {
+        self.pending.iter().filter(|(_, owned)| !*owned).count()
+    }
+
+    /// Copies all but the newest `keep` pending input batches into private memory, so
+    /// the buffers they came from (shared-memory samples) can be released. Each row is
+    /// copied at most once by this.
+    pub fn release_inputs(&mut self, keep: usize) -> Result<()> {
+        let n = self.pending.len().saturating_sub(keep);
+        for (batch, owned) in self.pending.iter_mut().take(n) {
+            if !*owned {
+                *batch = deep_copy(batch)?;
+                *owned = true;
+            }
+        }
+        Ok(())
     }
 
     /// Ends the input: returns the final, possibly shorter, batch if any rows remain.
@@ -75,7 +95,7 @@ impl Rebatcher {
     fn take(&mut self, rows: usize) -> Result<RecordBatch> {
         debug_assert!(rows > 0 && rows <= self.pending_rows);
         let front_rows = match self.pending.front() {
-            Some(front) => front.num_rows(),
+            Some((front, _)) => front.num_rows(),
             None => {
                 return Err(SluiceError::Internal(
                     "re-batcher has pending rows but no pending batch".into(),
@@ -85,12 +105,12 @@ impl Rebatcher {
         self.pending_rows -= rows;
         if front_rows >= rows {
             // One input batch covers the output: slice it, no copy.
-            let Some(front) = self.pending.pop_front() else {
+            let Some((front, owned)) = self.pending.pop_front() else {
                 unreachable!("front checked above");
             };
             if front_rows > rows {
                 self.pending
-                    .push_front(front.slice(rows, front_rows - rows));
+                    .push_front((front.slice(rows, front_rows - rows), owned));
             }
             return Ok(front.slice(0, rows));
         }
@@ -98,7 +118,7 @@ impl Rebatcher {
         let mut parts = Vec::new();
         let mut needed = rows;
         while needed > 0 {
-            let Some(batch) = self.pending.pop_front() else {
+            let Some((batch, owned)) = self.pending.pop_front() else {
                 return Err(SluiceError::Internal(
                     "re-batcher ran out of pending batches".into(),
                 ));
@@ -109,12 +129,29 @@ impl Rebatcher {
                 parts.push(batch);
             } else {
                 parts.push(batch.slice(0, needed));
-                self.pending.push_front(batch.slice(needed, n - needed));
+                self.pending
+                    .push_front((batch.slice(needed, n - needed), owned));
                 needed = 0;
             }
         }
         Ok(concat_batches(&parts[0].schema(), &parts)?)
     }
+}
+
+/// A copy of `batch` that shares no buffer with it.
+fn deep_copy(batch: &RecordBatch) -> Result<RecordBatch> {
+    use arrow::array::{MutableArrayData, make_array};
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| {
+            let data = c.to_data();
+            let mut copy = MutableArrayData::new(vec![&data], false, data.len());
+            copy.try_extend(0, 0, data.len())?;
+            Ok(make_array(copy.freeze()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
 #[cfg(test)]
@@ -254,6 +291,19 @@ mod tests {
         );
         let out = run(33, vec![rich(0, 10), rich(10, 100)]);
         assert!(out[0].column(1).null_count() > 0);
+    }
+
+    #[test]
+    fn released_inputs_are_copied_once_and_rows_are_unchanged() {
+        let inputs: Vec<_> = (0..6).map(|i| rich(i * 10, 10)).collect();
+        let mut r = Rebatcher::new(1000).unwrap();
+        for b in &inputs {
+            assert!(r.push(b.clone()).unwrap().is_empty());
+            r.release_inputs(1).unwrap();
+            assert!(r.pending_inputs() <= 1);
+        }
+        let out = r.finish().unwrap().unwrap();
+        assert_eq!(out, concat_batches(&inputs[0].schema(), &inputs).unwrap());
     }
 
     #[test]

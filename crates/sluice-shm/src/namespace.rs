@@ -256,5 +256,5 @@ pub fn shm_available() -> Result<u64> {
     }
     // SAFETY: statvfs returned 0, so it initialised `stat`.
     let stat = unsafe { stat.assume_init() };
-    Ok(stat.f_bavail as u64 * stat.f_frsize as u64)
+    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }

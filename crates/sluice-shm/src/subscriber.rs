@@ -184,6 +184,11 @@ impl TopicSubscriber {
         &self.topic
     }
 
+    /// Messages this subscriber may hold (received, not yet dropped) at once.
+    pub fn max_held(&self) -> usize {
+        self.data.static_config().subscriber_max_borrowed_samples()
+    }
+
     /// Receives the next message, waiting for it without spinning.
     ///
     /// With a `timeout`, returns [`SluiceError::Timeout`] once it has passed with nothing

@@ -1,10 +1,37 @@
-//! The subscriber: receives a topic's batches, epoch by epoch.
+//! The subscriber: receives a topic's batches, epoch by epoch, in its own batch size.
 
+use std::collections::VecDeque;
+use std::ops::Range;
 use std::time::Duration;
 
+use arrow::array::ArrayData;
 use arrow::record_batch::RecordBatch;
-use sluice_core::{Result, TopicName};
+use sluice_core::{Rebatcher, Result, SluiceError, TopicName};
 use sluice_shm::{Frame, Namespace, TopicSubscriber};
+
+/// Where a subscriber that attaches to a running stream starts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Join {
+    /// With the next message: the current epoch is then flagged partial.
+    #[default]
+    Now,
+    /// With the first batch of the next epoch, so every epoch it sees is whole.
+    NextEpoch,
+}
+
+impl std::str::FromStr for Join {
+    type Err = SluiceError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "now" => Ok(Self::Now),
+            "next_epoch" => Ok(Self::NextEpoch),
+            other => Err(SluiceError::Config(format!(
+                "unknown join mode '{other}'; use 'now' or 'next_epoch'"
+            ))),
+        }
+    }
+}
 
 /// How to attach to a topic.
 #[derive(Debug, Clone, Default)]
@@ -13,6 +40,11 @@ pub struct SubscribeOptions {
     pub timeout: Option<Duration>,
     /// The namespace; `None` uses [`Namespace::from_env`].
     pub namespace: Option<Namespace>,
+    /// Rows per batch for this subscriber; `None` keeps the producer's batches. Batches
+    /// inside one producer batch are zero-copy slices; one that spans two is copied once.
+    pub batch_size: Option<usize>,
+    /// Where to start in a running stream.
+    pub join: Join,
 }
 
 /// The end of an epoch as one subscriber saw it.
@@ -24,7 +56,7 @@ pub struct EpochSummary {
     pub batches: u64,
     /// Rows the producer published in it.
     pub rows: u64,
-    /// Batches this subscriber received in it.
+    /// Batches this subscriber received in it (in its own batch size).
     pub received_batches: u64,
     /// Rows this subscriber received in it.
     pub received_rows: u64,
@@ -35,16 +67,17 @@ pub struct EpochSummary {
 /// What a subscriber receives.
 #[derive(Debug)]
 pub enum Event {
-    /// A batch, zero-copy in shared memory.
+    /// A batch.
     Batch {
         /// Epoch of the batch.
         epoch: u64,
-        /// Index of the batch in its epoch.
+        /// Index of the batch in its epoch, in this subscriber's batches.
         index: u64,
         /// The rows.
         batch: RecordBatch,
-        /// Addresses of the shared memory the batch's buffers lie in.
-        shm_range: std::ops::Range<usize>,
+        /// The shared-memory sample every buffer of the batch lies in, when the batch is
+        /// zero-copy; `None` for a batch that was assembled from two producer batches.
+        shm_range: Option<Range<usize>>,
     },
     /// An epoch ended.
     EpochEnd(EpochSummary),
@@ -52,14 +85,28 @@ pub enum Event {
     End,
 }
 
+#[derive(Debug, Default)]
+struct EpochState {
+    epoch: Option<u64>,
+    producer_batches: u64,
+    joined_late: bool,
+    out_batches: u64,
+    out_rows: u64,
+}
+
 /// Receives a topic's stream.
 #[derive(Debug)]
 pub struct Subscriber {
     inner: TopicSubscriber,
     timeout: Option<Duration>,
-    epoch: Option<u64>,
-    received_batches: u64,
-    received_rows: u64,
+    join: Join,
+    waiting_for_boundary: bool,
+    rebatcher: Option<Rebatcher>,
+    /// Sample ranges of producer batches the re-batcher may still be slicing.
+    ranges: VecDeque<Range<usize>>,
+    ready: VecDeque<RecordBatch>,
+    state: EpochState,
+    pending_end: Option<Event>,
 }
 
 impl Subscriber {
@@ -70,70 +117,184 @@ impl Subscriber {
             None => Namespace::from_env()?,
         };
         let topic = TopicName::new(topic)?;
+        let rebatcher = options.batch_size.map(Rebatcher::new).transpose()?;
         let inner = TopicSubscriber::connect(&namespace, &topic, options.timeout)?;
         Ok(Self {
             inner,
             timeout: options.timeout,
-            epoch: None,
-            received_batches: 0,
-            received_rows: 0,
+            join: options.join,
+            waiting_for_boundary: options.join == Join::NextEpoch,
+            rebatcher,
+            ranges: VecDeque::new(),
+            ready: VecDeque::new(),
+            state: EpochState::default(),
+            pending_end: None,
         })
     }
 
-    /// The next event. Errors: the producer failed or vanished, a timeout, a corrupt message.
+    /// The topic.
+    pub fn topic(&self) -> &str {
+        self.inner.topic().as_str()
+    }
+
+    /// How this subscriber joins a running stream.
+    pub fn join_mode(&self) -> Join {
+        self.join
+    }
+
+    /// The next event, waiting up to the subscriber's timeout.
+    ///
+    /// Errors: the producer failed or vanished, a timeout, a corrupt message.
     pub fn next_event(&mut self) -> Result<Event> {
-        match self.inner.recv(self.timeout)? {
-            Frame::Batch {
-                epoch,
-                index,
-                batch,
-                shm_range,
-            } => {
-                if self.epoch != Some(epoch) {
-                    self.epoch = Some(epoch);
-                    self.received_batches = 0;
-                    self.received_rows = 0;
-                }
-                self.received_batches += 1;
-                self.received_rows += batch.num_rows() as u64;
-                Ok(Event::Batch {
+        self.next_event_within(self.timeout)
+    }
+
+    /// The next event, waiting up to `timeout` (`None`: as long as it takes). A timeout
+    /// loses nothing: call again to keep waiting.
+    pub fn next_event_within(&mut self, timeout: Option<Duration>) -> Result<Event> {
+        loop {
+            if let Some(batch) = self.ready.pop_front() {
+                return Ok(self.emit(batch));
+            }
+            if let Some(end) = self.pending_end.take() {
+                return Ok(end);
+            }
+            match self.inner.recv(timeout)? {
+                Frame::Batch {
                     epoch,
                     index,
                     batch,
                     shm_range,
-                })
-            }
-            Frame::EndOfEpoch {
-                epoch,
-                batches,
-                rows,
-            } => {
-                let (received_batches, received_rows) = if self.epoch == Some(epoch) {
-                    (self.received_batches, self.received_rows)
-                } else {
-                    (0, 0)
-                };
-                self.epoch = None;
-                self.received_batches = 0;
-                self.received_rows = 0;
-                // Messages arrive in order without gaps (the transport checks sequence
-                // numbers), so an epoch was seen whole exactly when the counts match; a
-                // subscriber that joined mid-epoch has fewer.
-                Ok(Event::EpochEnd(EpochSummary {
+                } => {
+                    if self.waiting_for_boundary {
+                        if index != 0 {
+                            continue;
+                        }
+                        self.waiting_for_boundary = false;
+                    }
+                    if self.state.epoch != Some(epoch) {
+                        self.state = EpochState {
+                            epoch: Some(epoch),
+                            joined_late: index != 0,
+                            ..EpochState::default()
+                        };
+                    }
+                    self.state.producer_batches += 1;
+                    match &mut self.rebatcher {
+                        None => {
+                            self.ranges.clear();
+                            self.ranges.push_back(shm_range);
+                            self.ready.push_back(batch);
+                        }
+                        Some(rebatcher) => {
+                            self.ranges.push_back(shm_range);
+                            self.ready.extend(rebatcher.push(batch)?);
+                            // A batch spanning many producer batches would pin that many
+                            // samples; copy the older ones so the subscriber stays within
+                            // the samples it may hold (the batches handed out hold some).
+                            let keep = (self.inner.max_held() / 2).max(1);
+                            rebatcher.release_inputs(keep)?;
+                            while self.ranges.len() > keep + 1 {
+                                self.ranges.pop_front();
+                            }
+                        }
+                    }
+                }
+                Frame::EndOfEpoch {
                     epoch,
                     batches,
                     rows,
-                    received_batches,
-                    received_rows,
-                    complete: received_batches == batches && received_rows == rows,
-                }))
+                } => {
+                    if self.waiting_for_boundary {
+                        self.waiting_for_boundary = false;
+                        continue;
+                    }
+                    if let Some(rebatcher) = &mut self.rebatcher {
+                        self.ready.extend(rebatcher.finish()?);
+                    }
+                    let seen = self.state.epoch == Some(epoch);
+                    let (producer_batches, joined_late) = if seen {
+                        (self.state.producer_batches, self.state.joined_late)
+                    } else {
+                        (0, batches > 0)
+                    };
+                    // Counts are provisional until the batches still queued are emitted.
+                    let queued_rows: u64 = self.ready.iter().map(|b| b.num_rows() as u64).sum();
+                    let (out_batches, out_rows) = if seen {
+                        (
+                            self.state.out_batches + self.ready.len() as u64,
+                            self.state.out_rows + queued_rows,
+                        )
+                    } else {
+                        (self.ready.len() as u64, queued_rows)
+                    };
+                    self.pending_end = Some(Event::EpochEnd(EpochSummary {
+                        epoch,
+                        batches,
+                        rows,
+                        received_batches: out_batches,
+                        received_rows: out_rows,
+                        // Messages arrive in order without gaps (the transport checks
+                        // sequence numbers), so an epoch was seen whole exactly when the
+                        // subscriber saw its first batch and every row.
+                        complete: !joined_late && producer_batches == batches && out_rows == rows,
+                    }));
+                    // Batches still queued belong to the ending epoch.
+                    self.state.epoch = Some(epoch);
+                }
+                Frame::EndOfStream => {
+                    if let Some(rebatcher) = &mut self.rebatcher {
+                        self.ready.extend(rebatcher.finish()?);
+                    }
+                    if self.ready.is_empty() {
+                        return Ok(Event::End);
+                    }
+                    // Deliver what is queued first; End comes on a later call.
+                    self.pending_end = Some(Event::End);
+                }
             }
-            Frame::EndOfStream => Ok(Event::End),
         }
     }
 
-    /// Leaves the topic now; the producer stops waiting for this subscriber.
+    fn emit(&mut self, batch: RecordBatch) -> Event {
+        let epoch = self.state.epoch.unwrap_or(0);
+        let index = self.state.out_batches;
+        self.state.out_batches += 1;
+        self.state.out_rows += batch.num_rows() as u64;
+        if self.ready.is_empty()
+            && let Some(Event::EpochEnd(_)) = &self.pending_end
+        {
+            // The epoch's last batch is out: the next epoch starts from zero.
+            self.state = EpochState::default();
+        }
+        let shm_range = self.ranges.iter().find(|r| lies_within(&batch, r)).cloned();
+        Event::Batch {
+            epoch,
+            index,
+            batch,
+            shm_range,
+        }
+    }
+
+    /// Leaves the topic now; the producer stops waiting for this subscriber. Batches
+    /// already received stay valid.
     pub fn close(&mut self) {
         self.inner.detach();
     }
+}
+
+/// Whether every buffer of `batch` lies inside `range`.
+pub fn lies_within(batch: &RecordBatch, range: &Range<usize>) -> bool {
+    fn check(data: &ArrayData, range: &Range<usize>) -> bool {
+        let inside = |ptr: *const u8, len: usize| {
+            let p = ptr as usize;
+            len == 0 || (p >= range.start && p + len <= range.end)
+        };
+        data.buffers().iter().all(|b| inside(b.as_ptr(), b.len()))
+            && data
+                .nulls()
+                .is_none_or(|n| inside(n.buffer().as_ptr(), n.buffer().len()))
+            && data.child_data().iter().all(|c| check(c, range))
+    }
+    batch.columns().iter().all(|c| check(&c.to_data(), range))
 }

@@ -75,6 +75,7 @@ fn batches_are_decoded_in_place_and_outlive_their_subscriber() {
         SubscribeOptions {
             timeout: Some(Duration::from_secs(30)),
             namespace: Some(ns.0.clone()),
+            ..SubscribeOptions::default()
         },
     )
     .unwrap();
@@ -86,6 +87,7 @@ fn batches_are_decoded_in_place_and_outlive_their_subscriber() {
             Event::Batch {
                 batch, shm_range, ..
             } => {
+                let shm_range = shm_range.expect("producer-sized batches are zero-copy");
                 let mut all = Vec::new();
                 for col in batch.columns() {
                     buffers(&col.to_data(), &mut all);
@@ -134,6 +136,7 @@ fn connecting_without_a_producer_times_out() {
         SubscribeOptions {
             timeout: Some(Duration::from_millis(300)),
             namespace: Some(ns.0.clone()),
+            ..SubscribeOptions::default()
         },
     )
     .unwrap_err();
@@ -154,6 +157,7 @@ fn empty_results_give_empty_epochs() {
         SubscribeOptions {
             timeout: Some(Duration::from_secs(30)),
             namespace: Some(ns.0.clone()),
+            ..SubscribeOptions::default()
         },
     )
     .unwrap();
@@ -168,4 +172,69 @@ fn empty_results_give_empty_epochs() {
     assert_eq!(ends, vec![(0, 0, true), (1, 0, true)]);
     drop(sub);
     producer.join().unwrap().unwrap();
+}
+
+/// A subscriber may choose any batch size: every row arrives exactly once, batches are
+/// exactly that size but the last of each epoch, and batches that fall inside one
+/// producer batch are still zero-copy.
+#[test]
+fn subscribers_choose_their_own_batch_size() {
+    let ns = TestNamespace::new();
+    let sql = "SET sluice.topic = 'sizes'; SET sluice.batch_rows = 100; SET sluice.epochs = 2;\n\
+               SELECT value AS v, CAST(value AS VARCHAR) AS s FROM generate_series(1, 1000)"
+        .to_string();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let expected = rt
+        .block_on(async { Plan::from_sql("t.sql", &sql).await?.checksum().await })
+        .unwrap();
+    for batch_size in [1usize, 7, 64, 100, 250, 5000] {
+        let producer = spawn_producer(ns.0.clone(), sql.clone());
+        let mut sub = Subscriber::connect(
+            "sizes",
+            SubscribeOptions {
+                timeout: Some(Duration::from_secs(30)),
+                namespace: Some(ns.0.clone()),
+                batch_size: Some(batch_size),
+                ..SubscribeOptions::default()
+            },
+        )
+        .unwrap();
+        let mut epochs = Vec::new();
+        let mut sum = Checksum::default();
+        let mut sizes = Vec::new();
+        let mut zero_copy = 0;
+        loop {
+            match sub.next_event().unwrap() {
+                Event::Batch {
+                    batch, shm_range, ..
+                } => {
+                    sum.update(&batch).unwrap();
+                    sizes.push(batch.num_rows());
+                    if let Some(range) = shm_range {
+                        assert!(sluice::lies_within(&batch, &range));
+                        zero_copy += 1;
+                    }
+                }
+                Event::EpochEnd(s) => {
+                    assert!(s.complete, "{s:?}");
+                    assert_eq!(s.received_rows, 1000);
+                    assert_eq!(sum, expected, "batch size {batch_size}");
+                    let (last, rest) = sizes.split_last().unwrap();
+                    assert!(rest.iter().all(|&n| n == batch_size.min(1000)), "{sizes:?}");
+                    assert_eq!(*last, 1000 - rest.len() * batch_size.min(1000));
+                    assert_eq!(s.received_batches as usize, sizes.len());
+                    epochs.push(s.epoch);
+                    sum = Checksum::default();
+                    sizes.clear();
+                }
+                Event::End => break,
+            }
+        }
+        assert_eq!(epochs, vec![0, 1]);
+        if batch_size <= 100 && 100 % batch_size == 0 {
+            assert_eq!(zero_copy, 2 * 1000 / batch_size, "batch size {batch_size}");
+        }
+        drop(sub);
+        producer.join().unwrap().unwrap();
+    }
 }
