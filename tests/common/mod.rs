@@ -74,8 +74,13 @@ impl Proc {
 
     /// Sends SIGKILL.
     pub fn kill9(&self) {
+        self.signal(libc::SIGKILL);
+    }
+
+    /// Sends a signal.
+    pub fn signal(&self, signal: i32) {
         // SAFETY: kill(2) on a child process id we own; no memory is involved.
-        unsafe { libc::kill(self.pid(), libc::SIGKILL) };
+        unsafe { libc::kill(self.pid(), signal) };
     }
 
     /// Waits for the process to exit; kills it and fails the test after `limit`.

@@ -63,6 +63,12 @@ enum Command {
         /// Where to start in a running stream: now, or next_epoch.
         #[arg(long, default_value = "now")]
         join: sluice::Join,
+        /// After falling behind the producer's lag limit: error (detach), or skip and go on.
+        #[arg(long, default_value = "error")]
+        on_lag: sluice::OnLag,
+        /// Sleep this many milliseconds after each batch (simulates a slow trainer).
+        #[arg(long)]
+        delay_ms: Option<u64>,
     },
     /// Print a plan's resolved options, schema and DataFusion physical plan.
     Explain {
@@ -84,10 +90,13 @@ enum Command {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
+            // The topic's shared-memory footprint is worth seeing by default.
             tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+                .unwrap_or_else(|_| "warn,sluice_shm::publisher=info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
         .init();
     let cli = Cli::parse();
     match run(cli) {
@@ -103,12 +112,14 @@ fn main() -> ExitCode {
 }
 
 /// One place that maps errors to exit codes: 2 for a bad plan or configuration, 3 for a
-/// lost or failed producer, 4 for a timeout, 1 otherwise.
+/// lost or failed producer, 4 for a timeout, 5 for a subscriber detached for lagging,
+/// 1 otherwise.
 fn exit_code(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<SluiceError>() {
         Some(SluiceError::Plan { .. } | SluiceError::Config(_)) => 2,
         Some(SluiceError::ProducerLost(_) | SluiceError::ProducerFailed(_)) => 3,
         Some(SluiceError::Timeout { .. }) => 4,
+        Some(SluiceError::Lagged { .. }) => 5,
         _ => 1,
     }
 }
@@ -191,12 +202,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             timeout,
             batch_size,
             join,
+            on_lag,
+            delay_ms,
         } => subscribe::run(
             &topic,
             json,
             timeout.map(Duration::from_secs_f64),
             batch_size,
             join,
+            on_lag,
+            delay_ms.map(Duration::from_millis),
         ),
         Command::Explain { plan } => {
             let rt = runtime()?;

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use sluice::{Checksum, Event, Join, SubscribeOptions, Subscriber};
+use sluice::{Checksum, Event, Join, OnLag, SubscribeOptions, Subscriber};
 
 pub(crate) fn run(
     topic: &str,
@@ -11,6 +11,8 @@ pub(crate) fn run(
     timeout: Option<Duration>,
     batch_size: Option<usize>,
     join: Join,
+    on_lag: OnLag,
+    delay: Option<Duration>,
 ) -> anyhow::Result<()> {
     let mut sub = Subscriber::connect(
         topic,
@@ -19,6 +21,7 @@ pub(crate) fn run(
             namespace: None,
             batch_size,
             join,
+            on_lag,
         },
     )?;
     let stdout = std::io::stdout();
@@ -28,14 +31,23 @@ pub(crate) fn run(
     let (mut batches, mut total_batches) = (0u64, 0u64);
     let mut first_batch: Option<Instant> = None;
     let mut epoch_start: Option<Instant> = None;
+    // The longest wait between two batches of an epoch: shows stalls (a crashed peer).
+    let mut last_batch: Option<Instant> = None;
+    let mut max_gap = Duration::ZERO;
     loop {
         match sub.next_event()? {
             Event::Batch { batch, .. } => {
                 let now = Instant::now();
                 first_batch.get_or_insert(now);
                 epoch_start.get_or_insert(now);
+                if let Some(last) = last_batch.replace(now) {
+                    max_gap = max_gap.max(now - last);
+                }
                 epoch_sum.update(&batch)?;
                 batches += 1;
+                if let Some(delay) = delay {
+                    std::thread::sleep(delay);
+                }
             }
             Event::EpochEnd(summary) => {
                 let secs = epoch_start
@@ -51,9 +63,11 @@ pub(crate) fn run(
                             "batches": batches,
                             "checksum": epoch_sum.hex(),
                             "complete": summary.complete,
+                            "missed": summary.missed,
                             "producer_rows": summary.rows,
                             "producer_batches": summary.batches,
                             "seconds": secs,
+                            "max_gap_ms": max_gap.as_secs_f64() * 1e3,
                         })
                     )?;
                 } else {
@@ -77,6 +91,7 @@ pub(crate) fn run(
                 total_batches += batches;
                 epoch_sum = Checksum::default();
                 batches = 0;
+                max_gap = Duration::ZERO;
             }
             Event::End => break,
         }

@@ -72,6 +72,18 @@ pub enum SluiceError {
     /// The producer disappeared without ending the stream (crash, SIGKILL).
     #[error("producer of topic '{0}' is gone (it exited or was killed without ending the stream)")]
     ProducerLost(String),
+    /// The subscriber fell further behind than the topic's lag limit and missed batches.
+    #[error(
+        "this subscriber of topic '{topic}' fell further behind than the producer's sluice.lag_limit \
+         and missed {missed} message(s); it was detached. Consume faster, raise the limit, or subscribe \
+         with on_lag = skip to continue past gaps"
+    )]
+    Lagged {
+        /// The topic.
+        topic: String,
+        /// Messages missed.
+        missed: u64,
+    },
     /// Waiting took longer than the caller allowed.
     #[error("timed out after {seconds:.1}s waiting for {what}")]
     Timeout {

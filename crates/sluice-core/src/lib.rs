@@ -6,6 +6,8 @@
 //!                                                          [checksum] (verification)
 //! ```
 //!
+//! * [`shuffle`] is a bounded, seeded shuffle buffer: the same seed and epoch give the
+//!   same order; [`shaper`] chains it with re-batching for one epoch.
 //! * [`rebatch`] cuts a stream of record batches into batches of exactly `n` rows
 //!   (the last one of an epoch may be shorter), slicing without copies where it can.
 //! * [`wire`] turns a batch into self-contained Arrow IPC messages that can be written
@@ -20,9 +22,13 @@ pub mod checksum;
 pub mod error;
 pub mod frame;
 pub mod rebatch;
+pub mod shaper;
+pub mod shuffle;
 pub mod wire;
 
 pub use checksum::Checksum;
 pub use error::{Result, SluiceError};
 pub use frame::{FrameKind, TopicName};
 pub use rebatch::Rebatcher;
+pub use shaper::Shaper;
+pub use shuffle::Shuffler;

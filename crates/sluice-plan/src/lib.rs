@@ -40,6 +40,7 @@ use tokio::sync::mpsc;
 
 pub use options::SluiceOptions;
 use sluice_core::error::Location;
+use sluice_core::shuffle::{SplitMix64, epoch_seed};
 use sluice_core::{Checksum, Result, SluiceError};
 
 /// A stream of record batches (one epoch of a plan).
@@ -237,10 +238,20 @@ impl Plan {
     /// Partitions run in parallel, each at most a few batches ahead, and their batches
     /// are taken round-robin in partition order, so the order of rows depends only on the
     /// plan and the data, not on timing.
-    pub async fn execute_epoch(&self, _epoch: u64) -> Result<BatchStream> {
+    ///
+    /// With `sluice.shuffle_seed` set, the order in which partitions are taken is a
+    /// permutation drawn from the seed and the epoch (the rows themselves are shuffled
+    /// by the producer's shuffle buffer).
+    pub async fn execute_epoch(&self, epoch: u64) -> Result<BatchStream> {
         let physical = self.physical_plan().await?;
-        let streams = execute_stream_partitioned(physical, self.ctx.task_ctx())
+        let mut streams = execute_stream_partitioned(physical, self.ctx.task_ctx())
             .map_err(|e| SluiceError::Execution(df_message(e)))?;
+        if let Some(seed) = self.options.shuffle_seed {
+            let mut rng = SplitMix64::new(epoch_seed(seed, epoch));
+            for i in (1..streams.len()).rev() {
+                streams.swap(i, rng.below(i + 1));
+            }
+        }
         Ok(round_robin(streams))
     }
 

@@ -16,6 +16,8 @@ extensions_options! {
         pub epochs: u64, default = 1
         /// Seed of the per-epoch shuffle; unset keeps source order.
         pub shuffle_seed: Option<u64>, default = None
+        /// Rows held by the shuffle buffer (memory is bounded by it); used with shuffle_seed.
+        pub shuffle_buffer: usize, default = 8192
         /// Batches a subscriber may have queued: how far the producer runs ahead of the slowest subscriber.
         pub window: usize, default = 4
         /// Most subscribers that can attach at once; sizes the shared memory.
@@ -24,6 +26,8 @@ extensions_options! {
         pub min_subscribers: usize, default = 0
         /// Batches a subscriber may hold (borrowed, not yet dropped) at once.
         pub max_held: usize, default = 4
+        /// 0: the slowest subscriber sets the pace. Otherwise the producer waits for no one: a subscriber this many batches behind misses batches (and is detached, unless it asked to skip).
+        pub lag_limit: usize, default = 0
     }
 }
 
@@ -68,6 +72,7 @@ impl SluiceOptions {
             ("window", self.window),
             ("max_subscribers", self.max_subscribers),
             ("max_held", self.max_held),
+            ("shuffle_buffer", self.shuffle_buffer),
         ] {
             if value == 0 {
                 return Err(SluiceError::Config(format!(
@@ -87,6 +92,11 @@ impl SluiceOptions {
             )));
         }
         Ok(())
+    }
+
+    /// `(seed, buffer rows)` when shuffling is on.
+    pub fn shuffle(&self) -> Option<(u64, usize)> {
+        self.shuffle_seed.map(|seed| (seed, self.shuffle_buffer))
     }
 
     /// The validated topic name.

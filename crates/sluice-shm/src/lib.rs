@@ -28,11 +28,13 @@ mod header;
 mod namespace;
 mod publisher;
 mod subscriber;
+#[cfg(test)]
+mod tests;
 
 pub use header::FrameHeader;
 pub use namespace::{Namespace, shm_available};
 pub use publisher::{TopicConfig, TopicPublisher};
-pub use subscriber::{Frame, TopicSubscriber};
+pub use subscriber::{Frame, TopicSubscriber, subscriber_count};
 
 /// The iceoryx2 service flavour Sluice uses: inter-process, with thread-safe ports so
 /// that samples and ports can move between threads (Python, async runtimes).

@@ -40,13 +40,23 @@ pub struct TopicConfig {
     pub max_held: usize,
     /// Expected largest message in bytes; larger ones make the topic grow its memory.
     pub max_message_bytes: usize,
+    /// `None`: the slowest subscriber sets the pace (queues hold `window` messages).
+    /// `Some(n)`: queues hold `n` messages and the producer waits for no one: a
+    /// subscriber `n` batches behind misses the next batch. End-of-epoch, end-of-stream
+    /// and error messages are always delivered.
+    pub lag_limit: Option<usize>,
 }
 
 impl TopicConfig {
     /// Shared-memory chunks the producer preallocates: enough that it can always loan
     /// one, whatever its subscribers hold or have queued.
     pub fn chunks(&self) -> u64 {
-        (self.max_subscribers * (self.window + self.max_held) + MAX_LOANED) as u64
+        (self.max_subscribers * (self.queue_depth() + self.max_held) + MAX_LOANED) as u64
+    }
+
+    /// Messages a subscriber's queue holds.
+    pub fn queue_depth(&self) -> usize {
+        self.lag_limit.unwrap_or(self.window)
     }
 
     /// Bytes of shared memory the topic's data segment takes.
@@ -74,6 +84,7 @@ pub struct TopicPublisher {
     publisher: Publisher<Ipc, [u8], FrameHeader>,
     ready: Notifier<Ipc>,
     released: Arc<Listener<Ipc>>,
+    sending_batch: Arc<AtomicBool>,
     seq: u64,
     // Dropped last: the ports above belong to it.
     _node: Node<Ipc>,
@@ -142,7 +153,7 @@ impl TopicPublisher {
             .payload_alignment(alignment)
             .enable_safe_overflow(false)
             .history_size(0)
-            .subscriber_max_buffer_size(config.window)
+            .subscriber_max_buffer_size(config.queue_depth())
             .subscriber_max_borrowed_samples(config.max_held)
             .max_subscribers(config.max_subscribers)
             .max_publishers(1)
@@ -161,6 +172,7 @@ impl TopicPublisher {
                 .map_err(transport("cannot create released listener"))?,
         );
 
+        let sending_batch = Arc::new(AtomicBool::new(false));
         let handler = BackpressureWaiter {
             released: released.clone(),
             // A second handle to the data service: the handler outlives this borrow.
@@ -173,6 +185,8 @@ impl TopicPublisher {
             namespace: namespace.clone(),
             stop,
             last_check: std::sync::Mutex::new(Instant::now()),
+            lag_limit: config.lag_limit.is_some(),
+            sending_batch: sending_batch.clone(),
         };
         let publisher = data
             .publisher_builder()
@@ -184,10 +198,16 @@ impl TopicPublisher {
             .create()
             .map_err(transport("cannot create publisher"))?;
         tracing::info!(
-            topic = %config.topic,
-            shm_bytes = needed,
-            chunks = config.chunks(),
-            "topic created"
+            "topic '{}' created: {:.1} MiB of shared memory ({} chunks of {} KiB: {} subscribers x ({} queued + {} held) + {} loaned); {:.1} MiB free in {SHM_DIR}",
+            config.topic,
+            needed as f64 / (1 << 20) as f64,
+            config.chunks(),
+            config.max_message_bytes.div_ceil(1024),
+            config.max_subscribers,
+            config.window,
+            config.max_held,
+            MAX_LOANED,
+            available as f64 / (1 << 20) as f64,
         );
         Ok(Self {
             namespace: namespace.clone(),
@@ -196,6 +216,7 @@ impl TopicPublisher {
             publisher,
             ready,
             released,
+            sending_batch,
             seq: 0,
             _node: node,
         })
@@ -263,7 +284,10 @@ impl TopicPublisher {
             len: encoded.len() as u64,
             ..Default::default()
         };
-        self.send(header, encoded.len(), |dst| encoded.write_to(dst))
+        self.sending_batch.store(true, Ordering::Relaxed);
+        let sent = self.send(header, encoded.len(), |dst| encoded.write_to(dst));
+        self.sending_batch.store(false, Ordering::Relaxed);
+        sent
     }
 
     /// Publishes the end of `epoch`, with its totals.
@@ -304,7 +328,7 @@ impl TopicPublisher {
         })
     }
 
-    fn send(
+    pub(crate) fn send(
         &mut self,
         mut header: FrameHeader,
         len: usize,
@@ -364,6 +388,10 @@ struct BackpressureWaiter {
     namespace: Namespace,
     stop: Arc<AtomicBool>,
     last_check: std::sync::Mutex<Instant>,
+    /// Whether a full queue means "too far behind" rather than "wait".
+    lag_limit: bool,
+    /// Set while a batch (not a control message) is being sent.
+    sending_batch: Arc<AtomicBool>,
 }
 
 impl BackpressureWaiter {
@@ -386,6 +414,11 @@ impl BackpressureWaiter {
                 tracing::warn!("a subscriber went away with a full queue; continuing without it");
                 return BackpressureAction::DiscardData;
             }
+        }
+        if self.lag_limit && self.sending_batch.load(Ordering::Relaxed) {
+            // The subscriber is a whole queue (the lag limit) behind: it misses this
+            // batch, and notices the gap in sequence numbers.
+            return BackpressureAction::DiscardData;
         }
         // Sleep until some subscriber takes a message (or the interval passes).
         let _ = self.released.timed_wait(|_| {}, DEAD_CHECK_INTERVAL);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use arrow::buffer::Buffer;
 use arrow::record_batch::RecordBatch;
 use iceoryx2::port::ReceiveError;
-use iceoryx2::port::listener::Listener;
+use iceoryx2::port::listener::{Listener, ListenerWaitError};
 use iceoryx2::port::notifier::Notifier;
 use iceoryx2::port::subscriber::Subscriber;
 use iceoryx2::prelude::*;
@@ -52,6 +52,12 @@ pub enum Frame {
     },
     /// The end of the stream: no more messages will come.
     EndOfStream,
+    /// The producer skipped this many messages for this subscriber, which had fallen
+    /// further behind than the topic's lag limit.
+    Missed {
+        /// Messages missed.
+        messages: u64,
+    },
 }
 
 /// Keeps a received sample alive for as long as Arrow buffers point into it.
@@ -77,6 +83,7 @@ pub struct TopicSubscriber {
     ready: Listener<Ipc>,
     released: Notifier<Ipc>,
     next_seq: Option<u64>,
+    stashed: Option<Sample<Ipc, [u8], FrameHeader>>,
     producer_seen: bool,
     ended: bool,
     // Dropped last: the ports above belong to it.
@@ -173,6 +180,7 @@ impl TopicSubscriber {
             ready,
             released,
             next_seq: None,
+            stashed: None,
             producer_seen: false,
             ended: false,
             _node: node,
@@ -199,6 +207,10 @@ impl TopicSubscriber {
     /// [`Frame::EndOfStream`].
     pub fn recv(&mut self, timeout: Option<Duration>) -> Result<Frame> {
         let start = Instant::now();
+        if let Some(sample) = self.stashed.take() {
+            self.next_seq = Some(sample.user_header().seq);
+            return self.frame(sample);
+        }
         loop {
             let Some(subscriber) = &self.subscriber else {
                 return Ok(Frame::EndOfStream);
@@ -231,10 +243,14 @@ impl TopicSubscriber {
                 });
             }
             let wait = timeout.map_or(LIVENESS_INTERVAL, |t| (t - elapsed).min(LIVENESS_INTERVAL));
-            let woken = self
-                .ready
-                .timed_wait(|_| {}, wait)
-                .map_err(transport("waiting for data failed"))?;
+            let woken = match self.ready.timed_wait(|_| {}, wait) {
+                Ok(n) => n,
+                // A signal (Ctrl-C, SIGCHLD, a stop and continue) ends the wait early:
+                // check again, as after any wake-up. Callers that want to react to the
+                // signal (Python) do so between calls.
+                Err(ListenerWaitError::InterruptSignal) => 1,
+                Err(e) => return Err(SluiceError::Transport(format!("waiting for data failed: {e:?}"))),
+            };
             if woken == 0 {
                 self.check_producer()?;
             }
@@ -247,10 +263,24 @@ impl TopicSubscriber {
         if let Some(expected) = self.next_seq
             && header.seq != expected
         {
-            return Err(SluiceError::Corrupt(format!(
-                "message {} arrived where {expected} was expected on topic '{}'",
-                header.seq, self.topic
-            )));
+            if header.seq < expected {
+                return Err(SluiceError::Corrupt(format!(
+                    "message {} arrived after message {} on topic '{}'",
+                    header.seq,
+                    expected - 1,
+                    self.topic
+                )));
+            }
+            // The producer dropped messages for this subscriber: it fell behind more
+            // than the topic's lag limit (or the producer is stopping, in which case
+            // its error says more than the gap). Report the gap, then this message.
+            if header.kind != FrameKind::Error as u32 {
+                self.next_seq = Some(expected);
+                self.stashed = Some(sample);
+                return Ok(Frame::Missed {
+                    messages: header.seq - expected,
+                });
+            }
         }
         self.next_seq = Some(header.seq + 1);
         let kind = FrameKind::try_from(header.kind)?;
@@ -350,5 +380,19 @@ impl TopicSubscriber {
         }
         self.detach();
         Err(SluiceError::ProducerLost(self.topic.to_string()))
+    }
+}
+
+/// Subscribers attached to `topic` now, or `None` if the topic does not exist.
+pub fn subscriber_count(namespace: &Namespace, topic: &TopicName) -> Result<Option<usize>> {
+    let node = namespace.node("observer")?;
+    match node
+        .service_builder(&service_name(topic, "data")?)
+        .publish_subscribe::<[u8]>()
+        .user_header::<FrameHeader>()
+        .open()
+    {
+        Ok(service) => Ok(Some(service.dynamic_config().number_of_subscribers())),
+        Err(_) => Ok(None),
     }
 }

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use sluice_core::{Rebatcher, Result, SluiceError, wire};
+use sluice_core::{Result, Shaper, SluiceError, wire};
 use sluice_plan::Plan;
 use sluice_shm::{Namespace, TopicConfig, TopicPublisher};
 use tokio::runtime::Handle;
@@ -104,19 +104,21 @@ impl Producer {
         let mut progress = Progress::default();
 
         // The first batch tells how large messages are, which sizes the shared memory.
-        let mut rebatcher = Rebatcher::new(opts.batch_rows)?;
+        let mut shaper = Shaper::new(opts.batch_rows, 0, opts.shuffle())?;
         let mut stream = handle.block_on(self.plan.execute_epoch(0))?;
         let mut first = Vec::new();
         let mut first_error = None;
+        let mut stream_done = false;
         while first.is_empty() {
             match handle.block_on(stream.next()) {
-                Some(Ok(batch)) => first = rebatcher.push(batch)?,
+                Some(Ok(batch)) => first = shaper.push(batch)?,
                 Some(Err(e)) => {
                     first_error = Some(e);
                     break;
                 }
                 None => {
-                    first.extend(rebatcher.finish()?);
+                    first.extend(shaper.finish()?);
+                    stream_done = true;
                     break;
                 }
             }
@@ -132,6 +134,7 @@ impl Producer {
             max_subscribers: opts.max_subscribers,
             max_held: opts.max_held,
             // Later batches may carry longer strings or lists: leave room.
+            lag_limit: (opts.lag_limit > 0).then_some(opts.lag_limit),
             max_message_bytes: (largest + largest / 2)
                 .max(MIN_MESSAGE_BYTES)
                 .next_multiple_of(wire::ALIGNMENT),
@@ -153,10 +156,10 @@ impl Producer {
                 progress.epoch = epoch;
                 if epoch > 0 {
                     stream = handle.block_on(self.plan.execute_epoch(epoch))?;
-                    rebatcher = Rebatcher::new(opts.batch_rows)?;
+                    shaper = Shaper::new(opts.batch_rows, epoch, opts.shuffle())?;
+                    stream_done = false;
                 }
                 let (mut batches, mut rows) = (0u64, 0u64);
-                let mut finished = false;
                 loop {
                     if options.stop.load(Ordering::Relaxed) {
                         return Err(SluiceError::Execution("the producer was stopped".into()));
@@ -177,14 +180,14 @@ impl Producer {
                         on_progress(&progress);
                         continue;
                     }
-                    if finished {
+                    if stream_done {
                         break;
                     }
                     let next = match handle.block_on(stream.next()) {
-                        Some(batch) => rebatcher.push(batch?)?,
+                        Some(batch) => shaper.push(batch?)?,
                         None => {
-                            finished = true;
-                            rebatcher.finish()?.into_iter().collect()
+                            stream_done = true;
+                            shaper.finish()?
                         }
                     };
                     for b in next {
@@ -210,14 +213,14 @@ impl Producer {
                 Ok(stats)
             }
             Err(e) => {
-                // Subscribers must see the failure rather than wait for data that never comes.
-                let stop = options.stop.swap(false, Ordering::Relaxed);
+                // Subscribers must see the failure rather than wait for data that never
+                // comes. When stopping, subscribers with a full queue are not waited for
+                // (they notice the producer is gone instead).
                 if let Err(send) = publisher.publish_error(&e.to_string()) {
                     tracing::warn!("could not tell subscribers about the failure: {send}");
                 } else {
                     publisher.drain(options.linger.min(Duration::from_secs(2)));
                 }
-                options.stop.store(stop, Ordering::Relaxed);
                 Err(e)
             }
         }

@@ -33,6 +33,31 @@ impl std::str::FromStr for Join {
     }
 }
 
+/// What a subscriber does when the producer skipped batches for it because it fell
+/// further behind than the topic's lag limit (`sluice.lag_limit_ms`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnLag {
+    /// Fail with [`SluiceError::Lagged`] and detach.
+    #[default]
+    Error,
+    /// Go on; the epoch is reported incomplete, with the batches missed.
+    Skip,
+}
+
+impl std::str::FromStr for OnLag {
+    type Err = SluiceError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "error" => Ok(Self::Error),
+            "skip" => Ok(Self::Skip),
+            other => Err(SluiceError::Config(format!(
+                "unknown on_lag mode '{other}'; use 'error' or 'skip'"
+            ))),
+        }
+    }
+}
+
 /// How to attach to a topic.
 #[derive(Debug, Clone, Default)]
 pub struct SubscribeOptions {
@@ -45,6 +70,8 @@ pub struct SubscribeOptions {
     pub batch_size: Option<usize>,
     /// Where to start in a running stream.
     pub join: Join,
+    /// What to do after falling behind the producer's lag limit.
+    pub on_lag: OnLag,
 }
 
 /// The end of an epoch as one subscriber saw it.
@@ -60,7 +87,10 @@ pub struct EpochSummary {
     pub received_batches: u64,
     /// Rows this subscriber received in it.
     pub received_rows: u64,
-    /// Whether this subscriber saw the whole epoch (false for an epoch it joined late).
+    /// Messages the producer skipped for this subscriber in this epoch (lag limit).
+    pub missed: u64,
+    /// Whether this subscriber saw the whole epoch (false for an epoch it joined late or
+    /// in which it missed batches).
     pub complete: bool,
 }
 
@@ -88,8 +118,10 @@ pub enum Event {
 #[derive(Debug, Default)]
 struct EpochState {
     epoch: Option<u64>,
+    ended: bool,
     producer_batches: u64,
     joined_late: bool,
+    missed: u64,
     out_batches: u64,
     out_rows: u64,
 }
@@ -100,6 +132,9 @@ pub struct Subscriber {
     inner: TopicSubscriber,
     timeout: Option<Duration>,
     join: Join,
+    on_lag: OnLag,
+    /// A frame received but not yet processed (after a synthesized epoch end).
+    deferred: Option<Frame>,
     waiting_for_boundary: bool,
     rebatcher: Option<Rebatcher>,
     /// Sample ranges of producer batches the re-batcher may still be slicing.
@@ -123,6 +158,8 @@ impl Subscriber {
             inner,
             timeout: options.timeout,
             join: options.join,
+            on_lag: options.on_lag,
+            deferred: None,
             waiting_for_boundary: options.join == Join::NextEpoch,
             rebatcher,
             ranges: VecDeque::new(),
@@ -159,7 +196,21 @@ impl Subscriber {
             if let Some(end) = self.pending_end.take() {
                 return Ok(end);
             }
-            match self.inner.recv(timeout)? {
+            let frame = match self.deferred.take() {
+                Some(frame) => frame,
+                None => self.inner.recv(timeout)?,
+            };
+            match frame {
+                Frame::Missed { messages } => match self.on_lag {
+                    OnLag::Error => {
+                        self.inner.detach();
+                        return Err(SluiceError::Lagged {
+                            topic: self.topic().to_string(),
+                            missed: messages,
+                        });
+                    }
+                    OnLag::Skip => self.state.missed += messages,
+                },
                 Frame::Batch {
                     epoch,
                     index,
@@ -172,10 +223,40 @@ impl Subscriber {
                         }
                         self.waiting_for_boundary = false;
                     }
-                    if self.state.epoch != Some(epoch) {
+                    if let Some(current) = self.state.epoch
+                        && current != epoch
+                        && !self.state.ended
+                    {
+                        // The end of the current epoch was among the messages missed:
+                        // close it (incomplete) before the next epoch starts.
+                        if let Some(rebatcher) = &mut self.rebatcher {
+                            self.ready.extend(rebatcher.finish()?);
+                        }
+                        let queued_rows: u64 = self.ready.iter().map(|b| b.num_rows() as u64).sum();
+                        self.pending_end = Some(Event::EpochEnd(EpochSummary {
+                            epoch: current,
+                            batches: 0,
+                            rows: 0,
+                            received_batches: self.state.out_batches + self.ready.len() as u64,
+                            received_rows: self.state.out_rows + queued_rows,
+                            missed: self.state.missed.max(1),
+                            complete: false,
+                        }));
+                        self.state.ended = true;
+                        self.deferred = Some(Frame::Batch {
+                            epoch,
+                            index,
+                            batch,
+                            shm_range,
+                        });
+                        continue;
+                    }
+                    if self.state.epoch != Some(epoch) || self.state.ended {
+                        let missed = if self.state.ended { 0 } else { self.state.missed };
                         self.state = EpochState {
                             epoch: Some(epoch),
                             joined_late: index != 0,
+                            missed,
                             ..EpochState::default()
                         };
                     }
@@ -212,7 +293,8 @@ impl Subscriber {
                     if let Some(rebatcher) = &mut self.rebatcher {
                         self.ready.extend(rebatcher.finish()?);
                     }
-                    let seen = self.state.epoch == Some(epoch);
+                    let seen = self.state.epoch == Some(epoch) && !self.state.ended;
+                    let missed = self.state.missed;
                     let (producer_batches, joined_late) = if seen {
                         (self.state.producer_batches, self.state.joined_late)
                     } else {
@@ -234,13 +316,19 @@ impl Subscriber {
                         rows,
                         received_batches: out_batches,
                         received_rows: out_rows,
-                        // Messages arrive in order without gaps (the transport checks
-                        // sequence numbers), so an epoch was seen whole exactly when the
-                        // subscriber saw its first batch and every row.
-                        complete: !joined_late && producer_batches == batches && out_rows == rows,
+                        missed,
+                        // Messages arrive in order and gaps are reported (the transport
+                        // checks sequence numbers), so an epoch was seen whole exactly
+                        // when the subscriber saw its first batch and every row.
+                        complete: !joined_late
+                            && missed == 0
+                            && producer_batches == batches
+                            && out_rows == rows,
                     }));
                     // Batches still queued belong to the ending epoch.
                     self.state.epoch = Some(epoch);
+                    self.state.ended = true;
+                    self.state.missed = 0;
                 }
                 Frame::EndOfStream => {
                     if let Some(rebatcher) = &mut self.rebatcher {

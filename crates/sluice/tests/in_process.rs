@@ -238,3 +238,61 @@ fn subscribers_choose_their_own_batch_size() {
         producer.join().unwrap().unwrap();
     }
 }
+
+fn epoch_orders(ns: &Namespace, topic: &str, sql: &str) -> Vec<Vec<i64>> {
+    let producer = spawn_producer(ns.clone(), sql.to_string());
+    let mut sub = Subscriber::connect(
+        topic,
+        SubscribeOptions {
+            timeout: Some(Duration::from_secs(30)),
+            namespace: Some(ns.clone()),
+            ..SubscribeOptions::default()
+        },
+    )
+    .unwrap();
+    let mut epochs = vec![Vec::new()];
+    loop {
+        match sub.next_event().unwrap() {
+            Event::Batch { batch, .. } => epochs
+                .last_mut()
+                .unwrap()
+                .extend(batch.column(0).as_primitive::<Int64Type>().values().iter().copied()),
+            Event::EpochEnd(_) => epochs.push(Vec::new()),
+            Event::End => break,
+        }
+    }
+    epochs.pop();
+    drop(sub);
+    producer.join().unwrap().unwrap();
+    epochs
+}
+
+/// With a shuffle seed, each epoch's order is a function of the seed and the epoch:
+/// the same on every run, different between epochs, and a permutation of the source.
+#[test]
+fn seeded_shuffle_is_reproducible_and_differs_per_epoch() {
+    let ns = TestNamespace::new();
+    let sql = |seed: &str| {
+        format!(
+            "SET sluice.topic = 'shuf'; SET sluice.batch_rows = 128; SET sluice.epochs = 3;\n\
+             {seed}\nSET datafusion.execution.batch_size = 100;\n\
+             SELECT value AS v FROM generate_series(0, 2999)"
+        )
+    };
+    let shuffled = sql("SET sluice.shuffle_seed = 42; SET sluice.shuffle_buffer = 500;");
+    let a = epoch_orders(&ns.0, "shuf", &shuffled);
+    let b = epoch_orders(&ns.0, "shuf", &shuffled);
+    assert_eq!(a.len(), 3);
+    assert_eq!(a, b, "same seed, same order");
+    assert_ne!(a[0], a[1]);
+    assert_ne!(a[1], a[2]);
+    let source: Vec<i64> = (0..3000).collect();
+    for epoch in &a {
+        assert_ne!(epoch, &source);
+        let mut sorted = epoch.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, source);
+    }
+    let plain = epoch_orders(&ns.0, "shuf", &sql(""));
+    assert!(plain.iter().all(|e| e == &source), "no seed keeps source order");
+}

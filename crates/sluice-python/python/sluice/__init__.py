@@ -1,0 +1,82 @@
+"""Sluice: one ML preprocessing pipeline per machine, fed zero-copy to every trainer.
+
+A producer runs a plan file (DataFusion SQL) once and publishes its output as Arrow
+record batches in shared memory; every subscriber on the machine reads the same memory.
+
+Subscribing::
+
+    import sluice, numpy as np, pyarrow as pa
+
+    with sluice.subscribe("demo", batch_size=256) as sub:
+        for epoch in sub.epochs():
+            for batch in epoch:
+                table = pa.record_batch(batch)          # zero-copy (Arrow PyCapsule)
+                x = np.from_dlpack(batch["features"])  # zero-copy, read-only, 2-D
+            print(epoch.epoch, epoch.rows, epoch.complete)
+
+Producing from Python (a background thread of this process)::
+
+    with sluice.Producer("pipelines/demo.sql", min_subscribers=2, epochs=3) as producer:
+        ...                  # start trainers; the block's end waits for the run
+
+Batches stay valid for as long as anything refers to them (a pyarrow array, a numpy
+array): the shared-memory sample goes back to the producer when the last view is gone.
+Each subscriber may hold only ``sluice.max_held`` batches (a plan option, default 4) at
+once; copy what you keep longer (``pa.record_batch(batch).copy()`` is not needed for
+pyarrow computations, which produce new arrays).
+
+Errors are subclasses of :class:`SluiceError`. Waiting releases the GIL and Ctrl-C
+interrupts it.
+
+JAX: ``jax.numpy.from_dlpack(batch["x"])`` or ``jax.device_put(np.from_dlpack(batch["x"]))``;
+see the ``sluice.torch`` module for PyTorch.
+"""
+
+from __future__ import annotations
+
+import atexit as _atexit
+
+from sluice._sluice import (
+    Batch,
+    Column,
+    CorruptMessage,
+    Epoch,
+    Epochs,
+    EpochSummary,
+    PlanError,
+    Producer,
+    ProducerFailed,
+    ProducerLost,
+    RunStats,
+    SluiceError,
+    Subscriber,
+    Timeout,
+    TransportError,
+    __version__,
+    _shutdown,
+    subscribe,
+)
+
+# Producers still running when the interpreter exits are stopped, so that they remove
+# their shared memory instead of leaving it to be reclaimed by the next process.
+_atexit.register(_shutdown)
+
+__all__ = [
+    "Batch",
+    "Column",
+    "CorruptMessage",
+    "Epoch",
+    "EpochSummary",
+    "Epochs",
+    "PlanError",
+    "Producer",
+    "ProducerFailed",
+    "ProducerLost",
+    "RunStats",
+    "SluiceError",
+    "Subscriber",
+    "Timeout",
+    "TransportError",
+    "__version__",
+    "subscribe",
+]

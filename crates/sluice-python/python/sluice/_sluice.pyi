@@ -1,0 +1,289 @@
+"""Type stubs of the ``sluice._sluice`` extension module (see ``sluice`` for an overview)."""
+
+from __future__ import annotations
+
+import os
+from types import TracebackType
+from typing import Any, Iterator, Literal
+
+__version__: str
+
+JoinMode = Literal["now", "next_epoch"]
+
+class SluiceError(Exception):
+    """Base class of every error Sluice raises; the message is the Rust runtime's."""
+
+class PlanError(SluiceError):
+    """The plan file or a configuration value is wrong; plan errors name file:line:column."""
+
+class ProducerLost(SluiceError):
+    """The producer exited or was killed without ending the stream."""
+
+class ProducerFailed(SluiceError):
+    """The producer failed (for example, its query failed part-way) and told its subscribers why."""
+
+class Timeout(SluiceError):
+    """Waiting (for a producer, a batch or a run) took longer than the caller allowed."""
+
+class TransportError(SluiceError):
+    """The shared-memory transport failed: a busy topic, too little /dev/shm, an iceoryx2 error."""
+
+class CorruptMessage(SluiceError):
+    """A message read from shared memory failed validation; nothing was trusted."""
+
+class Column:
+    """One column of a :class:`Batch`.
+
+    Implements the Arrow PyCapsule protocol (``pyarrow.array(col)``) and DLPack
+    (``numpy.from_dlpack(col)``, ``torch.from_dlpack(col)``) without copying. DLPack
+    works for fixed-width numbers (1-D) and fixed-size lists of them (N-D, or the shape
+    of an ``arrow.fixed_shape_tensor`` column), and raises ``BufferError`` for columns
+    with nulls or other types. The tensor is read-only when the consumer asks for DLPack
+    1.0 (numpy >= 2): it is shared memory.
+    """
+
+    @property
+    def name(self) -> str:
+        """The column's name."""
+    @property
+    def type(self) -> str:
+        """The Arrow type, as text."""
+    @property
+    def null_count(self) -> int:
+        """Null values in the column."""
+    @property
+    def shape(self) -> list[int] | None:
+        """The shape ``numpy.from_dlpack(col)`` gives, or ``None`` if DLPack cannot export it."""
+    def __len__(self) -> int: ...
+    def __arrow_c_schema__(self) -> object:
+        """Exports the field as an ``arrow_schema`` PyCapsule."""
+    def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]:
+        """Exports ``(arrow_schema, arrow_array)`` PyCapsules, zero-copy."""
+    def __arrow_c_device_array__(
+        self, requested_schema: object | None = None, **kwargs: Any
+    ) -> tuple[object, object]:
+        """Exports ``(arrow_schema, arrow_device_array)`` PyCapsules (device: CPU), zero-copy."""
+    def __dlpack__(
+        self,
+        *,
+        stream: Any | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> object:
+        """Exports a DLPack capsule (``dltensor``, or ``dltensor_versioned`` for ``max_version >= (1, 0)``)."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(1, 0)``: host memory (kDLCPU)."""
+    def to_numpy(self) -> Any:
+        """``numpy.from_dlpack(self)``: zero-copy and read-only."""
+    def to_pyarrow(self) -> Any:
+        """``pyarrow.array(self)``: zero-copy."""
+
+class Batch:
+    """A record batch received from a topic.
+
+    Implements the Arrow PyCapsule protocol (``__arrow_c_schema__``,
+    ``__arrow_c_array__``, ``__arrow_c_device_array__``), so ``pyarrow.record_batch(b)``
+    and ``polars.from_arrow(...)`` import it without copying. ``batch["x"]`` gives a
+    :class:`Column`.
+    """
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the batch."""
+    @property
+    def index(self) -> int:
+        """Position of the batch in its epoch, in this subscriber's batches."""
+    @property
+    def shm_range(self) -> tuple[int, int] | None:
+        """``(start, end)`` addresses of the shared-memory sample the batch lies in, or
+        ``None`` for a batch assembled (copied once) from two producer batches."""
+    @property
+    def num_rows(self) -> int: ...
+    @property
+    def num_columns(self) -> int: ...
+    @property
+    def column_names(self) -> list[str]: ...
+    @property
+    def nbytes(self) -> int:
+        """Bytes of Arrow buffers the batch references."""
+    def column(self, key: str | int) -> Column:
+        """The column ``key`` (name or position)."""
+    def __getitem__(self, key: str | int) -> Column: ...
+    def __contains__(self, name: str) -> bool: ...
+    def __len__(self) -> int: ...
+    def __arrow_c_schema__(self) -> object: ...
+    def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]: ...
+    def __arrow_c_device_array__(
+        self, requested_schema: object | None = None, **kwargs: Any
+    ) -> tuple[object, object]: ...
+    def copy(self) -> Batch:
+        """A deep copy in process memory, which holds no shared memory."""
+    def to_pyarrow(self) -> Any:
+        """``pyarrow.record_batch(self)``: zero-copy."""
+
+class EpochSummary:
+    """How one epoch ended, as this subscriber saw it."""
+
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def complete(self) -> bool:
+        """Whether this subscriber received the whole epoch (false when it joined late)."""
+    @property
+    def rows(self) -> int:
+        """Rows this subscriber received in the epoch."""
+    @property
+    def batches(self) -> int:
+        """Batches this subscriber received (in its own batch size)."""
+    @property
+    def producer_rows(self) -> int:
+        """Rows the producer published in the epoch."""
+    @property
+    def producer_batches(self) -> int:
+        """Batches the producer published in the epoch."""
+
+class Epoch(Iterator[Batch]):
+    """One epoch of a subscription; iterate it for its batches.
+
+    ``complete``, ``rows``, ``batches`` and ``summary`` are ``None`` until the epoch is
+    exhausted.
+    """
+
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def done(self) -> bool: ...
+    @property
+    def summary(self) -> EpochSummary | None: ...
+    @property
+    def complete(self) -> bool | None: ...
+    @property
+    def rows(self) -> int | None: ...
+    @property
+    def batches(self) -> int | None: ...
+    def __iter__(self) -> Epoch: ...
+    def __next__(self) -> Batch: ...
+
+class Epochs(Iterator[Epoch]):
+    """The epochs of a subscription. Moving to the next epoch skips the rest of the current one."""
+
+    def __iter__(self) -> Epochs: ...
+    def __next__(self) -> Epoch: ...
+
+class Subscriber(Iterator[Batch]):
+    """A subscription to a topic.
+
+    Iterating it yields batches across epochs; :meth:`epochs` yields :class:`Epoch`
+    objects. Waiting releases the GIL and Ctrl-C interrupts it. Raises
+    :class:`Timeout` when a batch takes longer than ``timeout`` seconds,
+    :class:`ProducerLost` / :class:`ProducerFailed` when the producer dies or fails.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        batch_size: int | None = None,
+        join: JoinMode = "now",
+        timeout: float | None = None,
+    ) -> None: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def batch_size(self) -> int | None: ...
+    @property
+    def join(self) -> JoinMode: ...
+    @property
+    def timeout(self) -> float | None: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def last_epoch(self) -> EpochSummary | None:
+        """Summary of the last epoch that ended."""
+    def __iter__(self) -> Subscriber: ...
+    def __next__(self) -> Batch: ...
+    def epochs(self) -> Epochs: ...
+    def close(self) -> None:
+        """Leaves the topic. Batches already received stay valid. Idempotent."""
+    def __enter__(self) -> Subscriber: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool: ...
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
+        """Exports the rest of the stream (all epochs) as an ``arrow_array_stream`` PyCapsule."""
+
+def subscribe(
+    topic: str,
+    batch_size: int | None = None,
+    join: JoinMode = "now",
+    timeout: float | None = None,
+) -> Subscriber:
+    """Attaches to ``topic``, waiting for its producer (up to ``timeout`` seconds).
+
+    ``batch_size``: rows per batch for this subscriber (default: the producer's batches).
+    ``join``: ``"now"`` (the current epoch is then flagged partial) or ``"next_epoch"``.
+    ``"replay"`` is not implemented yet and raises ``ValueError``.
+    """
+
+class RunStats:
+    """What a finished run did."""
+
+    @property
+    def epochs(self) -> int: ...
+    @property
+    def batches(self) -> int: ...
+    @property
+    def rows(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def elapsed(self) -> float: ...
+    @property
+    def shm_bytes(self) -> int: ...
+
+class Producer:
+    """Runs a plan file on a background thread of this process and publishes its batches.
+
+    The plan is loaded in the constructor (``PlanError`` with file:line:column); the run
+    starts at once. Leaving a ``with`` block waits for the run and raises its error; an
+    exception in the block stops the run instead.
+    """
+
+    def __init__(
+        self,
+        plan: str | os.PathLike[str],
+        *,
+        topic: str | None = None,
+        epochs: int | None = None,
+        batch_rows: int | None = None,
+        min_subscribers: int | None = None,
+        wait_timeout: float | None = None,
+        linger: float = 10.0,
+    ) -> None: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def plan_file(self) -> str: ...
+    @property
+    def epochs(self) -> int: ...
+    @property
+    def running(self) -> bool: ...
+    @property
+    def progress(self) -> dict[str, int]:
+        """``epoch``, ``batches``, ``rows``, ``bytes``, ``subscribers`` so far."""
+    def wait(self, timeout: float | None = None) -> RunStats:
+        """Waits for the run to end; raises its error, or ``Timeout``."""
+    def close(self) -> None:
+        """Stops the run if it is going and waits for it; idempotent."""
+    def __enter__(self) -> Producer: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool: ...
+
+def _shutdown() -> None: ...

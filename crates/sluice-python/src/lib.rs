@@ -1,0 +1,64 @@
+//! Python bindings of Sluice: the `sluice._sluice` extension module behind the `sluice`
+//! Python package.
+//!
+//! # Architecture
+//!
+//! ```text
+//!  producer process                          trainer process (this module)
+//!  ───────────────                           ─────────────────────────────
+//!  sluice.Producer ─► sluice::Producer ─► topic ─► sluice::Subscriber ─► Subscriber / Epoch
+//!   (background thread,                 (iceoryx2     (Mutex, waits with     │
+//!    own tokio runtime)                  shm)          the GIL released)      ▼
+//!                                                                           Batch ──► pyarrow, polars
+//!                                                          __arrow_c_array__ / __arrow_c_device_array__
+//!                                                                           Column ─► numpy, torch, JAX
+//!                                                                   __dlpack__ (read-only, zero-copy)
+//! ```
+//!
+//! Batches decoded in place from shared memory are handed to Python without copying:
+//! every export (Arrow C data, Arrow C device, DLPack) holds a reference to the Arrow
+//! buffers, which hold the iceoryx2 sample, so the sample goes back to the producer only
+//! when the last Python view of it is gone.
+//!
+//! # Modules
+//! * `errors`: Python exception classes for `sluice::SluiceError`.
+//! * `subscriber`: `Subscriber`, `Epoch`, waiting with Ctrl-C, the Arrow stream export.
+//! * `batch`: `Batch` and `Column`, the PyCapsule protocol and DLPack.
+//! * `device`: the Arrow C Device struct (`ArrowDeviceArray`).
+//! * `dlpack`: DLPack structs and capsules.
+//! * `producer`: `Producer`, a run on a background thread.
+#![warn(missing_docs)]
+
+mod batch;
+mod device;
+mod dlpack;
+mod errors;
+mod producer;
+mod subscriber;
+
+use pyo3::prelude::*;
+
+/// The `sluice._sluice` extension module.
+#[pymodule]
+fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<subscriber::PySubscriber>()?;
+    m.add_class::<subscriber::PyEpochs>()?;
+    m.add_class::<subscriber::PyEpoch>()?;
+    m.add_class::<subscriber::PyEpochSummary>()?;
+    m.add_class::<batch::PyBatch>()?;
+    m.add_class::<batch::PyColumn>()?;
+    m.add_class::<producer::PyProducer>()?;
+    m.add_class::<producer::PyRunStats>()?;
+    m.add_function(wrap_pyfunction!(subscriber::subscribe, m)?)?;
+    m.add_function(wrap_pyfunction!(producer::_shutdown, m)?)?;
+    m.add("SluiceError", py.get_type::<errors::SluiceError>())?;
+    m.add("PlanError", py.get_type::<errors::PlanError>())?;
+    m.add("ProducerLost", py.get_type::<errors::ProducerLost>())?;
+    m.add("ProducerFailed", py.get_type::<errors::ProducerFailed>())?;
+    m.add("Timeout", py.get_type::<errors::Timeout>())?;
+    m.add("TransportError", py.get_type::<errors::TransportError>())?;
+    m.add("CorruptMessage", py.get_type::<errors::CorruptMessage>())?;
+    Ok(())
+}

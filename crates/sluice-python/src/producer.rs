@@ -1,0 +1,408 @@
+//! `sluice.Producer`: runs a plan on a background thread of the calling process.
+//!
+//! The plan is loaded (and its errors raised) in the constructor; the run starts at once
+//! on a thread with its own tokio runtime and never touches Python objects, so it keeps
+//! publishing while the interpreter does other work. `wait()` and the end of a `with`
+//! block raise the run's error, if any; `close()` stops the run (subscribers then see
+//! `ProducerFailed: ... stopped`).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use sluice::core::TopicName;
+use sluice::{Namespace, Plan, Producer, Progress, RunOptions, RunStats, SluiceError};
+
+use crate::errors::to_py;
+use crate::subscriber::{parse_count, parse_timeout};
+
+/// Longest wait without a chance to run Python's signal handlers.
+const SLICE: Duration = Duration::from_millis(50);
+/// How long interpreter shutdown waits for each running producer to stop.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+
+/// What the run thread shares with Python.
+struct Shared {
+    outcome: Mutex<Option<Result<RunStats, SluiceError>>>,
+    finished: Condvar,
+    progress: Mutex<Progress>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Shared {
+    fn is_finished(&self) -> bool {
+        self.outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// Waits up to `timeout` for the run to finish; true when it has.
+    fn wait_finished(&self, timeout: Duration) -> bool {
+        let guard = self.outcome.lock().unwrap_or_else(PoisonError::into_inner);
+        let (guard, _) = self
+            .finished
+            .wait_timeout_while(guard, timeout, |o| o.is_none())
+            .unwrap_or_else(PoisonError::into_inner);
+        guard.is_some()
+    }
+}
+
+/// Producers of this process that may still run, for [`shutdown`].
+static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// What a finished run did.
+#[pyclass(frozen, module = "sluice._sluice", name = "RunStats")]
+#[derive(Debug, Clone)]
+pub struct PyRunStats(RunStats);
+
+#[pymethods]
+impl PyRunStats {
+    /// Epochs completed.
+    #[getter]
+    fn epochs(&self) -> u64 {
+        self.0.epochs
+    }
+    /// Batches published.
+    #[getter]
+    fn batches(&self) -> u64 {
+        self.0.batches
+    }
+    /// Rows published.
+    #[getter]
+    fn rows(&self) -> u64 {
+        self.0.rows
+    }
+    /// Payload bytes written to shared memory.
+    #[getter]
+    fn bytes(&self) -> u64 {
+        self.0.bytes
+    }
+    /// Seconds from the first batch to the end of the stream.
+    #[getter]
+    fn elapsed(&self) -> f64 {
+        self.0.elapsed.as_secs_f64()
+    }
+    /// Bytes of shared memory the topic reserved.
+    #[getter]
+    fn shm_bytes(&self) -> u64 {
+        self.0.shm_bytes
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "sluice.RunStats(epochs={}, batches={}, rows={}, bytes={}, elapsed={:.3}, shm_bytes={})",
+            self.0.epochs,
+            self.0.batches,
+            self.0.rows,
+            self.0.bytes,
+            self.0.elapsed.as_secs_f64(),
+            self.0.shm_bytes
+        )
+    }
+}
+
+/// Runs a plan file and publishes its batches on the plan's topic, from a background
+/// thread of this process.
+#[pyclass(frozen, module = "sluice._sluice", name = "Producer")]
+pub struct PyProducer {
+    plan_file: String,
+    topic: String,
+    epochs: u64,
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    stopped: AtomicBool,
+}
+
+impl PyProducer {
+    fn join_thread(&self, py: Python<'_>) {
+        let handle = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(handle) = handle {
+            // The thread has published its outcome; it only has to return.
+            py.detach(move || {
+                let _ = handle.join();
+            });
+        }
+    }
+
+    /// Waits for the run to finish, honouring Ctrl-C, up to `timeout`.
+    fn wait_inner(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<()> {
+        let start = Instant::now();
+        loop {
+            let shared = &self.shared;
+            if py.detach(|| shared.wait_finished(SLICE)) {
+                break;
+            }
+            py.check_signals()?;
+            if timeout.is_some_and(|t| start.elapsed() >= t) {
+                return Err(to_py(&SluiceError::Timeout {
+                    what: format!("the producer of topic '{}' to finish", self.topic),
+                    seconds: start.elapsed().as_secs_f64(),
+                }));
+            }
+        }
+        self.join_thread(py);
+        Ok(())
+    }
+
+    fn outcome(&self) -> Option<Result<RunStats, PyErr>> {
+        self.shared
+            .outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|o| o.as_ref().map(Clone::clone).map_err(to_py))
+    }
+}
+
+#[pymethods]
+impl PyProducer {
+    /// Loads `plan` (a plan file) and starts publishing it on a background thread.
+    ///
+    /// Keyword arguments override the plan's `SET sluice.*` options: `topic`, `epochs`,
+    /// `batch_rows`, `min_subscribers` (subscribers to wait for before the first batch).
+    /// `wait_timeout`: give up waiting for them after this many seconds. `linger`: after
+    /// the last batch, wait up to this many seconds for subscribers to read it all.
+    ///
+    /// Raises `PlanError` (with file:line:column) for a bad plan.
+    #[new]
+    #[pyo3(signature = (plan, *, topic=None, epochs=None, batch_rows=None, min_subscribers=None, wait_timeout=None, linger=10.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        plan: PathBuf,
+        topic: Option<String>,
+        epochs: Option<&Bound<'_, PyAny>>,
+        batch_rows: Option<&Bound<'_, PyAny>>,
+        min_subscribers: Option<&Bound<'_, PyAny>>,
+        wait_timeout: Option<f64>,
+        linger: f64,
+    ) -> PyResult<Self> {
+        let epochs = parse_count("epochs", epochs, 1)?;
+        let batch_rows = parse_count("batch_rows", batch_rows, 1)?;
+        let min_subscribers = parse_count("min_subscribers", min_subscribers, 0)?;
+        let subscriber_timeout = parse_timeout("wait_timeout", wait_timeout)?;
+        let linger = parse_timeout("linger", Some(linger))?.unwrap_or(Duration::MAX);
+        if let Some(t) = &topic {
+            TopicName::new(t.as_str()).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        }
+
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("sluice-producer-rt")
+            .build()
+            .map_err(|e| to_py(&SluiceError::io("cannot start the async runtime", e)))?;
+        let mut plan = py
+            .detach(|| runtime.block_on(Plan::load(&plan)))
+            .map_err(|e| to_py(&e))?;
+        let options = plan.options_mut();
+        if let Some(t) = topic {
+            options.topic = t;
+        }
+        if let Some(e) = epochs {
+            options.epochs = e as u64;
+        }
+        if let Some(b) = batch_rows {
+            options.batch_rows = b;
+        }
+        if let Some(m) = min_subscribers {
+            // Also in the options, so that it is validated with them.
+            options.min_subscribers = m;
+        }
+        options.validate().map_err(|e| to_py(&e))?;
+        let namespace = Namespace::from_env().map_err(|e| to_py(&e))?;
+        let topic = options.topic.clone();
+        let epochs = options.epochs;
+        let plan_file = plan.file().to_string();
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(Shared {
+            outcome: Mutex::new(None),
+            finished: Condvar::new(),
+            progress: Mutex::new(Progress::default()),
+            stop: stop.clone(),
+        });
+        let run_options = RunOptions {
+            min_subscribers,
+            subscriber_timeout,
+            linger,
+            stop,
+        };
+        let producer = Producer::new(plan, namespace);
+        let for_thread = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("sluice-producer".into())
+            .spawn(move || {
+                let shared = for_thread;
+                let result = producer.run(runtime.handle(), &run_options, |p| {
+                    *shared
+                        .progress
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = p.clone();
+                });
+                drop(producer);
+                runtime.shutdown_timeout(Duration::from_secs(5));
+                *shared
+                    .outcome
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(result);
+                shared.finished.notify_all();
+            })
+            .map_err(|e| to_py(&SluiceError::io("cannot start the producer thread", e)))?;
+        {
+            let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+            live.retain(|w| w.strong_count() > 0);
+            live.push(Arc::downgrade(&shared));
+        }
+        Ok(Self {
+            plan_file,
+            topic,
+            epochs,
+            shared,
+            thread: Mutex::new(Some(thread)),
+            stopped: AtomicBool::new(false),
+        })
+    }
+
+    /// The topic the plan publishes on.
+    #[getter]
+    fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The plan file.
+    #[getter]
+    fn plan_file(&self) -> &str {
+        &self.plan_file
+    }
+
+    /// Epochs the run publishes.
+    #[getter]
+    fn epochs(&self) -> u64 {
+        self.epochs
+    }
+
+    /// Whether the run is still going.
+    #[getter]
+    fn running(&self) -> bool {
+        !self.shared.is_finished()
+    }
+
+    /// Where the run is: `epoch`, `batches`, `rows`, `bytes`, `subscribers`.
+    #[getter]
+    fn progress<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let p = self
+            .shared
+            .progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let d = PyDict::new(py);
+        d.set_item("epoch", p.epoch)?;
+        d.set_item("batches", p.batches)?;
+        d.set_item("rows", p.rows)?;
+        d.set_item("bytes", p.bytes)?;
+        d.set_item("subscribers", p.subscribers)?;
+        Ok(d)
+    }
+
+    /// Waits for the run to finish and returns its `RunStats`; raises its error
+    /// (`ProducerFailed`-worthy failures surface here as `SluiceError` subclasses), or
+    /// `Timeout` after `timeout` seconds (the run goes on).
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyRunStats> {
+        let timeout = parse_timeout("timeout", timeout)?;
+        self.wait_inner(py, timeout)?;
+        match self.outcome() {
+            Some(Ok(stats)) => Ok(PyRunStats(stats)),
+            Some(Err(e)) => Err(e),
+            None => unreachable!("wait_inner returns once the outcome is set"),
+        }
+    }
+
+    /// Stops the run if it is still going (subscribers are told it stopped) and waits for
+    /// the thread to end. Raises the run's error only if it failed before `close()`.
+    /// Idempotent.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if !self.shared.is_finished() {
+            self.stopped.store(true, Ordering::Relaxed);
+            self.shared.stop.store(true, Ordering::Relaxed);
+        }
+        self.wait_inner(py, None)?;
+        match self.outcome() {
+            Some(Err(e)) if !self.stopped.load(Ordering::Relaxed) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// Without an exception: waits for the run and raises its error. With one: stops the
+    /// run and lets the exception propagate.
+    #[pyo3(signature = (*args))]
+    fn __exit__(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        let exception = args.len() > 0 && !args.get_item(0)?.is_none();
+        if exception {
+            let _ = self.close(py);
+        } else {
+            self.wait(py, None)?;
+        }
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "sluice.Producer(plan={:?}, topic={:?}, epochs={}, running={})",
+            self.plan_file,
+            self.topic,
+            self.epochs,
+            if self.running() { "True" } else { "False" }
+        )
+    }
+}
+
+impl Drop for PyProducer {
+    fn drop(&mut self) {
+        let handle = self
+            .thread
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(handle) = handle {
+            // Nobody can wait for this run any more: stop it and let it clean up its
+            // shared memory. The thread never needs the GIL, so joining cannot deadlock.
+            self.shared.stop.store(true, Ordering::Relaxed);
+            let _ = handle.join();
+        }
+    }
+}
+
+/// Stops every producer of this process that is still running and waits (up to a few
+/// seconds each) for it to remove its shared memory. Registered with `atexit`.
+#[pyfunction]
+pub fn _shutdown(py: Python<'_>) {
+    let live: Vec<Arc<Shared>> = LIVE
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .drain(..)
+        .filter_map(|w| w.upgrade())
+        .collect();
+    for shared in &live {
+        shared.stop.store(true, Ordering::Relaxed);
+    }
+    py.detach(|| {
+        for shared in &live {
+            shared.wait_finished(SHUTDOWN_WAIT);
+        }
+    });
+}

@@ -1,0 +1,685 @@
+//! `sluice.Subscriber`, its epochs, and the Arrow stream over it.
+//!
+//! # Waiting
+//! Every wait (for the topic to appear, for the next batch) runs with the GIL released
+//! and in slices of [`SLICE`]: a slice that times out loses nothing, and between slices
+//! Python runs its signal handlers, so Ctrl-C raises `KeyboardInterrupt` promptly. The
+//! caller's `timeout` bounds the whole wait for one batch.
+//!
+//! # Threads
+//! The Rust subscriber is behind a mutex, taken only while the GIL is released, so a
+//! subscriber may be shared between Python threads (each batch goes to one of them).
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use arrow::datatypes::{Schema, SchemaRef};
+use arrow::error::ArrowError;
+use arrow::ffi_stream::FFI_ArrowArrayStream;
+use arrow::record_batch::{RecordBatch, RecordBatchReader};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyCapsule};
+use sluice::core::TopicName;
+use sluice::{EpochSummary, Event, Join, SluiceError, SubscribeOptions, Subscriber};
+
+use crate::batch::{PyBatch, deep_copy};
+use crate::errors::{is_interrupted_wait, to_py};
+
+/// Longest wait without a chance to run Python's signal handlers.
+const SLICE: Duration = Duration::from_millis(50);
+/// Each attempt to attach creates an iceoryx2 node: poll for the topic less often.
+const CONNECT_SLICE: Duration = Duration::from_millis(200);
+
+/// The stream as this Python object sees it: the Rust subscriber plus an event that was
+/// looked at and put back.
+struct Stream {
+    sub: Option<Subscriber>,
+    peeked: Option<Event>,
+    ended: bool,
+}
+
+impl Stream {
+    fn next_within(&mut self, timeout: Option<Duration>) -> Result<Event, SluiceError> {
+        if let Some(event) = self.peeked.take() {
+            return Ok(event);
+        }
+        if self.ended {
+            return Ok(Event::End);
+        }
+        let Some(sub) = self.sub.as_mut() else {
+            return Ok(Event::End);
+        };
+        let event = sub.next_event_within(timeout)?;
+        if matches!(event, Event::End) {
+            self.ended = true;
+        }
+        Ok(event)
+    }
+}
+
+fn lock(stream: &Mutex<Stream>) -> MutexGuard<'_, Stream> {
+    // A panic while the lock was held cannot leave `Stream` half-updated in a way that
+    // matters more than the panic itself, which pyo3 already reported.
+    stream.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Seconds from Python: `None` (or infinity) waits forever.
+pub fn parse_timeout(what: &str, timeout: Option<f64>) -> PyResult<Option<Duration>> {
+    match timeout {
+        None => Ok(None),
+        Some(t) if t.is_infinite() && t > 0.0 => Ok(None),
+        Some(t) if t.is_nan() || t < 0.0 => Err(PyValueError::new_err(format!(
+            "{what} must be a number of seconds >= 0 or None, not {t}"
+        ))),
+        Some(t) => Ok(Some(Duration::from_secs_f64(t))),
+    }
+}
+
+/// A count from Python: `None`, or an int (not a bool) of at least `min`.
+pub fn parse_count(
+    name: &str,
+    value: Option<&Bound<'_, PyAny>>,
+    min: i64,
+) -> PyResult<Option<usize>> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    if value.is_none() {
+        return Ok(None);
+    }
+    let type_error = || {
+        PyTypeError::new_err(format!(
+            "{name} must be an int or None, not {}",
+            value
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    };
+    if value.is_instance_of::<PyBool>() {
+        return Err(type_error());
+    }
+    let n: i64 = value.extract().map_err(|_| type_error())?;
+    if n < min {
+        return Err(PyValueError::new_err(format!(
+            "{name} must be at least {min}, not {n}"
+        )));
+    }
+    usize::try_from(n)
+        .map(Some)
+        .map_err(|_| PyValueError::new_err(format!("{name} is too large: {n}")))
+}
+
+fn parse_join(join: &str) -> PyResult<Join> {
+    match join {
+        "now" => Ok(Join::Now),
+        "next_epoch" => Ok(Join::NextEpoch),
+        "replay" => Err(PyValueError::new_err(
+            "join='replay' is not implemented yet; use 'now' or 'next_epoch'",
+        )),
+        other => Err(PyValueError::new_err(format!(
+            "unknown join mode {other:?}; use 'now' or 'next_epoch'"
+        ))),
+    }
+}
+
+/// How one epoch ended, as this subscriber saw it.
+#[pyclass(frozen, module = "sluice._sluice", name = "EpochSummary")]
+#[derive(Debug, Clone)]
+pub struct PyEpochSummary(EpochSummary);
+
+#[pymethods]
+impl PyEpochSummary {
+    /// The epoch.
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.0.epoch
+    }
+    /// Whether this subscriber received the whole epoch (false when it joined late).
+    #[getter]
+    fn complete(&self) -> bool {
+        self.0.complete
+    }
+    /// Rows this subscriber received in the epoch.
+    #[getter]
+    fn rows(&self) -> u64 {
+        self.0.received_rows
+    }
+    /// Batches this subscriber received in the epoch (in its own batch size).
+    #[getter]
+    fn batches(&self) -> u64 {
+        self.0.received_batches
+    }
+    /// Rows the producer published in the epoch.
+    #[getter]
+    fn producer_rows(&self) -> u64 {
+        self.0.rows
+    }
+    /// Batches the producer published in the epoch.
+    #[getter]
+    fn producer_batches(&self) -> u64 {
+        self.0.batches
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "sluice.EpochSummary(epoch={}, rows={}, batches={}, complete={}, producer_rows={})",
+            self.0.epoch,
+            self.0.received_rows,
+            self.0.received_batches,
+            if self.0.complete { "True" } else { "False" },
+            self.0.rows
+        )
+    }
+}
+
+/// A subscription to a topic: iterate it for batches, or use [`epochs`](Self::epochs).
+#[pyclass(frozen, module = "sluice._sluice", name = "Subscriber")]
+pub struct PySubscriber {
+    topic: String,
+    batch_size: Option<usize>,
+    join: &'static str,
+    timeout: Option<Duration>,
+    stream: Arc<Mutex<Stream>>,
+    last_epoch: Mutex<Option<EpochSummary>>,
+}
+
+impl PySubscriber {
+    /// The next event, waiting (GIL released, Ctrl-C honoured) up to the timeout.
+    fn next_event(&self, py: Python<'_>) -> PyResult<Event> {
+        let start = Instant::now();
+        let deadline = self.timeout.map(|t| start + t);
+        loop {
+            let slice = deadline.map_or(SLICE, |d| {
+                d.saturating_duration_since(Instant::now()).min(SLICE)
+            });
+            let stream = &self.stream;
+            let result = py.detach(|| lock(stream).next_within(Some(slice)));
+            match result {
+                Ok(event) => return Ok(event),
+                Err(SluiceError::Timeout { .. }) => {}
+                Err(e) if is_interrupted_wait(&e) => {}
+                Err(e) => {
+                    py.check_signals()?;
+                    return Err(to_py(&e));
+                }
+            }
+            py.check_signals()?;
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(to_py(&SluiceError::Timeout {
+                    what: format!("the next batch on topic '{}'", self.topic),
+                    seconds: start.elapsed().as_secs_f64(),
+                }));
+            }
+        }
+    }
+
+    /// Puts an event back at the front of the stream.
+    fn put_back(&self, py: Python<'_>, event: Event) {
+        let stream = &self.stream;
+        py.detach(|| lock(stream).peeked = Some(event));
+    }
+
+    fn set_last_epoch(&self, summary: &EpochSummary) {
+        *self
+            .last_epoch
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(summary.clone());
+    }
+
+    fn batch(
+        epoch: u64,
+        index: u64,
+        batch: RecordBatch,
+        shm_range: Option<std::ops::Range<usize>>,
+    ) -> PyBatch {
+        PyBatch::new(batch, epoch, index, shm_range)
+    }
+}
+
+#[pymethods]
+impl PySubscriber {
+    /// Attaches to `topic`, waiting for its producer if it has not started yet.
+    ///
+    /// `batch_size`: rows per batch for this subscriber (default: the producer's).
+    /// `join`: `"now"` or `"next_epoch"`. `timeout`: seconds to wait for the producer and
+    /// then for each batch (default: forever).
+    #[new]
+    #[pyo3(signature = (topic, batch_size=None, join="now", timeout=None))]
+    fn new(
+        py: Python<'_>,
+        topic: &str,
+        batch_size: Option<&Bound<'_, PyAny>>,
+        join: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<Self> {
+        TopicName::new(topic).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let batch_size = parse_count("batch_size", batch_size, 1)?;
+        let join_mode = parse_join(join)?;
+        let timeout = parse_timeout("timeout", timeout)?;
+        let start = Instant::now();
+        let deadline = timeout.map(|t| start + t);
+        let sub = loop {
+            let slice = deadline.map_or(CONNECT_SLICE, |d| {
+                d.saturating_duration_since(Instant::now())
+                    .min(CONNECT_SLICE)
+            });
+            let options = SubscribeOptions {
+                timeout: Some(slice),
+                namespace: None,
+                batch_size,
+                join: join_mode,
+                ..SubscribeOptions::default()
+            };
+            match py.detach(|| Subscriber::connect(topic, options)) {
+                Ok(sub) => break sub,
+                Err(SluiceError::Timeout { .. }) => {}
+                Err(e) if is_interrupted_wait(&e) => {}
+                Err(e) => {
+                    py.check_signals()?;
+                    return Err(to_py(&e));
+                }
+            }
+            py.check_signals()?;
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(to_py(&SluiceError::Timeout {
+                    what: format!("a producer to create topic '{topic}'"),
+                    seconds: start.elapsed().as_secs_f64(),
+                }));
+            }
+        };
+        Ok(Self {
+            topic: topic.to_string(),
+            batch_size,
+            join: match join_mode {
+                Join::Now => "now",
+                Join::NextEpoch => "next_epoch",
+            },
+            timeout,
+            stream: Arc::new(Mutex::new(Stream {
+                sub: Some(sub),
+                peeked: None,
+                ended: false,
+            })),
+            last_epoch: Mutex::new(None),
+        })
+    }
+
+    /// The topic.
+    #[getter]
+    fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// Rows per batch for this subscriber, or `None` for the producer's batches.
+    #[getter]
+    fn batch_size(&self) -> Option<usize> {
+        self.batch_size
+    }
+
+    /// How this subscriber joined: `"now"` or `"next_epoch"`.
+    #[getter]
+    fn join(&self) -> &'static str {
+        self.join
+    }
+
+    /// Seconds to wait for each batch, or `None`.
+    #[getter]
+    fn timeout(&self) -> Option<f64> {
+        self.timeout.map(|t| t.as_secs_f64())
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    #[getter]
+    fn closed(&self, py: Python<'_>) -> bool {
+        let stream = &self.stream;
+        py.detach(|| lock(stream).sub.is_none())
+    }
+
+    /// Summary of the last epoch that ended, or `None`.
+    #[getter]
+    fn last_epoch(&self) -> Option<PyEpochSummary> {
+        self.last_epoch
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .map(PyEpochSummary)
+    }
+
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// The next batch, in any epoch; `StopIteration` at the end of the stream.
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
+        loop {
+            match self.next_event(py)? {
+                Event::Batch {
+                    epoch,
+                    index,
+                    batch,
+                    shm_range,
+                } => return Ok(Some(Self::batch(epoch, index, batch, shm_range))),
+                Event::EpochEnd(summary) => self.set_last_epoch(&summary),
+                Event::End => return Ok(None),
+            }
+        }
+    }
+
+    /// The stream, epoch by epoch: `for epoch in sub.epochs(): for batch in epoch: ...`.
+    ///
+    /// Moving to the next epoch skips what is left of the current one.
+    fn epochs(slf: Bound<'_, Self>) -> PyEpochs {
+        PyEpochs {
+            sub: slf.unbind(),
+            current: Mutex::new(None),
+        }
+    }
+
+    /// Leaves the topic; the producer stops waiting for this subscriber. Batches already
+    /// received stay valid. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let stream = &self.stream;
+        let sub = py.detach(|| {
+            let mut stream = lock(stream);
+            stream.peeked = None;
+            stream.ended = true;
+            stream.sub.take()
+        });
+        if let Some(mut sub) = sub {
+            py.detach(move || {
+                sub.close();
+                drop(sub);
+            });
+        }
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close(py);
+        false
+    }
+
+    /// Exports the rest of the stream (all epochs) as an Arrow C stream, for
+    /// `pyarrow.RecordBatchReader.from_stream(sub)`, `polars.DataFrame(sub)` and other
+    /// Arrow consumers. Waits for the first batch to learn the schema.
+    ///
+    /// Stream consumers usually keep every batch (`read_all`), more than a subscriber may
+    /// hold in shared memory (`sluice.max_held`), so the stream copies each batch out of
+    /// shared memory once; iterate the subscriber itself for zero-copy batches. The
+    /// stream waits without Python's signal handling; the subscriber's `timeout` bounds
+    /// each wait.
+    #[pyo3(signature = (requested_schema=None))]
+    fn __arrow_c_stream__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyCapsule>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        // The schema is fixed by the plan; a requested schema is not applied.
+        let _ = requested_schema;
+        let schema = loop {
+            match self.next_event(py)? {
+                event @ Event::Batch { .. } => {
+                    let schema = match &event {
+                        Event::Batch { batch, .. } => batch.schema(),
+                        _ => unreachable!("matched a batch just above"),
+                    };
+                    self.put_back(py, event);
+                    break schema;
+                }
+                Event::EpochEnd(summary) => self.set_last_epoch(&summary),
+                Event::End => break Arc::new(Schema::empty()),
+            }
+        };
+        let reader = StreamReader {
+            stream: self.stream.clone(),
+            schema,
+            timeout: self.timeout,
+        };
+        let ffi = FFI_ArrowArrayStream::new(Box::new(reader));
+        PyCapsule::new_with_value(py, ffi, c"arrow_array_stream")
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "sluice.Subscriber(topic={:?}, batch_size={:?}, join={:?}, closed={})",
+            self.topic,
+            self.batch_size,
+            self.join,
+            if self.closed(py) { "True" } else { "False" }
+        )
+    }
+}
+
+/// A record-batch reader over a subscriber's stream, for the Arrow C stream interface.
+struct StreamReader {
+    stream: Arc<Mutex<Stream>>,
+    schema: SchemaRef,
+    timeout: Option<Duration>,
+}
+
+impl Iterator for StreamReader {
+    type Item = Result<RecordBatch, ArrowError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut stream = lock(&self.stream);
+        let start = Instant::now();
+        loop {
+            match stream.next_within(Some(SLICE)) {
+                Ok(Event::Batch { batch, .. }) => return Some(deep_copy(&batch)),
+                Ok(Event::EpochEnd(_)) => {}
+                Ok(Event::End) => return None,
+                Err(SluiceError::Timeout { .. }) => {
+                    if self.timeout.is_some_and(|t| start.elapsed() >= t) {
+                        let e = SluiceError::Timeout {
+                            what: "the next batch".into(),
+                            seconds: start.elapsed().as_secs_f64(),
+                        };
+                        return Some(Err(ArrowError::ExternalError(Box::new(e))));
+                    }
+                }
+                Err(e) if is_interrupted_wait(&e) => {}
+                Err(e) => return Some(Err(ArrowError::ExternalError(Box::new(e)))),
+            }
+        }
+    }
+}
+
+impl RecordBatchReader for StreamReader {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+}
+
+/// Iterator over the epochs of a subscriber.
+#[pyclass(frozen, module = "sluice._sluice", name = "Epochs")]
+pub struct PyEpochs {
+    sub: Py<PySubscriber>,
+    current: Mutex<Option<Py<PyEpoch>>>,
+}
+
+#[pymethods]
+impl PyEpochs {
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// The next epoch; `StopIteration` at the end of the stream.
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyEpoch>>> {
+        let previous = self
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(previous) = previous {
+            // Skip what the caller left of the previous epoch.
+            let previous = previous.bind(py).get();
+            while previous.next_batch(py)?.is_some() {}
+        }
+        let sub = self.sub.bind(py).get();
+        let epoch = match sub.next_event(py)? {
+            event @ Event::Batch { .. } => {
+                let number = match &event {
+                    Event::Batch { epoch, .. } => *epoch,
+                    _ => unreachable!("matched a batch just above"),
+                };
+                sub.put_back(py, event);
+                PyEpoch::open(self.sub.clone_ref(py), number)
+            }
+            Event::EpochEnd(summary) => {
+                // An epoch in which this subscriber received nothing.
+                sub.set_last_epoch(&summary);
+                let epoch = PyEpoch::open(self.sub.clone_ref(py), summary.epoch);
+                *epoch.summary.lock().unwrap_or_else(PoisonError::into_inner) = Some(summary);
+                epoch
+            }
+            Event::End => {
+                sub.put_back(py, Event::End);
+                return Ok(None);
+            }
+        };
+        let epoch = Py::new(py, epoch)?;
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(epoch.clone_ref(py));
+        Ok(Some(epoch))
+    }
+}
+
+/// One epoch of a subscription: iterate it for its batches. Once it is exhausted,
+/// `complete`, `rows` and `batches` say what this subscriber received.
+#[pyclass(frozen, module = "sluice._sluice", name = "Epoch")]
+pub struct PyEpoch {
+    sub: Py<PySubscriber>,
+    epoch: u64,
+    summary: Mutex<Option<EpochSummary>>,
+    done: Mutex<bool>,
+}
+
+impl PyEpoch {
+    fn open(sub: Py<PySubscriber>, epoch: u64) -> Self {
+        Self {
+            sub,
+            epoch,
+            summary: Mutex::new(None),
+            done: Mutex::new(false),
+        }
+    }
+
+    fn summary_now(&self) -> Option<EpochSummary> {
+        self.summary
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn is_done(&self) -> bool {
+        *self.done.lock().unwrap_or_else(PoisonError::into_inner) || self.summary_now().is_some()
+    }
+
+    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
+        if self.is_done() {
+            return Ok(None);
+        }
+        let sub = self.sub.bind(py).get();
+        let event = sub.next_event(py)?;
+        match event {
+            Event::Batch {
+                epoch,
+                index,
+                batch,
+                shm_range,
+            } if epoch == self.epoch => {
+                Ok(Some(PySubscriber::batch(epoch, index, batch, shm_range)))
+            }
+            Event::EpochEnd(summary) if summary.epoch == self.epoch => {
+                sub.set_last_epoch(&summary);
+                *self.summary.lock().unwrap_or_else(PoisonError::into_inner) = Some(summary);
+                Ok(None)
+            }
+            other => {
+                // The stream moved on (it ended, or the subscriber was read elsewhere).
+                sub.put_back(py, other);
+                *self.done.lock().unwrap_or_else(PoisonError::into_inner) = true;
+                Ok(None)
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl PyEpoch {
+    /// The epoch number.
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Whether the epoch has been read to its end.
+    #[getter]
+    fn done(&self) -> bool {
+        self.is_done()
+    }
+
+    /// The epoch's summary once it is exhausted, else `None`.
+    #[getter]
+    fn summary(&self) -> Option<PyEpochSummary> {
+        self.summary_now().map(PyEpochSummary)
+    }
+
+    /// Whether this subscriber received the whole epoch; `None` until it is exhausted.
+    /// False for the epoch a subscriber joined part-way through.
+    #[getter]
+    fn complete(&self) -> Option<bool> {
+        self.summary_now().map(|s| s.complete)
+    }
+
+    /// Rows this subscriber received in the epoch; `None` until it is exhausted.
+    #[getter]
+    fn rows(&self) -> Option<u64> {
+        self.summary_now().map(|s| s.received_rows)
+    }
+
+    /// Batches this subscriber received in the epoch; `None` until it is exhausted.
+    #[getter]
+    fn batches(&self) -> Option<u64> {
+        self.summary_now().map(|s| s.received_batches)
+    }
+
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
+        self.next_batch(py)
+    }
+
+    fn __repr__(&self) -> String {
+        match self.summary_now() {
+            Some(s) => format!(
+                "sluice.Epoch(epoch={}, rows={}, batches={}, complete={})",
+                self.epoch,
+                s.received_rows,
+                s.received_batches,
+                if s.complete { "True" } else { "False" }
+            ),
+            None => format!("sluice.Epoch(epoch={}, in progress)", self.epoch),
+        }
+    }
+}
+
+/// `sluice.subscribe(...)`: the same as `sluice.Subscriber(...)`.
+#[pyfunction]
+#[pyo3(signature = (topic, batch_size=None, join="now", timeout=None))]
+pub fn subscribe(
+    py: Python<'_>,
+    topic: &str,
+    batch_size: Option<&Bound<'_, PyAny>>,
+    join: &str,
+    timeout: Option<f64>,
+) -> PyResult<PySubscriber> {
+    PySubscriber::new(py, topic, batch_size, join, timeout)
+}

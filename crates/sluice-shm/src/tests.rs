@@ -1,0 +1,128 @@
+//! Transport tests against real shared memory, producer and subscriber in one process.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use arrow::array::{ArrayRef, Int64Array};
+use arrow::record_batch::RecordBatch;
+use sluice_core::{FrameKind, SluiceError, TopicName, wire};
+
+use crate::{Frame, FrameHeader, Namespace, TopicConfig, TopicPublisher, TopicSubscriber};
+
+fn namespace(tag: &str) -> Namespace {
+    Namespace::new(&format!("shm{}{tag}", std::process::id())).unwrap()
+}
+
+fn pair(ns: &Namespace, topic: &str) -> (TopicPublisher, TopicSubscriber) {
+    let topic = TopicName::new(topic).unwrap();
+    let config = TopicConfig {
+        topic: topic.clone(),
+        window: 4,
+        max_subscribers: 2,
+        max_held: 2,
+        max_message_bytes: 4096,
+        lag_limit: None,
+    };
+    let publisher = TopicPublisher::create(ns, config, Arc::new(AtomicBool::new(false))).unwrap();
+    let subscriber = TopicSubscriber::connect(ns, &topic, Some(Duration::from_secs(10))).unwrap();
+    (publisher, subscriber)
+}
+
+fn batch() -> RecordBatch {
+    RecordBatch::try_from_iter([("v", Arc::new(Int64Array::from_iter_values(0..10)) as ArrayRef)]).unwrap()
+}
+
+fn recv(sub: &mut TopicSubscriber) -> Result<Frame, SluiceError> {
+    sub.recv(Some(Duration::from_secs(10)))
+}
+
+/// Garbage in shared memory is reported as `Corrupt`, never a crash, and the subscriber
+/// keeps working for the messages after it.
+#[test]
+fn corrupt_messages_are_errors_and_the_stream_goes_on() {
+    let ns = namespace("c");
+    {
+        let (mut publisher, mut sub) = pair(&ns, "corrupt");
+        let good = wire::encode(&batch()).unwrap();
+        let garbage: Vec<u8> = (0..good.len()).map(|i| (i * 7 + 3) as u8).collect();
+        let header = |kind: u32, rows: u64, len: u64| FrameHeader {
+            kind,
+            rows,
+            len,
+            ..Default::default()
+        };
+
+        publisher
+            .send(header(FrameKind::Batch as u32, 10, garbage.len() as u64), garbage.len(), |dst| {
+                for (d, s) in dst.iter_mut().zip(&garbage) {
+                    d.write(*s);
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert!(matches!(recv(&mut sub), Err(SluiceError::Corrupt(_))));
+
+        publisher.publish_batch(0, 0, 10, &good).unwrap();
+        assert!(matches!(recv(&mut sub), Ok(Frame::Batch { .. })));
+
+        publisher.send(header(99, 0, 0), 0, |_| Ok(())).unwrap();
+        let err = recv(&mut sub).unwrap_err();
+        assert!(err.to_string().contains("unknown frame kind 99"), "{err}");
+
+        // The header claims more rows than the batch holds.
+        publisher
+            .send(header(FrameKind::Batch as u32, 11, good.len() as u64), good.len(), |dst| good.write_to(dst))
+            .unwrap();
+        let err = recv(&mut sub).unwrap_err();
+        assert!(err.to_string().contains("header says 11"), "{err}");
+
+        // The header claims more bytes than the sample has.
+        publisher
+            .send(header(FrameKind::Batch as u32, 10, 1 << 40), good.len(), |dst| good.write_to(dst))
+            .unwrap();
+        let err = recv(&mut sub).unwrap_err();
+        assert!(err.to_string().contains("claims"), "{err}");
+
+        publisher.publish_end_of_stream(1).unwrap();
+        assert!(matches!(recv(&mut sub), Ok(Frame::EndOfStream)));
+    }
+    let left = ns.leftovers();
+    ns.purge();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// The producer refuses a topic that needs more shared memory than /dev/shm has.
+#[test]
+fn a_topic_larger_than_dev_shm_is_refused_before_anything_is_created() {
+    let ns = namespace("big");
+    let config = TopicConfig {
+        topic: TopicName::new("huge").unwrap(),
+        window: 1 << 20,
+        max_subscribers: 1 << 20,
+        max_held: 1,
+        max_message_bytes: 1 << 20,
+        lag_limit: None,
+    };
+    let err = TopicPublisher::create(&ns, config, Arc::new(AtomicBool::new(false))).unwrap_err();
+    assert!(matches!(err, SluiceError::ShmTooSmall { .. }), "{err}");
+    assert!(err.to_string().contains("lower sluice.max_subscribers"), "{err}");
+    let left = ns.leftovers();
+    ns.purge();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// Sizing: every chunk a subscriber may queue or hold, plus the producer's loans.
+#[test]
+fn shared_memory_is_sized_for_the_worst_case() {
+    let config = TopicConfig {
+        topic: TopicName::new("t").unwrap(),
+        window: 8,
+        max_subscribers: 4,
+        max_held: 2,
+        max_message_bytes: 1000,
+        lag_limit: None,
+    };
+    assert_eq!(config.chunks(), 4 * (8 + 2) + 2);
+    assert_eq!(config.shm_bytes(), 42 * (1000 + 256));
+}

@@ -1,0 +1,164 @@
+"""Epochs and batch sizes: every row once per epoch, in any batch size, with clean ends."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+import pytest
+
+import sluice
+from helpers import arrow_buffers, inside
+
+
+def ids_of(batch: sluice.Batch) -> list[int]:
+    return pa.array(batch["id"]).to_pylist()
+
+
+def test_epochs_end_cleanly_with_every_row_once(plans):
+    producer = sluice.Producer(plans.plan(rows=230, batch_rows=50, epochs=2), min_subscribers=1)
+    seen = []
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        for epoch in sub.epochs():
+            assert epoch.complete is None and epoch.rows is None and not epoch.done
+            sizes, ids = [], []
+            for i, batch in enumerate(epoch):
+                assert (batch.epoch, batch.index) == (epoch.epoch, i)
+                sizes.append(len(batch))
+                ids += ids_of(batch)
+            assert sizes == [50, 50, 50, 50, 30]
+            assert sorted(ids) == list(range(230))
+            assert epoch.done and epoch.complete is True
+            assert (epoch.rows, epoch.batches) == (230, 5)
+            assert epoch.summary.producer_rows == 230
+            assert list(epoch) == []  # exhausted epochs stay exhausted
+            seen.append(epoch.epoch)
+        assert sub.last_epoch.epoch == 1
+        assert next(sub, None) is None
+    assert seen == [0, 1]
+    stats = producer.wait(timeout=30)
+    assert (stats.epochs, stats.rows, stats.batches) == (2, 460, 10)
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 50, 64, 100, 1000])
+def test_each_subscriber_gets_its_own_batch_size(plans, batch_size):
+    """Any batch size works; batches inside one producer batch stay zero-copy."""
+    rows = 230
+    producer = sluice.Producer(plans.plan(rows=rows, batch_rows=50, epochs=2), min_subscribers=1)
+    with sluice.subscribe(plans.topic, batch_size=batch_size, timeout=30) as sub:
+        assert sub.batch_size == batch_size
+        for epoch in sub.epochs():
+            sizes, ids = [], []
+            for batch in epoch:
+                sizes.append(len(batch))
+                ids += ids_of(batch)
+                if batch.shm_range is not None:
+                    spans = arrow_buffers(pa.record_batch(batch))
+                    assert all(inside(s, batch.shm_range) for s in spans)
+            full, rest = divmod(rows, batch_size)
+            assert sizes == [batch_size] * full + ([rest] if rest else [])
+            assert sorted(ids) == list(range(rows))
+            assert epoch.complete and epoch.rows == rows and epoch.batches == len(sizes)
+    producer.wait(timeout=30)
+
+
+def test_iterating_a_subscriber_yields_batches_across_epochs(plans):
+    producer = sluice.Producer(plans.plan(rows=120, batch_rows=50, epochs=3), min_subscribers=1)
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        epochs = [(b.epoch, len(b)) for b in sub]
+        assert sub.last_epoch.epoch == 2 and sub.last_epoch.complete
+    assert epochs == [(e, n) for e in range(3) for n in (50, 50, 20)]
+    producer.wait(timeout=30)
+
+
+def test_moving_to_the_next_epoch_skips_the_rest_of_the_current_one(plans):
+    producer = sluice.Producer(plans.plan(rows=200, batch_rows=50, epochs=3), min_subscribers=1)
+    firsts = []
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        for epoch in sub.epochs():
+            batch = next(epoch)
+            firsts.append((epoch.epoch, batch.index, ids_of(batch)[0]))
+            del batch
+    assert firsts == [(0, 0, 0), (1, 0, 0), (2, 0, 0)]
+    producer.wait(timeout=30)
+
+
+def test_an_empty_result_gives_empty_epochs(plans):
+    plan = plans.plan(rows=100, epochs=2, select="SELECT id FROM t WHERE id < 0")
+    producer = sluice.Producer(plan, min_subscribers=1)
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        epochs = [(e.epoch, list(e), e.rows, e.complete) for e in sub.epochs()]
+    assert epochs == [(0, [], 0, True), (1, [], 0, True)]
+    producer.wait(timeout=30)
+
+
+def test_two_subscribers_with_different_batch_sizes_share_one_producer(plans):
+    """Two consumers on threads (waiting releases the GIL) read the same stream at once."""
+    producer = sluice.Producer(plans.plan(rows=500, batch_rows=50, epochs=2), min_subscribers=2)
+    results: dict[int, list] = {}
+    errors: list[BaseException] = []
+
+    def consume(batch_size: int) -> None:
+        try:
+            with sluice.subscribe(plans.topic, batch_size=batch_size, timeout=30) as sub:
+                out = []
+                for epoch in sub.epochs():
+                    ids = [i for b in epoch for i in ids_of(b)]
+                    out.append((epoch.epoch, sorted(ids) == list(range(500)), epoch.complete))
+                results[batch_size] = out
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=consume, args=(n,)) for n in (32, 100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert results == {32: [(0, True, True), (1, True, True)], 100: [(0, True, True), (1, True, True)]}
+    producer.wait(timeout=30)
+
+
+def test_a_late_subscriber_sees_a_partial_first_epoch(plans):
+    """join='now' starts mid-epoch (flagged incomplete); join='next_epoch' waits for a
+    whole one."""
+    producer = sluice.Producer(plans.plan(rows=1000, batch_rows=50, epochs=2), min_subscribers=1)
+    started, joined = threading.Event(), threading.Event()
+    first: dict[str, list] = {}
+
+    def early() -> None:
+        with sluice.subscribe(plans.topic, timeout=30) as sub:
+            rows = []
+            for i, batch in enumerate(sub):
+                rows.append(len(batch))
+                del batch
+                if i == 2:
+                    started.set()
+                    joined.wait(30)
+            first["early"] = [sum(rows), sub.last_epoch.complete]
+
+    thread = threading.Thread(target=early)
+    thread.start()
+    try:
+        assert started.wait(30)
+        now = sluice.subscribe(plans.topic, join="now", timeout=30)
+        later = sluice.subscribe(plans.topic, join="next_epoch", timeout=30)
+    finally:
+        joined.set()
+
+    def read(sub: sluice.Subscriber, key: str) -> None:
+        with sub:
+            first[key] = [(e.epoch, sum(len(b) for b in e), e.complete) for e in sub.epochs()]
+
+    readers = [threading.Thread(target=read, args=(s, k)) for s, k in ((now, "now"), (later, "next"))]
+    for t in readers:
+        t.start()
+    for t in readers + [thread]:
+        t.join(timeout=60)
+    assert first["early"] == [2000, True]
+    (e0, rows0, complete0), (e1, rows1, complete1) = first["now"]
+    assert (e0, e1) == (0, 1)
+    assert 0 < rows0 < 1000 and complete0 is False
+    assert (rows1, complete1) == (1000, True)
+    assert first["next"] == [(1, 1000, True)]
+    producer.wait(timeout=30)

@@ -1,0 +1,168 @@
+"""Errors are typed Python exceptions carrying the Rust message; bad arguments are
+TypeError/ValueError, never a crash."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+
+import pytest
+
+import sluice
+
+
+def test_exception_classes_form_one_hierarchy():
+    for cls in (
+        sluice.PlanError,
+        sluice.ProducerLost,
+        sluice.ProducerFailed,
+        sluice.Timeout,
+        sluice.TransportError,
+        sluice.CorruptMessage,
+    ):
+        assert issubclass(cls, sluice.SluiceError)
+        assert cls.__module__ == "sluice" and cls.__doc__
+    assert issubclass(sluice.SluiceError, Exception)
+
+
+def test_a_bad_plan_raises_plan_error_with_file_line_and_column(plans):
+    path = plans.dir / "bad.sql"
+    path.write_text("SET sluice.topic = 'x';\n\nSELEC id FROM nowhere;\n")
+    with pytest.raises(sluice.PlanError, match=re.escape(str(path)) + r":3:\d+: "):
+        sluice.Producer(path)
+
+
+def test_an_unknown_option_lists_the_valid_ones(plans):
+    path = plans.dir / "bad.sql"
+    path.write_text("SET sluice.bogus = 1;\nSELECT 1 AS a;\n")
+    with pytest.raises(sluice.PlanError, match=r"bad.sql:1:\d+: .*sluice.batch_rows"):
+        sluice.Producer(path)
+
+
+def test_invalid_settings_are_plan_errors(plans):
+    with pytest.raises(sluice.PlanError, match="min_subscribers"):
+        sluice.Producer(plans.plan(), min_subscribers=1000)
+
+
+def test_a_missing_plan_file_is_a_sluice_error(plans):
+    with pytest.raises(sluice.SluiceError, match="cannot read plan file"):
+        sluice.Producer(plans.dir / "missing.sql")
+
+
+def test_subscribing_without_a_producer_times_out(ns):
+    start = time.monotonic()
+    with pytest.raises(sluice.Timeout, match="a producer to create topic 'nobody-here'"):
+        sluice.subscribe("nobody-here", timeout=0.3)
+    assert time.monotonic() - start >= 0.3
+
+
+def test_waiting_for_a_batch_times_out_and_loses_nothing(plans):
+    producer = sluice.Producer(plans.plan(rows=100), min_subscribers=2)
+    first = sluice.subscribe(plans.topic, timeout=0.3)
+    with pytest.raises(sluice.Timeout, match="the next batch"):
+        next(first)
+    # A second subscriber lets the producer start; the first one still gets everything.
+    second = sluice.subscribe(plans.topic, timeout=30)
+    import threading
+
+    rows: list[int] = []
+    reader = threading.Thread(target=lambda: rows.extend(len(b) for b in second))
+    reader.start()
+    got = 0
+    while True:
+        try:
+            got += sum(len(b) for b in first)
+            break
+        except sluice.Timeout:
+            continue
+    reader.join(30)
+    assert got == 100 and sum(rows) == 100
+    first.close()
+    second.close()
+    producer.wait(timeout=30)
+
+
+def test_a_producer_failing_at_run_time_raises_producer_failed_in_subscribers(plans):
+    """The query fails part-way (a cast of row 100); subscribers get the rows before it,
+    then ProducerFailed with the producer's message, then the end of the stream."""
+    select = (
+        "SELECT id, CAST(CASE WHEN id < 100 THEN '1' ELSE 'oops' END AS INT) AS v FROM t"
+    )
+    producer = sluice.Producer(plans.plan(rows=200, batch_rows=10, select=select),
+                               min_subscribers=1)
+    rows = 0
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        with pytest.raises(sluice.ProducerFailed, match="oops") as failed:
+            for batch in sub:
+                rows += len(batch)
+        assert next(sub, None) is None
+    assert "producer failed" in str(failed.value)
+    assert 0 < rows <= 100
+    with pytest.raises(sluice.SluiceError, match="oops"):
+        producer.wait(timeout=30)
+    # The error stays: waiting again raises it again, close() after a failure too.
+    with pytest.raises(sluice.SluiceError, match="oops"):
+        producer.close()
+
+
+def test_a_killed_producer_raises_producer_lost(plans, run_python):
+    plan = plans.plan(rows=2000, batch_rows=50)
+    child = run_python(
+        "import sys, sluice\n"
+        "p = sluice.Producer(sys.argv[1], min_subscribers=1)\n"
+        "print('started', flush=True)\n"
+        "p.wait()\n",
+        str(plan),
+    )
+    assert child.stdout.readline().strip() == "started"
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        batch = next(sub)
+        del batch
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        with pytest.raises(sluice.ProducerLost, match=f"producer of topic '{plans.topic}' is gone"):
+            for batch in sub:
+                del batch
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: sluice.subscribe(42),
+        lambda: sluice.subscribe(b"bytes"),
+        lambda: sluice.subscribe("t", batch_size="64"),
+        lambda: sluice.subscribe("t", batch_size=6.4),
+        lambda: sluice.subscribe("t", batch_size=True),
+        lambda: sluice.subscribe("t", join=1),
+        lambda: sluice.subscribe("t", timeout="soon"),
+        lambda: sluice.Subscriber(None),
+        lambda: sluice.Producer(42),
+        lambda: sluice.Producer("plan.sql", epochs="2"),
+        lambda: sluice.Producer("plan.sql", min_subscribers=1.5),
+        lambda: sluice.Producer("plan.sql", linger="long"),
+        lambda: sluice.Producer("plan.sql", 2),
+    ],
+)
+def test_wrong_argument_types_raise_type_error(ns, call):
+    with pytest.raises(TypeError):
+        call()
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: sluice.subscribe("t", batch_size=0), "batch_size must be at least 1"),
+        (lambda: sluice.subscribe("t", batch_size=-5), "batch_size must be at least 1"),
+        (lambda: sluice.subscribe("t", join="replay"), "not implemented yet"),
+        (lambda: sluice.subscribe("t", join="later"), "unknown join mode"),
+        (lambda: sluice.subscribe("t", timeout=-1), "timeout must be"),
+        (lambda: sluice.subscribe("t", timeout=float("nan")), "timeout must be"),
+        (lambda: sluice.subscribe("no spaces please"), "invalid topic name"),
+        (lambda: sluice.Producer("plan.sql", epochs=0), "epochs must be at least 1"),
+        (lambda: sluice.Producer("plan.sql", topic="a/b"), "invalid topic name"),
+    ],
+)
+def test_wrong_argument_values_raise_value_error(ns, call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

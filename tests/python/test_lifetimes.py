@@ -1,0 +1,71 @@
+"""Shared memory lives exactly as long as the last Python view of it."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import sluice
+from conftest import _leftovers
+
+
+def test_views_outlive_their_batch_subscriber_and_producer(plans, ns):
+    """pyarrow and numpy views stay valid after the batch, the subscriber and the producer
+    are gone; the shared memory is released when the last view is dropped."""
+    producer = sluice.Producer(plans.plan(rows=200, batch_rows=50), min_subscribers=1)
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        batch = next(sub)
+        shm = batch.shm_range
+        table = pa.record_batch(batch)
+        x = np.from_dlpack(batch["x"])
+        vec = pa.array(batch["vec"])
+        del batch
+        for rest in sub:
+            del rest
+    producer.wait(timeout=30)
+    del producer, sub
+    gc.collect()
+
+    # Everything else is gone; the views still read the sample they point into.
+    assert shm[0] <= x.ctypes.data < shm[1]
+    assert table.column("id").to_pylist() == list(range(50))
+    assert np.array_equal(x, np.arange(50) * 0.5)
+    assert vec[49].as_py() == [49.0, 50.0, 51.0, 52.0]
+    assert _leftovers(ns), "the sample's segment should still be mapped and present"
+
+    del table, vec
+    gc.collect()
+    assert _leftovers(ns), "the numpy view alone should keep the sample"
+    assert x.sum() == np.arange(50).sum() * 0.5
+    del x
+    gc.collect()
+    assert _leftovers(ns) == []
+
+
+def test_a_subscriber_holds_at_most_max_held_batches_and_loses_nothing(plans):
+    """Keeping zero-copy batches beyond sluice.max_held raises TransportError without
+    losing the next batch; copies hold no shared memory."""
+    plan = plans.plan(rows=500, batch_rows=50, extra="SET sluice.max_held = 3;\n")
+    producer = sluice.Producer(plan, min_subscribers=1)
+    ids: list[int] = []
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        held = []
+        with pytest.raises(sluice.TransportError, match="holds too many batches"):
+            for batch in sub:
+                held.append(batch)
+        assert 1 <= len(held) <= 3
+        ids += [i for b in held for i in pa.array(b["id"]).to_pylist()]
+        copies = [b.copy() for b in held]
+        assert all(c.shm_range is None for c in copies)
+        del held, batch
+        for batch in sub:
+            copies.append(batch.copy())
+            ids += pa.array(batch["id"]).to_pylist()
+        del batch
+    assert sorted(ids) == list(range(500))
+    assert sum(len(c) for c in copies) == 500
+    assert pa.record_batch(copies[-1]).column("id")[0].as_py() == 450
+    producer.wait(timeout=30)

@@ -1,0 +1,122 @@
+"""Waiting releases the GIL and Ctrl-C interrupts it promptly; producers run in the
+background of the calling process."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+import sluice
+
+BLOCKED_IN_NEXT = """
+import sys, sluice
+sub = sluice.subscribe(sys.argv[1], timeout=120)
+print("ready", flush=True)
+try:
+    next(iter(sub))
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sub.close()
+    sys.exit(3)
+"""
+
+BLOCKED_IN_SUBSCRIBE = """
+import sys, sluice
+print("ready", flush=True)
+try:
+    sluice.subscribe(sys.argv[1] + "-absent", timeout=120)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("code", [BLOCKED_IN_NEXT, BLOCKED_IN_SUBSCRIBE], ids=["next", "subscribe"])
+def test_ctrl_c_interrupts_a_blocked_wait_promptly(plans, run_python, code):
+    """A process blocked waiting for a batch (or for a producer) gets KeyboardInterrupt
+    within about two seconds of SIGINT."""
+    # The producer waits for a second subscriber that never comes: nothing is published.
+    producer = sluice.Producer(plans.plan(rows=100), min_subscribers=2)
+    child = run_python(code, plans.topic)
+    assert child.stdout.readline().strip() == "ready"
+    time.sleep(0.5)  # let it block
+    assert child.poll() is None
+    sent = time.monotonic()
+    child.send_signal(signal.SIGINT)
+    returncode = child.wait(timeout=10)
+    elapsed = time.monotonic() - sent
+    out, err = child.stdout.read(), child.stderr.read()
+    assert returncode == 3, (out, err)
+    assert "interrupted" in out
+    assert elapsed < 2.0, f"KeyboardInterrupt took {elapsed:.2f}s"
+    producer.close()
+
+
+def test_waiting_releases_the_gil(plans):
+    producer = sluice.Producer(plans.plan(rows=100), min_subscribers=2)
+    sub = sluice.subscribe(plans.topic, timeout=0.5)
+    counter = [0]
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            counter[0] += 1
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    try:
+        with pytest.raises(sluice.Timeout):
+            next(sub)
+    finally:
+        stop.set()
+        thread.join()
+    # A thread that held no GIL for 0.5 s would have counted to (nearly) nothing.
+    assert counter[0] > 10_000
+    sub.close()
+    producer.close()
+
+
+def test_a_producer_runs_in_the_background_and_reports_progress(plans):
+    producer = sluice.Producer(plans.plan(rows=300, batch_rows=100, epochs=2),
+                               min_subscribers=1, topic=plans.topic + "-renamed")
+    assert producer.topic == plans.topic + "-renamed" and producer.epochs == 2
+    assert producer.running
+    with producer, sluice.subscribe(producer.topic, timeout=30) as sub:
+        rows = sum(len(b) for b in sub)
+    assert rows == 600 and not producer.running
+    assert producer.progress == {"epoch": 1, "batches": 6, "rows": 600,
+                                 "bytes": producer.progress["bytes"], "subscribers": 1}
+    stats = producer.wait()
+    assert (stats.epochs, stats.batches, stats.rows) == (2, 6, 600)
+    assert stats.shm_bytes > 0 and stats.elapsed >= 0
+    producer.close()  # idempotent after the end
+
+
+def test_closing_a_producer_stops_its_subscribers(plans):
+    producer = sluice.Producer(plans.plan(rows=5000, batch_rows=50), min_subscribers=1)
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        batch = next(sub)
+        del batch
+        producer.close()
+        assert not producer.running
+        with pytest.raises(sluice.ProducerFailed, match="stopped"):
+            for batch in sub:
+                del batch
+
+
+def test_an_exception_in_a_producer_block_stops_the_run(plans):
+    with pytest.raises(RuntimeError, match="trainer crashed"):
+        with sluice.Producer(plans.plan(rows=100), min_subscribers=5) as producer:
+            raise RuntimeError("trainer crashed")
+    assert not producer.running
+
+
+def test_producer_wait_times_out_while_the_run_goes_on(plans):
+    producer = sluice.Producer(plans.plan(rows=100), min_subscribers=1)
+    with pytest.raises(sluice.Timeout, match="to finish"):
+        producer.wait(timeout=0.2)
+    assert producer.running
+    producer.close()
