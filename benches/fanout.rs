@@ -39,7 +39,14 @@ struct Run {
     batches: u64,
 }
 
-fn run_once(ns: &Namespace, dir: &std::path::Path, n: usize, epochs: u64, batch_rows: usize, rep: usize) -> Run {
+fn run_once(
+    ns: &Namespace,
+    dir: &std::path::Path,
+    n: usize,
+    epochs: u64,
+    batch_rows: usize,
+    rep: usize,
+) -> Run {
     let topic = format!("fan{n}r{rep}");
     let sql = format!(
         "SET sluice.topic = '{topic}'; SET sluice.batch_rows = {batch_rows}; SET sluice.epochs = {epochs};\n\
@@ -133,11 +140,21 @@ fn memcpy_gbps(total: u64, chunk: usize) -> f64 {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
-    let (rows, epochs, reps) = if quick { (50_000, 2, 1) } else { (200_000, 3, 3) };
+    let (rows, epochs, reps) = if quick {
+        (50_000, 2, 1)
+    } else {
+        (200_000, 3, 3)
+    };
     let batch_rows = 1024;
     let dir = tempfile::tempdir().unwrap();
     let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["demo", "--prepare-only", "--rows", &rows.to_string(), "--data"])
+        .args([
+            "demo",
+            "--prepare-only",
+            "--rows",
+            &rows.to_string(),
+            "--data",
+        ])
         .arg(dir.path().join("data"))
         .arg("--plan")
         .arg(dir.path().join("unused.sql"))
@@ -146,13 +163,19 @@ fn main() {
     assert!(status.success());
     let ns = Namespace::new(&format!("bench{}", std::process::id())).unwrap();
 
-    println!("fan-out: {rows} rows x {epochs} epochs of the demo dataset (Parquet), batch_rows = {batch_rows}, {reps} repetition(s), median");
+    println!(
+        "fan-out: {rows} rows x {epochs} epochs of the demo dataset (Parquet), batch_rows = {batch_rows}, {reps} repetition(s), median"
+    );
     println!();
-    println!("| subscribers | per-subscriber rows/s | vs N=1 | aggregate rows/s | producer CPU-s / epoch | write GB/s | memcpy GB/s | write / memcpy |");
+    println!(
+        "| subscribers | per-subscriber rows/s | vs N=1 | aggregate rows/s | producer CPU-s / epoch | write GB/s | memcpy GB/s | write / memcpy |"
+    );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut base = None;
     for n in [1usize, 2, 4, 8] {
-        let runs: Vec<Run> = (0..reps).map(|rep| run_once(&ns, dir.path(), n, epochs, batch_rows, rep)).collect();
+        let runs: Vec<Run> = (0..reps)
+            .map(|rep| run_once(&ns, dir.path(), n, epochs, batch_rows, rep))
+            .collect();
         let per_sub = median(runs.iter().map(|r| r.per_sub_rows_per_s).collect());
         let cpu = median(runs.iter().map(|r| r.producer_cpu_per_epoch).collect());
         let write = median(runs.iter().map(|r| r.publish_gbps).collect());

@@ -153,8 +153,14 @@ mod tests {
     fn batch(start: i64, n: usize) -> RecordBatch {
         let r = start..start + n as i64;
         RecordBatch::try_from_iter([
-            ("id", Arc::new(Int64Array::from_iter_values(r.clone())) as ArrayRef),
-            ("s", Arc::new(StringArray::from_iter_values(r.map(|i| format!("s{i}")))) as ArrayRef),
+            (
+                "id",
+                Arc::new(Int64Array::from_iter_values(r.clone())) as ArrayRef,
+            ),
+            (
+                "s",
+                Arc::new(StringArray::from_iter_values(r.map(|i| format!("s{i}")))) as ArrayRef,
+            ),
         ])
         .unwrap()
     }
@@ -165,7 +171,13 @@ mod tests {
         let mut start = 0;
         let mut emit = |b: Option<RecordBatch>| {
             if let Some(b) = b {
-                out.extend(b.column(0).as_primitive::<Int64Type>().values().iter().copied());
+                out.extend(
+                    b.column(0)
+                        .as_primitive::<Int64Type>()
+                        .values()
+                        .iter()
+                        .copied(),
+                );
             }
         };
         for &n in sizes {

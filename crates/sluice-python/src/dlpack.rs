@@ -17,12 +17,11 @@
 //! it takes ownership and later calls the deleter itself; a capsule that was never
 //! consumed calls the deleter from its destructor.
 
-use std::any::Any;
 use std::ffi::{CStr, c_void};
 use std::ptr::NonNull;
 
 use arrow::array::{Array, AsArray};
-use arrow::buffer::MutableBuffer;
+use arrow::buffer::{Buffer, MutableBuffer};
 use arrow::datatypes::{DataType, Field};
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
@@ -104,7 +103,8 @@ struct DLManagedTensorVersioned {
 struct Owner {
     shape: Vec<i64>,
     strides: Vec<i64>,
-    _keep: Box<dyn Any + Send>,
+    /// Keeps the values in memory (for shared memory: the sample mapped).
+    _buffer: Buffer,
 }
 
 /// A `DLManagedTensor` followed by what it points to; `managed` comes first so that a
@@ -125,9 +125,11 @@ struct Versioned {
 /// Where a column's values are and how they are laid out, as DLPack needs it.
 #[derive(Debug)]
 pub struct TensorView {
-    /// The first element.
-    data: *const u8,
-    /// Bytes from `data` to the end of the last element.
+    /// The buffer that holds the values (a reference to it keeps them in memory).
+    buffer: Buffer,
+    /// Byte offset of the first element in `buffer`.
+    start: usize,
+    /// Bytes from the first element to the end of the last one.
     len: usize,
     dtype: DLDataType,
     shape: Vec<i64>,
@@ -172,8 +174,11 @@ fn row_major_strides(shape: &[i64]) -> Vec<i64> {
     strides
 }
 
+/// The shape of each tensor of an `arrow.fixed_shape_tensor` column, and its permutation.
+type TensorShape = (Vec<i64>, Option<Vec<usize>>);
+
 /// The shape (and permutation) of an `arrow.fixed_shape_tensor` field, if it is one.
-fn fixed_shape_tensor(field: &Field) -> Result<Option<(Vec<i64>, Option<Vec<usize>>)>, String> {
+fn fixed_shape_tensor(field: &Field) -> Result<Option<TensorShape>, String> {
     let meta = field.metadata();
     if meta.get("ARROW:extension:name").map(String::as_str) != Some("arrow.fixed_shape_tensor") {
         return Ok(None);
@@ -256,10 +261,11 @@ pub fn describe(name: &str, field: &Field, array: &dyn Array) -> Result<TensorVi
         .ok_or_else(|| format!("column '{name}' has no value buffer"))?;
     let start = data.offset() * width;
     let len = current.len() * width;
-    let bytes = buffer
-        .as_slice()
-        .get(start..start + len)
-        .ok_or_else(|| format!("column '{name}': its value buffer is shorter than its length"))?;
+    if buffer.as_slice().get(start..start + len).is_none() {
+        return Err(format!(
+            "column '{name}': its value buffer is shorter than its length"
+        ));
+    }
 
     let mut strides = row_major_strides(&shape);
     if let Some((tensor_shape, permutation)) = fixed_shape_tensor(field)? {
@@ -292,7 +298,8 @@ pub fn describe(name: &str, field: &Field, array: &dyn Array) -> Result<TensorVi
         strides = std::iter::once(inner).chain(logical_strides).collect();
     }
     Ok(TensorView {
-        data: bytes.as_ptr(),
+        buffer: buffer.clone(),
+        start,
         len,
         dtype,
         shape,
@@ -300,58 +307,85 @@ pub fn describe(name: &str, field: &Field, array: &dyn Array) -> Result<TensorVi
     })
 }
 
-/// Copies the tensor into fresh (64-byte aligned) memory; the copy keeps the layout.
-fn copy_of(view: &TensorView) -> (TensorView, MutableBuffer) {
-    let mut buffer = MutableBuffer::from_len_zeroed(view.len);
-    // SAFETY: `describe` took `data` and `len` from a slice of an Arrow buffer that the
-    // caller keeps alive (it holds the array) for the duration of this call.
-    let source = unsafe { std::slice::from_raw_parts(view.data, view.len) };
-    buffer.as_slice_mut().copy_from_slice(source);
-    let copied = TensorView {
-        data: buffer.as_ptr(),
-        len: view.len,
-        dtype: view.dtype,
-        shape: view.shape.clone(),
-        strides: view.strides.clone(),
-    };
-    (copied, buffer)
-}
+impl TensorView {
+    fn bytes(&self) -> &[u8] {
+        // `describe` checked the range against the buffer.
+        &self.buffer.as_slice()[self.start..self.start + self.len]
+    }
 
-fn dl_tensor(view: &TensorView) -> DLTensor {
-    DLTensor {
-        data: view.data.cast_mut().cast(),
-        device: DLDevice {
-            device_type: KDL_CPU,
-            device_id: 0,
-        },
-        ndim: view.shape.len() as i32,
-        dtype: view.dtype,
-        // Set once the owner has its final address.
-        shape: std::ptr::null_mut(),
-        strides: std::ptr::null_mut(),
-        byte_offset: 0,
+    /// The same tensor in fresh (64-byte aligned) process memory.
+    fn copied(&self) -> Self {
+        let mut copy = MutableBuffer::from_len_zeroed(self.len);
+        copy.as_slice_mut().copy_from_slice(self.bytes());
+        Self {
+            buffer: copy.into(),
+            start: 0,
+            len: self.len,
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            strides: self.strides.clone(),
+        }
+    }
+
+    /// Moves the metadata and the buffer into an [`Owner`] and describes them as a
+    /// `DLTensor`, which stays valid for as long as the owner lives (wherever it moves:
+    /// the shape, strides and values are on the heap or in shared memory).
+    fn into_owner(self) -> (Owner, DLTensor) {
+        // DLPack has no const pointers; consumers are told the memory is read-only where
+        // the protocol version can say so.
+        let data = self.bytes().as_ptr().cast_mut().cast();
+        let mut owner = Owner {
+            shape: self.shape,
+            strides: self.strides,
+            _buffer: self.buffer,
+        };
+        let tensor = DLTensor {
+            data,
+            device: DLDevice {
+                device_type: KDL_CPU,
+                device_id: 0,
+            },
+            ndim: owner.shape.len() as i32,
+            dtype: self.dtype,
+            shape: owner.shape.as_mut_ptr(),
+            strides: owner.strides.as_mut_ptr(),
+            byte_offset: 0,
+        };
+        (owner, tensor)
     }
 }
 
+/// Frees a `Legacy` tensor.
+///
+/// # Safety
+/// `managed` must be null or the `DLManagedTensor` at the start of a `Legacy` leaked by
+/// [`to_capsule`], not freed before (DLPack calls each deleter once).
 unsafe extern "C" fn delete_legacy(managed: *mut DLManagedTensor) {
     if !managed.is_null() {
-        // SAFETY: every `DLManagedTensor` with this deleter is the first field of a
-        // `Legacy` leaked from a `Box` in `to_capsule`; DLPack calls the deleter once.
+        // SAFETY: the caller passes the start of a leaked `Box<Legacy>`, once.
         drop(unsafe { Box::from_raw(managed.cast::<Legacy>()) });
     }
 }
 
+/// Frees a `Versioned` tensor.
+///
+/// # Safety
+/// As for [`delete_legacy`], for a `Versioned`.
 unsafe extern "C" fn delete_versioned(managed: *mut DLManagedTensorVersioned) {
     if !managed.is_null() {
-        // SAFETY: as in `delete_legacy`, for `Versioned`.
+        // SAFETY: the caller passes the start of a leaked `Box<Versioned>`, once.
         drop(unsafe { Box::from_raw(managed.cast::<Versioned>()) });
     }
 }
 
+/// Destructor of a "dltensor" capsule: frees the tensor unless a consumer took it.
+///
+/// # Safety
+/// Called by Python with a capsule made by [`to_capsule`], while it is destroyed.
 unsafe extern "C" fn legacy_capsule_destructor(capsule: *mut ffi::PyObject) {
-    // SAFETY: Python calls this with the capsule being destroyed. `PyCapsule_IsValid`
-    // sets no exception; it fails once a consumer renamed the capsule to "used_dltensor",
-    // and then the consumer owns the tensor. Otherwise the pointer is our `Legacy`.
+    // SAFETY: `capsule` is a live capsule. `PyCapsule_IsValid` sets no exception; it is
+    // false once a consumer renamed the capsule to "used_dltensor" (then the consumer
+    // calls the deleter). Otherwise the pointer is our unconsumed `Legacy`.
     unsafe {
         if ffi::PyCapsule_IsValid(capsule, LEGACY_NAME.as_ptr()) == 1 {
             let managed =
@@ -363,6 +397,10 @@ unsafe extern "C" fn legacy_capsule_destructor(capsule: *mut ffi::PyObject) {
     }
 }
 
+/// Destructor of a "dltensor_versioned" capsule.
+///
+/// # Safety
+/// As for [`legacy_capsule_destructor`].
 unsafe extern "C" fn versioned_capsule_destructor(capsule: *mut ffi::PyObject) {
     // SAFETY: as in `legacy_capsule_destructor`, for "dltensor_versioned".
     unsafe {
@@ -376,94 +414,74 @@ unsafe extern "C" fn versioned_capsule_destructor(capsule: *mut ffi::PyObject) {
     }
 }
 
-/// Wraps `view` in a DLPack capsule. `keep` must own the memory `view` points to; it is
-/// dropped when the consumer is done with the tensor. With `copy`, the values are copied
-/// first. `versioned` selects `DLManagedTensorVersioned` (read-only unless copied).
+/// Wraps `view` in a DLPack capsule whose deleter keeps `view`'s buffer alive until the
+/// consumer is done with the tensor. With `copy`, the values are copied first.
+/// `versioned` selects `DLManagedTensorVersioned` (flagged read-only unless copied).
 pub fn to_capsule<'py>(
     py: Python<'py>,
     view: TensorView,
-    keep: Box<dyn Any + Send>,
     versioned: bool,
     copy: bool,
 ) -> PyResult<Bound<'py, PyCapsule>> {
-    let (view, keep, flags): (TensorView, Box<dyn Any + Send>, u64) = if copy {
-        let (copied, buffer) = copy_of(&view);
-        drop(keep);
-        (
-            copied,
-            Box::new(arrow::buffer::Buffer::from(buffer)),
-            FLAG_IS_COPIED,
-        )
+    let (view, flags) = if copy {
+        (view.copied(), FLAG_IS_COPIED)
     } else {
-        (view, keep, FLAG_READ_ONLY)
+        (view, FLAG_READ_ONLY)
     };
-    let tensor = dl_tensor(&view);
-    let owner = Owner {
-        shape: view.shape,
-        strides: view.strides,
-        _keep: keep,
-    };
+    let (owner, dl_tensor) = view.into_owner();
     if versioned {
-        let mut boxed = Box::new(Versioned {
+        let leaked = NonNull::from(Box::leak(Box::new(Versioned {
             managed: DLManagedTensorVersioned {
                 version: DLPackVersion { major: 1, minor: 0 },
                 manager_ctx: std::ptr::null_mut(),
                 deleter: Some(delete_versioned),
                 flags,
-                dl_tensor: tensor,
+                dl_tensor,
             },
             owner,
-        });
-        boxed.managed.dl_tensor.shape = boxed.owner.shape.as_mut_ptr();
-        boxed.managed.dl_tensor.strides = boxed.owner.strides.as_mut_ptr();
-        let raw = Box::into_raw(boxed);
-        // SAFETY: `raw` comes from `Box::into_raw` just above and is valid.
-        unsafe { (*raw).managed.manager_ctx = raw.cast() };
-        let ptr = NonNull::new(raw.cast::<c_void>()).expect("Box pointers are not null");
-        // SAFETY: `ptr` points to a live `DLManagedTensorVersioned` (first field of
-        // `Versioned`) that stays valid until its deleter runs, which the destructor does
-        // only while the capsule is unconsumed; the destructor may run on any thread, and
-        // the owner is `Send`.
+        })));
+        // SAFETY: `leaked` points to a live `Versioned` that nothing else references yet.
+        unsafe { (*leaked.as_ptr()).managed.manager_ctx = leaked.as_ptr().cast() };
+        // SAFETY: the pointer is the `DLManagedTensorVersioned` at the start of the leaked
+        // `Versioned`, valid until its deleter runs: from the destructor while the capsule
+        // is unconsumed, else from the consumer. The destructor may run on any thread;
+        // everything it frees is `Send`.
         let capsule = unsafe {
             PyCapsule::new_with_pointer_and_destructor(
                 py,
-                ptr,
+                leaked.cast(),
                 VERSIONED_NAME,
                 Some(versioned_capsule_destructor),
             )
         };
         if capsule.is_err() {
             // SAFETY: no capsule took the tensor, so it is still ours to free, once.
-            unsafe { delete_versioned(raw.cast()) };
+            unsafe { delete_versioned(leaked.as_ptr().cast()) };
         }
         capsule
     } else {
-        let mut boxed = Box::new(Legacy {
+        let leaked = NonNull::from(Box::leak(Box::new(Legacy {
             managed: DLManagedTensor {
-                dl_tensor: tensor,
+                dl_tensor,
                 manager_ctx: std::ptr::null_mut(),
                 deleter: Some(delete_legacy),
             },
             owner,
-        });
-        boxed.managed.dl_tensor.shape = boxed.owner.shape.as_mut_ptr();
-        boxed.managed.dl_tensor.strides = boxed.owner.strides.as_mut_ptr();
-        let raw = Box::into_raw(boxed);
-        // SAFETY: `raw` comes from `Box::into_raw` just above and is valid.
-        unsafe { (*raw).managed.manager_ctx = raw.cast() };
-        let ptr = NonNull::new(raw.cast::<c_void>()).expect("Box pointers are not null");
-        // SAFETY: as above, for the unversioned `DLManagedTensor` at the start of `Legacy`.
+        })));
+        // SAFETY: `leaked` points to a live `Legacy` that nothing else references yet.
+        unsafe { (*leaked.as_ptr()).managed.manager_ctx = leaked.as_ptr().cast() };
+        // SAFETY: as above, for the `DLManagedTensor` at the start of the leaked `Legacy`.
         let capsule = unsafe {
             PyCapsule::new_with_pointer_and_destructor(
                 py,
-                ptr,
+                leaked.cast(),
                 LEGACY_NAME,
                 Some(legacy_capsule_destructor),
             )
         };
         if capsule.is_err() {
             // SAFETY: no capsule took the tensor, so it is still ours to free, once.
-            unsafe { delete_legacy(raw.cast()) };
+            unsafe { delete_legacy(leaked.as_ptr().cast()) };
         }
         capsule
     }

@@ -159,7 +159,10 @@ impl PyProducer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .map(|o| o.as_ref().map(Clone::clone).map_err(to_py))
+            .map(|o| match o {
+                Ok(stats) => Ok(stats.clone()),
+                Err(e) => Err(to_py(e)),
+            })
     }
 }
 

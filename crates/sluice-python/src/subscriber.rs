@@ -143,13 +143,13 @@ impl PyEpochSummary {
         self.0.complete
     }
     /// Rows this subscriber received in the epoch.
-    #[getter]
-    fn rows(&self) -> u64 {
+    #[getter(rows)]
+    fn received_rows(&self) -> u64 {
         self.0.received_rows
     }
     /// Batches this subscriber received in the epoch (in its own batch size).
-    #[getter]
-    fn batches(&self) -> u64 {
+    #[getter(batches)]
+    fn received_batches(&self) -> u64 {
         self.0.received_batches
     }
     /// Rows the producer published in the epoch.
@@ -265,6 +265,8 @@ impl PySubscriber {
                 d.saturating_duration_since(Instant::now())
                     .min(CONNECT_SLICE)
             });
+            // Options this module does not set keep their defaults.
+            #[allow(clippy::needless_update)]
             let options = SubscribeOptions {
                 timeout: Some(slice),
                 namespace: None,

@@ -410,7 +410,14 @@ impl BackpressureWaiter {
         };
         if check {
             self.namespace.reclaim_dead();
-            if !self.subscriber_attached(info.receiver_port_id) {
+            // A listing taken while another process edits the subscriber list can miss
+            // an entry: a subscriber counts as gone only if two listings agree.
+            if !self.subscriber_attached(info.receiver_port_id)
+                && !{
+                    std::thread::sleep(Duration::from_millis(2));
+                    self.subscriber_attached(info.receiver_port_id)
+                }
+            {
                 tracing::warn!("a subscriber went away with a full queue; continuing without it");
                 return BackpressureAction::DiscardData;
             }

@@ -249,7 +249,11 @@ impl TopicSubscriber {
                 // check again, as after any wake-up. Callers that want to react to the
                 // signal (Python) do so between calls.
                 Err(ListenerWaitError::InterruptSignal) => 1,
-                Err(e) => return Err(SluiceError::Transport(format!("waiting for data failed: {e:?}"))),
+                Err(e) => {
+                    return Err(SluiceError::Transport(format!(
+                        "waiting for data failed: {e:?}"
+                    )));
+                }
             };
             if woken == 0 {
                 self.check_producer()?;

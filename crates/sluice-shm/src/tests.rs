@@ -30,7 +30,11 @@ fn pair(ns: &Namespace, topic: &str) -> (TopicPublisher, TopicSubscriber) {
 }
 
 fn batch() -> RecordBatch {
-    RecordBatch::try_from_iter([("v", Arc::new(Int64Array::from_iter_values(0..10)) as ArrayRef)]).unwrap()
+    RecordBatch::try_from_iter([(
+        "v",
+        Arc::new(Int64Array::from_iter_values(0..10)) as ArrayRef,
+    )])
+    .unwrap()
 }
 
 fn recv(sub: &mut TopicSubscriber) -> Result<Frame, SluiceError> {
@@ -54,12 +58,16 @@ fn corrupt_messages_are_errors_and_the_stream_goes_on() {
         };
 
         publisher
-            .send(header(FrameKind::Batch as u32, 10, garbage.len() as u64), garbage.len(), |dst| {
-                for (d, s) in dst.iter_mut().zip(&garbage) {
-                    d.write(*s);
-                }
-                Ok(())
-            })
+            .send(
+                header(FrameKind::Batch as u32, 10, garbage.len() as u64),
+                garbage.len(),
+                |dst| {
+                    for (d, s) in dst.iter_mut().zip(&garbage) {
+                        d.write(*s);
+                    }
+                    Ok(())
+                },
+            )
             .unwrap();
         assert!(matches!(recv(&mut sub), Err(SluiceError::Corrupt(_))));
 
@@ -72,14 +80,22 @@ fn corrupt_messages_are_errors_and_the_stream_goes_on() {
 
         // The header claims more rows than the batch holds.
         publisher
-            .send(header(FrameKind::Batch as u32, 11, good.len() as u64), good.len(), |dst| good.write_to(dst))
+            .send(
+                header(FrameKind::Batch as u32, 11, good.len() as u64),
+                good.len(),
+                |dst| good.write_to(dst),
+            )
             .unwrap();
         let err = recv(&mut sub).unwrap_err();
         assert!(err.to_string().contains("header says 11"), "{err}");
 
         // The header claims more bytes than the sample has.
         publisher
-            .send(header(FrameKind::Batch as u32, 10, 1 << 40), good.len(), |dst| good.write_to(dst))
+            .send(
+                header(FrameKind::Batch as u32, 10, 1 << 40),
+                good.len(),
+                |dst| good.write_to(dst),
+            )
             .unwrap();
         let err = recv(&mut sub).unwrap_err();
         assert!(err.to_string().contains("claims"), "{err}");
@@ -106,7 +122,10 @@ fn a_topic_larger_than_dev_shm_is_refused_before_anything_is_created() {
     };
     let err = TopicPublisher::create(&ns, config, Arc::new(AtomicBool::new(false))).unwrap_err();
     assert!(matches!(err, SluiceError::ShmTooSmall { .. }), "{err}");
-    assert!(err.to_string().contains("lower sluice.max_subscribers"), "{err}");
+    assert!(
+        err.to_string().contains("lower sluice.max_subscribers"),
+        "{err}"
+    );
     let left = ns.leftovers();
     ns.purge();
     assert!(left.is_empty(), "{left:?}");

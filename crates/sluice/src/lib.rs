@@ -44,9 +44,7 @@ pub use producer::{Producer, Progress, RunOptions, RunStats};
 pub use sluice_core::{Checksum, Result, SluiceError};
 pub use sluice_plan::{Plan, SluiceOptions};
 pub use sluice_shm::Namespace;
-pub use subscriber::{
-    EpochSummary, Event, Join, OnLag, SubscribeOptions, Subscriber, lies_within,
-};
+pub use subscriber::{EpochSummary, Event, Join, OnLag, SubscribeOptions, Subscriber, lies_within};
 
 /// `sluice-core`: re-batching, checksums, wire format, errors.
 pub mod core {
@@ -66,7 +64,7 @@ pub mod shm {
 /// The usual imports.
 pub mod prelude {
     pub use crate::{
-        Checksum, EpochSummary, Event, Join, Namespace, OnLag, Plan, Producer, Result,
-        RunOptions, SluiceError, SubscribeOptions, Subscriber,
+        Checksum, EpochSummary, Event, Join, Namespace, OnLag, Plan, Producer, Result, RunOptions,
+        SluiceError, SubscribeOptions, Subscriber,
     };
 }

@@ -252,7 +252,11 @@ impl Subscriber {
                         continue;
                     }
                     if self.state.epoch != Some(epoch) || self.state.ended {
-                        let missed = if self.state.ended { 0 } else { self.state.missed };
+                        let missed = if self.state.ended {
+                            0
+                        } else {
+                            self.state.missed
+                        };
                         self.state = EpochState {
                             epoch: Some(epoch),
                             joined_late: index != 0,

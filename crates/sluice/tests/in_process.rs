@@ -253,10 +253,14 @@ fn epoch_orders(ns: &Namespace, topic: &str, sql: &str) -> Vec<Vec<i64>> {
     let mut epochs = vec![Vec::new()];
     loop {
         match sub.next_event().unwrap() {
-            Event::Batch { batch, .. } => epochs
-                .last_mut()
-                .unwrap()
-                .extend(batch.column(0).as_primitive::<Int64Type>().values().iter().copied()),
+            Event::Batch { batch, .. } => epochs.last_mut().unwrap().extend(
+                batch
+                    .column(0)
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .iter()
+                    .copied(),
+            ),
             Event::EpochEnd(_) => epochs.push(Vec::new()),
             Event::End => break,
         }
@@ -294,5 +298,8 @@ fn seeded_shuffle_is_reproducible_and_differs_per_epoch() {
         assert_eq!(sorted, source);
     }
     let plain = epoch_orders(&ns.0, "shuf", &sql(""));
-    assert!(plain.iter().all(|e| e == &source), "no seed keeps source order");
+    assert!(
+        plain.iter().all(|e| e == &source),
+        "no seed keeps source order"
+    );
 }
