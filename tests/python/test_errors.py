@@ -17,6 +17,7 @@ def test_exception_classes_form_one_hierarchy():
         sluice.PlanError,
         sluice.ProducerLost,
         sluice.ProducerFailed,
+        sluice.Lagged,
         sluice.Timeout,
         sluice.TransportError,
         sluice.CorruptMessage,
@@ -136,6 +137,7 @@ def test_a_killed_producer_raises_producer_lost(plans, run_python):
         lambda: sluice.subscribe("t", batch_size=True),
         lambda: sluice.subscribe("t", join=1),
         lambda: sluice.subscribe("t", timeout="soon"),
+        lambda: sluice.subscribe("t", on_lag=False),
         lambda: sluice.Subscriber(None),
         lambda: sluice.Producer(42),
         lambda: sluice.Producer("plan.sql", epochs="2"),
@@ -156,6 +158,7 @@ def test_wrong_argument_types_raise_type_error(ns, call):
         (lambda: sluice.subscribe("t", batch_size=-5), "batch_size must be at least 1"),
         (lambda: sluice.subscribe("t", join="replay"), "not implemented yet"),
         (lambda: sluice.subscribe("t", join="later"), "unknown join mode"),
+        (lambda: sluice.subscribe("t", on_lag="ignore"), "unknown on_lag mode"),
         (lambda: sluice.subscribe("t", timeout=-1), "timeout must be"),
         (lambda: sluice.subscribe("t", timeout=float("nan")), "timeout must be"),
         (lambda: sluice.subscribe("no spaces please"), "invalid topic name"),
@@ -166,3 +169,42 @@ def test_wrong_argument_types_raise_type_error(ns, call):
 def test_wrong_argument_values_raise_value_error(ns, call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+LAG_PLAN = "SET sluice.lag_limit = 2;\nSET sluice.window = 2;\n"
+
+
+def test_a_subscriber_behind_the_lag_limit_raises_lagged(plans):
+    """Under sluice.lag_limit the producer waits for no one; a subscriber that falls
+    behind is detached with Lagged."""
+    plan = plans.plan(rows=4000, batch_rows=50, extra=LAG_PLAN)
+    producer = sluice.Producer(plan, min_subscribers=1)
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        batch = next(sub)
+        del batch
+        # The producer does not wait for us: it publishes (and we miss) most batches.
+        deadline = time.monotonic() + 30
+        while producer.progress["rows"] < 4000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(sluice.Lagged, match="fell further behind"):
+            for batch in sub:
+                del batch
+    producer.wait(timeout=30)
+
+
+def test_on_lag_skip_goes_on_and_reports_the_gap(plans):
+    plan = plans.plan(rows=4000, batch_rows=50, extra=LAG_PLAN)
+    producer = sluice.Producer(plan, min_subscribers=1, linger=30)
+    with sluice.subscribe(plans.topic, timeout=30, on_lag="skip") as sub:
+        assert sub.on_lag == "skip"
+        batch = next(sub)
+        del batch
+        deadline = time.monotonic() + 30
+        while producer.progress["rows"] < 4000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rows = 50 + sum(len(b) for b in sub)
+        summary = sub.last_epoch
+    assert rows < 4000
+    assert summary.complete is False and summary.missed > 0
+    assert summary.rows == rows and summary.producer_rows == 4000
+    producer.wait(timeout=30)

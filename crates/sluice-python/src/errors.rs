@@ -8,6 +8,7 @@
 //! ├── PlanError          Plan, Config: the plan file or a setting is wrong (file:line:col)
 //! ├── ProducerLost       the producer exited or was killed without ending the stream
 //! ├── ProducerFailed     the producer failed and told its subscribers why
+//! ├── Lagged             the subscriber fell behind the producer's lag limit (detached)
 //! ├── Timeout            waiting took longer than the caller allowed
 //! ├── TransportError     Transport, TopicBusy, ShmTooSmall: shared memory or iceoryx2
 //! └── CorruptMessage     a message in shared memory failed validation
@@ -45,6 +46,12 @@ create_exception!(
 );
 create_exception!(
     sluice,
+    Lagged,
+    SluiceError,
+    "This subscriber fell further behind than the producer's sluice.lag_limit and was detached; subscribe with on_lag='skip' to continue past gaps."
+);
+create_exception!(
+    sluice,
     Timeout,
     SluiceError,
     "Waiting (for a producer, a batch or a run) took longer than the caller allowed."
@@ -69,6 +76,7 @@ pub fn to_py(err: &RustError) -> PyErr {
         RustError::Plan { .. } | RustError::Config(_) => PlanError::new_err(message),
         RustError::ProducerLost(_) => ProducerLost::new_err(message),
         RustError::ProducerFailed(_) => ProducerFailed::new_err(message),
+        RustError::Lagged { .. } => Lagged::new_err(message),
         RustError::Timeout { .. } => Timeout::new_err(message),
         RustError::Transport(_) | RustError::TopicBusy(_) | RustError::ShmTooSmall { .. } => {
             TransportError::new_err(message)

@@ -57,6 +57,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PlanError", py.get_type::<errors::PlanError>())?;
     m.add("ProducerLost", py.get_type::<errors::ProducerLost>())?;
     m.add("ProducerFailed", py.get_type::<errors::ProducerFailed>())?;
+    m.add("Lagged", py.get_type::<errors::Lagged>())?;
     m.add("Timeout", py.get_type::<errors::Timeout>())?;
     m.add("TransportError", py.get_type::<errors::TransportError>())?;
     m.add("CorruptMessage", py.get_type::<errors::CorruptMessage>())?;

@@ -21,7 +21,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyCapsule};
 use sluice::core::TopicName;
-use sluice::{EpochSummary, Event, Join, SluiceError, SubscribeOptions, Subscriber};
+use sluice::{EpochSummary, Event, Join, OnLag, SluiceError, SubscribeOptions, Subscriber};
 
 use crate::batch::{PyBatch, deep_copy};
 use crate::errors::{is_interrupted_wait, to_py};
@@ -125,6 +125,16 @@ fn parse_join(join: &str) -> PyResult<Join> {
     }
 }
 
+fn parse_on_lag(on_lag: &str) -> PyResult<OnLag> {
+    match on_lag {
+        "error" => Ok(OnLag::Error),
+        "skip" => Ok(OnLag::Skip),
+        other => Err(PyValueError::new_err(format!(
+            "unknown on_lag mode {other:?}; use 'error' or 'skip'"
+        ))),
+    }
+}
+
 /// How one epoch ended, as this subscriber saw it.
 #[pyclass(frozen, module = "sluice._sluice", name = "EpochSummary")]
 #[derive(Debug, Clone)]
@@ -152,6 +162,12 @@ impl PyEpochSummary {
     fn received_batches(&self) -> u64 {
         self.0.received_batches
     }
+    /// Messages the producer skipped for this subscriber in the epoch because it fell
+    /// behind the lag limit (with `on_lag="skip"`).
+    #[getter]
+    fn missed(&self) -> u64 {
+        self.0.missed
+    }
     /// Rows the producer published in the epoch.
     #[getter]
     fn producer_rows(&self) -> u64 {
@@ -164,12 +180,13 @@ impl PyEpochSummary {
     }
     fn __repr__(&self) -> String {
         format!(
-            "sluice.EpochSummary(epoch={}, rows={}, batches={}, complete={}, producer_rows={})",
+            "sluice.EpochSummary(epoch={}, rows={}, batches={}, complete={}, producer_rows={}, missed={})",
             self.0.epoch,
             self.0.received_rows,
             self.0.received_batches,
             if self.0.complete { "True" } else { "False" },
-            self.0.rows
+            self.0.rows,
+            self.0.missed
         )
     }
 }
@@ -180,6 +197,7 @@ pub struct PySubscriber {
     topic: String,
     batch_size: Option<usize>,
     join: &'static str,
+    on_lag: &'static str,
     timeout: Option<Duration>,
     stream: Arc<Mutex<Stream>>,
     last_epoch: Mutex<Option<EpochSummary>>,
@@ -244,19 +262,22 @@ impl PySubscriber {
     ///
     /// `batch_size`: rows per batch for this subscriber (default: the producer's).
     /// `join`: `"now"` or `"next_epoch"`. `timeout`: seconds to wait for the producer and
-    /// then for each batch (default: forever).
+    /// then for each batch (default: forever). `on_lag`: `"error"` (raise `Lagged`) or
+    /// `"skip"` (go on past batches missed under the producer's `sluice.lag_limit`).
     #[new]
-    #[pyo3(signature = (topic, batch_size=None, join="now", timeout=None))]
+    #[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error"))]
     fn new(
         py: Python<'_>,
         topic: &str,
         batch_size: Option<&Bound<'_, PyAny>>,
         join: &str,
         timeout: Option<f64>,
+        on_lag: &str,
     ) -> PyResult<Self> {
         TopicName::new(topic).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let batch_size = parse_count("batch_size", batch_size, 1)?;
         let join_mode = parse_join(join)?;
+        let on_lag_mode = parse_on_lag(on_lag)?;
         let timeout = parse_timeout("timeout", timeout)?;
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
@@ -272,6 +293,7 @@ impl PySubscriber {
                 namespace: None,
                 batch_size,
                 join: join_mode,
+                on_lag: on_lag_mode,
                 ..SubscribeOptions::default()
             };
             match py.detach(|| Subscriber::connect(topic, options)) {
@@ -297,6 +319,10 @@ impl PySubscriber {
             join: match join_mode {
                 Join::Now => "now",
                 Join::NextEpoch => "next_epoch",
+            },
+            on_lag: match on_lag_mode {
+                OnLag::Error => "error",
+                OnLag::Skip => "skip",
             },
             timeout,
             stream: Arc::new(Mutex::new(Stream {
@@ -324,6 +350,12 @@ impl PySubscriber {
     #[getter]
     fn join(&self) -> &'static str {
         self.join
+    }
+
+    /// What happens after falling behind the lag limit: `"error"` or `"skip"`.
+    #[getter]
+    fn on_lag(&self) -> &'static str {
+        self.on_lag
     }
 
     /// Seconds to wait for each batch, or `None`.
@@ -675,13 +707,14 @@ impl PyEpoch {
 
 /// `sluice.subscribe(...)`: the same as `sluice.Subscriber(...)`.
 #[pyfunction]
-#[pyo3(signature = (topic, batch_size=None, join="now", timeout=None))]
+#[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error"))]
 pub fn subscribe(
     py: Python<'_>,
     topic: &str,
     batch_size: Option<&Bound<'_, PyAny>>,
     join: &str,
     timeout: Option<f64>,
+    on_lag: &str,
 ) -> PyResult<PySubscriber> {
-    PySubscriber::new(py, topic, batch_size, join, timeout)
+    PySubscriber::new(py, topic, batch_size, join, timeout, on_lag)
 }

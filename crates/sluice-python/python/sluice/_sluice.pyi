@@ -9,6 +9,7 @@ from typing import Any, Iterator, Literal
 __version__: str
 
 JoinMode = Literal["now", "next_epoch"]
+OnLagMode = Literal["error", "skip"]
 
 class SluiceError(Exception):
     """Base class of every error Sluice raises; the message is the Rust runtime's."""
@@ -21,6 +22,10 @@ class ProducerLost(SluiceError):
 
 class ProducerFailed(SluiceError):
     """The producer failed (for example, its query failed part-way) and told its subscribers why."""
+
+class Lagged(SluiceError):
+    """This subscriber fell further behind than the producer's ``sluice.lag_limit`` and was
+    detached; subscribe with ``on_lag="skip"`` to continue past gaps."""
 
 class Timeout(SluiceError):
     """Waiting (for a producer, a batch or a run) took longer than the caller allowed."""
@@ -137,6 +142,9 @@ class EpochSummary:
     def batches(self) -> int:
         """Batches this subscriber received (in its own batch size)."""
     @property
+    def missed(self) -> int:
+        """Messages the producer skipped for this subscriber (lag limit, ``on_lag="skip"``)."""
+    @property
     def producer_rows(self) -> int:
         """Rows the producer published in the epoch."""
     @property
@@ -186,6 +194,7 @@ class Subscriber(Iterator[Batch]):
         batch_size: int | None = None,
         join: JoinMode = "now",
         timeout: float | None = None,
+        on_lag: OnLagMode = "error",
     ) -> None: ...
     @property
     def topic(self) -> str: ...
@@ -193,6 +202,8 @@ class Subscriber(Iterator[Batch]):
     def batch_size(self) -> int | None: ...
     @property
     def join(self) -> JoinMode: ...
+    @property
+    def on_lag(self) -> OnLagMode: ...
     @property
     def timeout(self) -> float | None: ...
     @property
@@ -220,12 +231,16 @@ def subscribe(
     batch_size: int | None = None,
     join: JoinMode = "now",
     timeout: float | None = None,
+    on_lag: OnLagMode = "error",
 ) -> Subscriber:
     """Attaches to ``topic``, waiting for its producer (up to ``timeout`` seconds).
 
     ``batch_size``: rows per batch for this subscriber (default: the producer's batches).
     ``join``: ``"now"`` (the current epoch is then flagged partial) or ``"next_epoch"``.
-    ``"replay"`` is not implemented yet and raises ``ValueError``.
+    ``"replay"`` is not implemented yet and raises ``ValueError``. ``timeout``: seconds
+    to wait for the producer, then for each batch (default: forever). ``on_lag``: under a
+    producer with ``sluice.lag_limit``, ``"error"`` raises :class:`Lagged` when this
+    subscriber fell too far behind; ``"skip"`` goes on (the epoch is then incomplete).
     """
 
 class RunStats:

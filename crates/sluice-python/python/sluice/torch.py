@@ -101,6 +101,7 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         batch_size: int | None = None,
         join: str = "now",
         timeout: float | None = None,
+        on_lag: str = "error",
         columns: Sequence[str] | None = None,
         transform: Callable[[sluice.Batch], Any] | None = None,
     ) -> None:
@@ -110,6 +111,7 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         self.batch_size = batch_size
         self.join = join
         self.timeout = timeout
+        self.on_lag = on_lag
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
         self._subscriber: sluice.Subscriber | None = None
@@ -118,7 +120,11 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
     def _connect(self) -> Iterator[sluice.Epoch]:
         if self._epochs is None:
             self._subscriber = sluice.subscribe(
-                self.topic, batch_size=self.batch_size, join=self.join, timeout=self.timeout
+                self.topic,
+                batch_size=self.batch_size,
+                join=self.join,
+                timeout=self.timeout,
+                on_lag=self.on_lag,
             )
             self._epochs = self._subscriber.epochs()
         return self._epochs

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Builds the Python package (crates/sluice-python, an abi3 wheel made by maturin) and runs
+# its tests (tests/python) in a virtualenv at .venv. Installs what it needs; idempotent.
+#
+#   scripts/test-python.sh                 # lint, build, install, test
+#   scripts/test-python.sh -k interop -x   # extra arguments go to pytest
+#
+# Environment: PYTHON (interpreter for the virtualenv, default python3),
+# SLUICE_PY_SKIP_CLIPPY=1 (skip `cargo clippy -p sluice-python`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+WHEELS=$CARGO_TARGET_DIR/wheels
+
+# Versions checked on PyPI; pyarrow 26 and numpy 2.4 need Python >= 3.11.
+PACKAGES=(
+  "maturin==1.16.0"
+  "pyarrow==26.0.1"
+  "numpy==2.4.6"
+  "polars==2.1.0"
+  "pytest==9.2.0"
+  "pytest-timeout==2.4.0"
+)
+
+echo "== Python: virtualenv ($VENV)"
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PACKAGES[@]}"
+
+if [ "${SLUICE_PY_SKIP_CLIPPY:-0}" != 1 ]; then
+  echo "== Python: lints (sluice-python)"
+  cargo clippy -p sluice-python --all-targets -- -D warnings
+fi
+
+echo "== Python: build the wheel"
+mkdir -p "$WHEELS"
+rm -f "$WHEELS"/sluice-*.whl
+# A debug build is enough for the tests (and much faster to compile than --release).
+"$VENV/bin/maturin" build -m crates/sluice-python/Cargo.toml --out "$WHEELS" \
+  --interpreter "$VENV/bin/python"
+wheels=("$WHEELS"/sluice-*-abi3-*.whl)
+if [ ${#wheels[@]} -ne 1 ] || [ ! -f "${wheels[0]}" ]; then
+  echo "expected exactly one abi3 wheel in $WHEELS, found: ${wheels[*]}" >&2
+  exit 1
+fi
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
+  --no-deps "${wheels[0]}"
+
+echo "== Python: tests"
+set +e
+"$VENV/bin/python" -m pytest tests/python "$@"
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+  echo "pytest collected no tests: that is a failure here" >&2
+  exit 1
+fi
+exit "$status"
