@@ -34,14 +34,14 @@ fi
 
 if [ "${SLUICE_PY_SKIP_CLIPPY:-0}" != 1 ]; then
   echo "== Python: lints (sluice-python)"
-  cargo clippy -p sluice-python --all-targets -- -D warnings
+  cargo clippy -p sluice-python --all-targets --locked -- -D warnings
 fi
 
 echo "== Python: build the wheel"
 mkdir -p "$WHEELS"
 rm -f "$WHEELS"/sluice-*.whl
 # A debug build is enough for the tests (and much faster to compile than --release).
-"$VENV/bin/maturin" build -m crates/sluice-python/Cargo.toml --out "$WHEELS" \
+"$VENV/bin/maturin" build --locked -m crates/sluice-python/Cargo.toml --out "$WHEELS" \
   --interpreter "$VENV/bin/python"
 wheels=("$WHEELS"/sluice-*-abi3-*.whl)
 if [ ${#wheels[@]} -ne 1 ] || [ ! -f "${wheels[0]}" ]; then

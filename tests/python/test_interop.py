@@ -122,7 +122,13 @@ def test_numpy_reads_columns_through_dlpack_without_copying(plans):
     copied = np.from_dlpack(batch["x"], copy=True)
     assert copied.flags.writeable and np.array_equal(copied, x)
     assert not (start <= copied.ctypes.data < end)
-    del x, vec, ids, copied, batch
+
+    view = np.asarray(batch["vec"])  # the array protocol: the same zero-copy view
+    assert view.shape == (50, 4) and start <= view.ctypes.data < end
+    owned = np.array(batch["vec"])  # np.array copies
+    assert owned.flags.writeable and not (start <= owned.ctypes.data < end)
+    assert np.asarray(batch["id"], dtype=np.float64)[3] == 3.0
+    del x, vec, ids, copied, view, owned, batch
     finish(producer, sub)
 
 

@@ -431,6 +431,27 @@ impl PyColumn {
             .call1((slf,))
     }
 
+    /// numpy's array protocol: `np.asarray(column)` is the zero-copy, read-only view of
+    /// `numpy.from_dlpack`; `np.array(column)` (`copy=True`) a writable copy.
+    #[pyo3(signature = (dtype=None, copy=None))]
+    fn __array__<'py>(
+        slf: &Bound<'py, Self>,
+        dtype: Option<Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let mut array = py
+            .import(intern!(py, "numpy"))?
+            .getattr(intern!(py, "from_dlpack"))?
+            .call1((slf,))?;
+        if let Some(dtype) = dtype {
+            array = array.call_method1(intern!(py, "astype"), (dtype,))?;
+        } else if copy == Some(true) {
+            array = array.call_method0(intern!(py, "copy"))?;
+        }
+        Ok(array)
+    }
+
     /// The column as a `pyarrow.Array` (zero-copy; needs pyarrow).
     fn to_pyarrow<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();

@@ -21,15 +21,19 @@ Producing from Python (a background thread of this process)::
 
 Batches stay valid for as long as anything refers to them (a pyarrow array, a numpy
 array): the shared-memory sample goes back to the producer when the last view is gone.
-Each subscriber may hold only ``sluice.max_held`` batches (a plan option, default 4) at
-once; copy what you keep longer (``pa.record_batch(batch).copy()`` is not needed for
-pyarrow computations, which produce new arrays).
+A subscriber may hold at most ``sluice.max_held`` producer batches at once (a plan
+option, default 4); receiving more raises :class:`TransportError` and loses nothing.
+Keep longer-lived data as copies: ``batch.copy()``, or ``np.array(batch["x"])`` (while
+``np.asarray(batch["x"])`` is a zero-copy view).
+Iterating a subscriber through the Arrow stream interface
+(``pyarrow.RecordBatchReader.from_stream(sub)``, ``polars.DataFrame(sub)``) copies each
+batch once for that reason; iterate the subscriber itself for zero-copy batches.
 
 Errors are subclasses of :class:`SluiceError`. Waiting releases the GIL and Ctrl-C
 interrupts it.
 
-JAX: ``jax.numpy.from_dlpack(batch["x"])`` or ``jax.device_put(np.from_dlpack(batch["x"]))``;
-see the ``sluice.torch`` module for PyTorch.
+PyTorch: :mod:`sluice.torch` (an ``IterableDataset``, one epoch per pass). JAX: see the
+recipe in :mod:`sluice.torch`'s documentation (``jnp.asarray(np.from_dlpack(col))``).
 """
 
 from __future__ import annotations

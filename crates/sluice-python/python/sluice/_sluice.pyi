@@ -81,6 +81,8 @@ class Column:
         """``(1, 0)``: host memory (kDLCPU)."""
     def to_numpy(self) -> Any:
         """``numpy.from_dlpack(self)``: zero-copy and read-only."""
+    def __array__(self, dtype: Any | None = None, copy: bool | None = None) -> Any:
+        """``np.asarray(col)``: the zero-copy view; ``np.array(col)``: a writable copy."""
     def to_pyarrow(self) -> Any:
         """``pyarrow.array(self)``: zero-copy."""
 
