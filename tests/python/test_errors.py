@@ -208,3 +208,14 @@ def test_on_lag_skip_goes_on_and_reports_the_gap(plans):
     assert summary.complete is False and summary.missed > 0
     assert summary.rows == rows and summary.producer_rows == 4000
     producer.wait(timeout=30)
+
+
+def test_sluice_torch_imports_without_torch_and_says_what_is_missing(ns):
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed; test_torch.py covers the adapter")
+    import sluice.torch
+
+    with pytest.raises(ImportError, match="sluice.torch needs PyTorch"):
+        sluice.torch.IterableDataset("t")

@@ -43,6 +43,7 @@ backend when the buffer is aligned as XLA wants.)
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Iterator, Sequence
 
 import sluice
@@ -116,8 +117,12 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         self.transform = transform
         self._subscriber: sluice.Subscriber | None = None
         self._epochs: Iterator[sluice.Epoch] | None = None
+        self._pid = os.getpid()
 
     def _connect(self) -> Iterator[sluice.Epoch]:
+        if self._pid != os.getpid():
+            # A forked DataLoader worker: the parent's subscription is not ours to use.
+            self._subscriber, self._epochs, self._pid = None, None, os.getpid()
         if self._epochs is None:
             self._subscriber = sluice.subscribe(
                 self.topic,
