@@ -97,6 +97,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_target(false)
         .without_time()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     match run(cli) {

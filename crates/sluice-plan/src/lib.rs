@@ -88,7 +88,10 @@ impl Plan {
             .set_bool(
                 "datafusion.execution.parquet.schema_force_view_types",
                 false,
-            );
+            )
+            // Keep Arrow field metadata from Parquet files, so extension types such as
+            // `arrow.fixed_shape_tensor` reach subscribers with their shape.
+            .set_bool("datafusion.execution.parquet.skip_metadata", false);
         let ctx = SessionContext::new_with_config(config);
         let at = |line: u64, column: u64| Location {
             file: file.to_string(),
