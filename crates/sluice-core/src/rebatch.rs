@@ -138,20 +138,26 @@ impl Rebatcher {
     }
 }
 
-/// A copy of `batch` that shares no buffer with it.
-fn deep_copy(batch: &RecordBatch) -> Result<RecordBatch> {
+/// A copy of `batch` in process memory that shares no buffer with it (so the memory it
+/// came from, a shared-memory sample say, can be released).
+pub fn deep_copy(batch: &RecordBatch) -> Result<RecordBatch, arrow::error::ArrowError> {
     use arrow::array::{MutableArrayData, make_array};
+    use arrow::record_batch::RecordBatchOptions;
     let columns = batch
         .columns()
         .iter()
-        .map(|c| {
-            let data = c.to_data();
+        .map(|column| {
+            let data = column.to_data();
             let mut copy = MutableArrayData::new(vec![&data], false, data.len());
             copy.try_extend(0, 0, data.len())?;
             Ok(make_array(copy.freeze()))
         })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(RecordBatch::try_new(batch.schema(), columns)?)
+        .collect::<Result<Vec<_>, arrow::error::ArrowError>>()?;
+    RecordBatch::try_new_with_options(
+        batch.schema(),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )
 }
 
 #[cfg(test)]

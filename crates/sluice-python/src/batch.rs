@@ -10,11 +10,10 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, MutableArrayData, StructArray, make_array};
+use arrow::array::{Array, ArrayRef, StructArray};
 use arrow::datatypes::{Field, FieldRef};
-use arrow::error::ArrowError;
 use arrow::ffi::{FFI_ArrowArray, FFI_ArrowSchema};
-use arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use arrow::record_batch::RecordBatch;
 use pyo3::exceptions::{
     PyIndexError, PyKeyError, PyNotImplementedError, PyTypeError, PyValueError,
 };
@@ -37,24 +36,7 @@ fn batch_array(batch: &RecordBatch) -> ArrayRef {
     Arc::new(StructArray::from(batch.clone()))
 }
 
-/// A copy of `batch` in process memory: no buffer of it points into shared memory.
-pub fn deep_copy(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
-    let columns = batch
-        .columns()
-        .iter()
-        .map(|column| {
-            let data = column.to_data();
-            let mut copy = MutableArrayData::new(vec![&data], false, data.len());
-            copy.try_extend(0, 0, data.len())?;
-            Ok(make_array(copy.freeze()))
-        })
-        .collect::<Result<Vec<_>, ArrowError>>()?;
-    RecordBatch::try_new_with_options(
-        batch.schema(),
-        columns,
-        &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
-    )
-}
+pub use sluice::core::rebatch::deep_copy;
 
 /// Rejects keyword arguments of the PyCapsule protocol this version does not know,
 /// unless they are `None` (as the protocol asks).
