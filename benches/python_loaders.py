@@ -59,6 +59,43 @@ print(rows, total)
 """
 
 
+TRAINER_COUNT = r"""
+import sys, time, sluice
+rows, first = 0, None
+with sluice.subscribe(sys.argv[1], timeout=120) as sub:
+    for batch in sub:
+        first = first or time.perf_counter()
+        rows += batch.num_rows
+print(rows, rows / (time.perf_counter() - first))
+"""
+
+
+def subscriber_rate(data: Path, workdir: Path, env: dict, python: bool, epochs: int) -> float:
+    """rows/s of one subscriber (Python, or the Rust CLI) that only counts rows."""
+    topic = f"rate{os.getpid()}{'py' if python else 'rs'}"
+    plan = workdir / f"{topic}.sql"
+    plan.write_text(
+        f"SET sluice.topic = '{topic}'; SET sluice.batch_rows = 1024; SET sluice.epochs = {epochs};\n"
+        f"SET sluice.window = 8; SET sluice.max_subscribers = 1;\n"
+        f"CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION '{data}/';\n"
+        "SELECT id, label, text, features FROM train;\n"
+    )
+    if python:
+        cmd = [sys.executable, "-c", TRAINER_COUNT, topic]
+    else:
+        cmd = [str(SLUICE), "subscribe", topic, "--json", "--no-checksum", "--timeout", "120"]
+    sub = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    producer = subprocess.Popen([str(SLUICE), "run", str(plan), "--quiet", "--min-subscribers", "1"], env=env)
+    out = sub.communicate(timeout=600)[0].strip()
+    assert producer.wait(timeout=600) == 0 and sub.returncode == 0, out
+    if python:
+        return float(out.split()[1])
+    import json
+
+    end = json.loads(out.splitlines()[-1])
+    return end["rows"] / end["seconds"]
+
+
 def children_cpu() -> float:
     u = resource.getrusage(resource.RUSAGE_CHILDREN)
     return u.ru_utime + u.ru_stime
@@ -115,6 +152,14 @@ def main() -> None:
             check=True,
             env=env,
         )
+        py = sorted(subscriber_rate(data, workdir, env, True, 3) for _ in range(3))[1]
+        rs = sorted(subscriber_rate(data, workdir, env, False, 3) for _ in range(3))[1]
+        print(f"{args.rows} rows of the demo dataset, 3 epochs, 1024-row batches, one subscriber counting rows, median of 3\n")
+        print("| subscriber | rows/s | vs Rust |")
+        print("|---|---:|---:|")
+        print(f"| Rust (`sluice subscribe --no-checksum`) | {rs:.0f} | 1.00 |")
+        print(f"| Python (`for batch in sluice.subscribe(...)`) | {py:.0f} | {py / rs:.2f} |")
+        print()
         print(f"{args.rows} rows of the demo dataset, {args.epochs} epochs, transform (x - 0.5) / 0.25 on 16 float32 features\n")
         print("| trainers | Sluice wall s | Sluice CPU-s | pyarrow loaders wall s | pyarrow loaders CPU-s | CPU ratio Sluice / loaders | wall ratio |")
         print("|---:|---:|---:|---:|---:|---:|---:|")

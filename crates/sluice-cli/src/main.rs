@@ -48,28 +48,7 @@ enum Command {
         quiet: bool,
     },
     /// Receive a topic and report what arrived.
-    Subscribe {
-        /// The topic (sluice.topic of the producer's plan).
-        topic: String,
-        /// One JSON object per epoch (rows, batches, checksum) and one for the whole stream.
-        #[arg(long)]
-        json: bool,
-        /// Give up after this many seconds without a message (or without a producer).
-        #[arg(long)]
-        timeout: Option<f64>,
-        /// Rows per batch for this subscriber (default: the producer's batches).
-        #[arg(long)]
-        batch_size: Option<usize>,
-        /// Where to start in a running stream: now, or next_epoch.
-        #[arg(long, default_value = "now")]
-        join: sluice::Join,
-        /// After falling behind the producer's lag limit: error (detach), or skip and go on.
-        #[arg(long, default_value = "error")]
-        on_lag: sluice::OnLag,
-        /// Sleep this many milliseconds after each batch (simulates a slow trainer).
-        #[arg(long)]
-        delay_ms: Option<u64>,
-    },
+    Subscribe(subscribe::SubscribeArgs),
     /// Print a plan's resolved options, schema and DataFusion physical plan.
     Explain {
         /// The plan file.
@@ -197,23 +176,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Subscribe {
-            topic,
-            json,
-            timeout,
-            batch_size,
-            join,
-            on_lag,
-            delay_ms,
-        } => subscribe::run(
-            &topic,
-            json,
-            timeout.map(Duration::from_secs_f64),
-            batch_size,
-            join,
-            on_lag,
-            delay_ms.map(Duration::from_millis),
-        ),
+        Command::Subscribe(args) => subscribe::run(args),
         Command::Explain { plan } => {
             let rt = runtime()?;
             let plan = rt.block_on(Plan::load(&plan))?;

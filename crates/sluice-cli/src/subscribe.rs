@@ -5,30 +5,69 @@ use std::time::{Duration, Instant};
 
 use sluice::{Checksum, Event, Join, OnLag, SubscribeOptions, Subscriber};
 
-pub(crate) fn run(
-    topic: &str,
+/// Arguments of `sluice subscribe`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct SubscribeArgs {
+    /// The topic (sluice.topic of the producer's plan).
+    topic: String,
+    /// One JSON object per epoch (rows, batches, checksum) and one for the whole stream.
+    #[arg(long)]
     json: bool,
-    timeout: Option<Duration>,
+    /// Give up after this many seconds without a message (or without a producer).
+    #[arg(long)]
+    timeout: Option<f64>,
+    /// Rows per batch for this subscriber (default: the producer's batches).
+    #[arg(long)]
     batch_size: Option<usize>,
+    /// Where to start in a running stream: now, or next_epoch.
+    #[arg(long, default_value = "now")]
     join: Join,
+    /// After falling behind the producer's lag limit: error (detach), or skip and go on.
+    #[arg(long, default_value = "error")]
     on_lag: OnLag,
-    delay: Option<Duration>,
-) -> anyhow::Result<()> {
+    /// Sleep this many milliseconds after each batch (simulates a slow trainer).
+    #[arg(long)]
+    delay_ms: Option<u64>,
+    /// Count rows only, without the checksum (for measuring the transport alone).
+    #[arg(long)]
+    no_checksum: bool,
+}
+
+/// What one epoch (or the whole stream) delivered.
+#[derive(Default)]
+struct Tally {
+    rows: u64,
+    batches: u64,
+    checksum: Checksum,
+}
+
+impl Tally {
+    fn checksum(&self, enabled: bool) -> serde_json::Value {
+        if enabled {
+            serde_json::Value::String(self.checksum.hex())
+        } else {
+            serde_json::Value::Null
+        }
+    }
+}
+
+pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
     let mut sub = Subscriber::connect(
-        topic,
+        &args.topic,
         SubscribeOptions {
-            timeout,
+            timeout: args.timeout.map(Duration::from_secs_f64),
             namespace: None,
-            batch_size,
-            join,
-            on_lag,
+            batch_size: args.batch_size,
+            join: args.join,
+            on_lag: args.on_lag,
         },
     )?;
+    let delay = args.delay_ms.map(Duration::from_millis);
+    let checksums = !args.no_checksum;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let mut epoch_sum = Checksum::default();
-    let mut total = Checksum::default();
-    let (mut batches, mut total_batches) = (0u64, 0u64);
+    let mut epoch = Tally::default();
+    let mut total = Tally::default();
     let mut first_batch: Option<Instant> = None;
     let mut epoch_start: Option<Instant> = None;
     // The longest wait between two batches of an epoch: shows stalls (a crashed peer).
@@ -43,25 +82,26 @@ pub(crate) fn run(
                 if let Some(last) = last_batch.replace(now) {
                     max_gap = max_gap.max(now - last);
                 }
-                epoch_sum.update(&batch)?;
-                batches += 1;
+                if checksums {
+                    epoch.checksum.update(&batch)?;
+                }
+                epoch.rows += batch.num_rows() as u64;
+                epoch.batches += 1;
                 if let Some(delay) = delay {
                     std::thread::sleep(delay);
                 }
             }
             Event::EpochEnd(summary) => {
-                let secs = epoch_start
-                    .take()
-                    .map_or(0.0, |s| s.elapsed().as_secs_f64());
-                if json {
+                let secs = epoch_start.take().map_or(0.0, |s| s.elapsed().as_secs_f64());
+                if args.json {
                     writeln!(
                         out,
                         "{}",
                         serde_json::json!({
                             "epoch": summary.epoch,
-                            "rows": epoch_sum.rows(),
-                            "batches": batches,
-                            "checksum": epoch_sum.hex(),
+                            "rows": epoch.rows,
+                            "batches": epoch.batches,
+                            "checksum": epoch.checksum(checksums),
                             "complete": summary.complete,
                             "missed": summary.missed,
                             "producer_rows": summary.rows,
@@ -71,41 +111,47 @@ pub(crate) fn run(
                         })
                     )?;
                 } else {
+                    let state = if summary.complete {
+                        String::new()
+                    } else if summary.missed > 0 {
+                        format!(" (partial: missed {} batches)", summary.missed)
+                    } else {
+                        " (partial: joined late)".to_string()
+                    };
                     writeln!(
                         out,
-                        "epoch {}: {} rows in {} batches{}  checksum {}  ({:.0} rows/s)",
+                        "epoch {}: {} rows in {} batches{state}{}  ({:.0} rows/s)",
                         summary.epoch,
-                        epoch_sum.rows(),
-                        batches,
-                        if summary.complete {
-                            ""
+                        epoch.rows,
+                        epoch.batches,
+                        if checksums {
+                            format!("  checksum {}", epoch.checksum.hex())
                         } else {
-                            " (partial: joined late)"
+                            String::new()
                         },
-                        epoch_sum.hex(),
-                        epoch_sum.rows() as f64 / secs.max(1e-9)
+                        epoch.rows as f64 / secs.max(1e-9)
                     )?;
                 }
                 out.flush()?;
-                total.merge(&epoch_sum);
-                total_batches += batches;
-                epoch_sum = Checksum::default();
-                batches = 0;
+                total.rows += epoch.rows;
+                total.batches += epoch.batches;
+                total.checksum.merge(&epoch.checksum);
+                epoch = Tally::default();
                 max_gap = Duration::ZERO;
             }
             Event::End => break,
         }
     }
     let secs = first_batch.map_or(0.0, |s| s.elapsed().as_secs_f64());
-    if json {
+    if args.json {
         writeln!(
             out,
             "{}",
             serde_json::json!({
                 "end": true,
-                "rows": total.rows(),
-                "batches": total_batches,
-                "checksum": total.hex(),
+                "rows": total.rows,
+                "batches": total.batches,
+                "checksum": total.checksum(checksums),
                 "seconds": secs,
             })
         )?;
@@ -113,9 +159,7 @@ pub(crate) fn run(
         writeln!(
             out,
             "end of stream: {} rows in {} batches in {:.2}s",
-            total.rows(),
-            total_batches,
-            secs
+            total.rows, total.batches, secs
         )?;
     }
     Ok(())
