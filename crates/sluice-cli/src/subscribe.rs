@@ -92,7 +92,9 @@ pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
                 }
             }
             Event::EpochEnd(summary) => {
-                let secs = epoch_start.take().map_or(0.0, |s| s.elapsed().as_secs_f64());
+                let secs = epoch_start
+                    .take()
+                    .map_or(0.0, |s| s.elapsed().as_secs_f64());
                 if args.json {
                     writeln!(
                         out,
