@@ -1,6 +1,7 @@
 //! The `sluice` command: argument parsing and glue; the work happens in the libraries.
 
 mod demo;
+mod status;
 mod subscribe;
 
 use std::path::PathBuf;
@@ -43,6 +44,12 @@ enum Command {
         /// Override sluice.topic.
         #[arg(long)]
         topic: Option<String>,
+        /// Resume from the checkpoint a crashed run of this plan left (from the start if none).
+        #[arg(long)]
+        resume: bool,
+        /// The checkpoint file (default: one per topic in the namespace's state directory).
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
         /// No progress bar.
         #[arg(long, short)]
         quiet: bool,
@@ -62,6 +69,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show the topics of the namespace: producers, subscribers, positions, lag, rates.
+    Status(status::StatusArgs),
     /// Run the demo: a local dataset, pipelines/demo.sql, one producer and several subscribers.
     Demo(demo::DemoArgs),
 }
@@ -97,7 +106,11 @@ fn main() -> ExitCode {
 fn exit_code(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<SluiceError>() {
         Some(SluiceError::Plan { .. } | SluiceError::Config(_)) => 2,
-        Some(SluiceError::ProducerLost(_) | SluiceError::ProducerFailed(_)) => 3,
+        Some(
+            SluiceError::ProducerLost(_)
+            | SluiceError::ProducerFailed(_)
+            | SluiceError::ResumeGap { .. },
+        ) => 3,
         Some(SluiceError::Timeout { .. }) => 4,
         Some(SluiceError::Lagged { .. }) => 5,
         _ => 1,
@@ -146,6 +159,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             wait_timeout,
             linger,
             topic,
+            resume,
+            checkpoint,
             quiet,
         } => {
             let rt = runtime()?;
@@ -161,6 +176,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 subscriber_timeout: wait_timeout.map(Duration::from_secs_f64),
                 linger: Duration::from_secs_f64(linger),
                 stop: stop_flag(&rt),
+                resume,
+                checkpoint,
             };
             let stats = run_producer(&rt, plan, &options, quiet)?;
             if !quiet {
@@ -197,6 +214,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Status(args) => status::run(args),
         Command::Demo(args) => demo::run(args),
     }
 }

@@ -19,7 +19,8 @@ pub(crate) struct SubscribeArgs {
     /// Rows per batch for this subscriber (default: the producer's batches).
     #[arg(long)]
     batch_size: Option<usize>,
-    /// Where to start in a running stream: now, or next_epoch.
+    /// Where to start in a running stream: now, next_epoch, or replay (from the oldest
+    /// message the producer still holds).
     #[arg(long, default_value = "now")]
     join: Join,
     /// After falling behind the producer's lag limit: error (detach), or skip and go on.
@@ -31,6 +32,10 @@ pub(crate) struct SubscribeArgs {
     /// Count rows only, without the checksum (for measuring the transport alone).
     #[arg(long)]
     no_checksum: bool,
+    /// When the producer is lost, wait this many seconds for a restarted one
+    /// (`sluice run --resume`) and continue without duplicates or gaps.
+    #[arg(long)]
+    reconnect: Option<f64>,
 }
 
 /// What one epoch (or the whole stream) delivered.
@@ -60,6 +65,7 @@ pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
             batch_size: args.batch_size,
             join: args.join,
             on_lag: args.on_lag,
+            reconnect: args.reconnect.map(Duration::from_secs_f64),
         },
     )?;
     let delay = args.delay_ms.map(Duration::from_millis);

@@ -72,6 +72,22 @@ pub enum SluiceError {
     /// The producer disappeared without ending the stream (crash, SIGKILL).
     #[error("producer of topic '{0}' is gone (it exited or was killed without ending the stream)")]
     ProducerLost(String),
+    /// A restarted producer resumed past the position a reconnecting subscriber had
+    /// reached, so rows in between would be missing.
+    #[error(
+        "the restarted producer of topic '{topic}' resumed at {found}, but this subscriber had only \
+         reached {expected}: the rows in between are lost to it. Give the restarted producer \
+         --min-subscribers so that it waits for its subscribers, and resume it only from its own \
+         checkpoint"
+    )]
+    ResumeGap {
+        /// The topic.
+        topic: String,
+        /// Where the subscriber was.
+        expected: crate::Position,
+        /// Where the restarted producer started.
+        found: crate::Position,
+    },
     /// The subscriber fell further behind than the topic's lag limit and missed batches.
     #[error(
         "this subscriber of topic '{topic}' fell further behind than the producer's sluice.lag_limit \

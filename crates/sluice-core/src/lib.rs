@@ -15,12 +15,15 @@
 //! * [`checksum`] is an order-independent fingerprint of a set of rows, so delivery can
 //!   be checked against the source whatever the order or batching.
 //! * [`frame`] names the kinds of message that travel on a topic.
+//! * [`position`] is where a stream is, and how a subscriber joins a restarted
+//!   producer's stream onto what it already received (no duplicates, no gaps).
 //! * [`error`] is the one error type of Sluice.
 #![warn(missing_docs)]
 
 pub mod checksum;
 pub mod error;
 pub mod frame;
+pub mod position;
 pub mod rebatch;
 pub mod shaper;
 pub mod shuffle;
@@ -29,6 +32,7 @@ pub mod wire;
 pub use checksum::Checksum;
 pub use error::{Result, SluiceError};
 pub use frame::{FrameKind, TopicName};
+pub use position::{Position, Resume, Verdict};
 pub use rebatch::Rebatcher;
 pub use shaper::Shaper;
 pub use shuffle::Shuffler;

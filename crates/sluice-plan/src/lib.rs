@@ -197,6 +197,18 @@ impl Plan {
         &mut self.options
     }
 
+    /// What decides the sequence of batches the plan produces: the query, the batch size
+    /// and the shuffle. Two plans with the same fingerprint over the same data publish
+    /// the same batches, so a checkpoint taken by one can be resumed by the other.
+    pub fn fingerprint(&self) -> String {
+        format!(
+            "{}\nbatch_rows={} shuffle={:?}",
+            self.query.display_indent_schema(),
+            self.options.batch_rows,
+            self.options.shuffle()
+        )
+    }
+
     /// The Arrow schema of the stream.
     pub fn schema(&self) -> SchemaRef {
         Arc::new(self.query.schema().as_arrow().clone())

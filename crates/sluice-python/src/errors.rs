@@ -74,7 +74,7 @@ pub fn to_py(err: &RustError) -> PyErr {
     let message = err.to_string();
     match err {
         RustError::Plan { .. } | RustError::Config(_) => PlanError::new_err(message),
-        RustError::ProducerLost(_) => ProducerLost::new_err(message),
+        RustError::ProducerLost(_) | RustError::ResumeGap { .. } => ProducerLost::new_err(message),
         RustError::ProducerFailed(_) => ProducerFailed::new_err(message),
         RustError::Lagged { .. } => Lagged::new_err(message),
         RustError::Timeout { .. } => Timeout::new_err(message),

@@ -238,6 +238,7 @@ impl PyProducer {
             subscriber_timeout,
             linger,
             stop,
+            ..RunOptions::default()
         };
         let producer = Producer::new(plan, namespace);
         let for_thread = shared.clone();

@@ -116,11 +116,9 @@ fn parse_join(join: &str) -> PyResult<Join> {
     match join {
         "now" => Ok(Join::Now),
         "next_epoch" => Ok(Join::NextEpoch),
-        "replay" => Err(PyValueError::new_err(
-            "join='replay' is not implemented yet; use 'now' or 'next_epoch'",
-        )),
+        "replay" => Ok(Join::Replay),
         other => Err(PyValueError::new_err(format!(
-            "unknown join mode {other:?}; use 'now' or 'next_epoch'"
+            "unknown join mode {other:?}; use 'now', 'next_epoch' or 'replay'"
         ))),
     }
 }
@@ -261,11 +259,14 @@ impl PySubscriber {
     /// Attaches to `topic`, waiting for its producer if it has not started yet.
     ///
     /// `batch_size`: rows per batch for this subscriber (default: the producer's).
-    /// `join`: `"now"` or `"next_epoch"`. `timeout`: seconds to wait for the producer and
-    /// then for each batch (default: forever). `on_lag`: `"error"` (raise `Lagged`) or
-    /// `"skip"` (go on past batches missed under the producer's `sluice.lag_limit`).
+    /// `join`: `"now"`, `"next_epoch"` or `"replay"`. `timeout`: seconds to wait for the
+    /// producer and then for each batch (default: forever). `on_lag`: `"error"` (raise
+    /// `Lagged`) or `"skip"` (go on past batches missed under the producer's
+    /// `sluice.lag_limit`). `reconnect`: seconds to wait for a restarted producer
+    /// (`sluice run --resume`) after the producer is lost, continuing without duplicates
+    /// or gaps (default: raise `ProducerLost`).
     #[new]
-    #[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error"))]
+    #[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None))]
     fn new(
         py: Python<'_>,
         topic: &str,
@@ -273,12 +274,18 @@ impl PySubscriber {
         join: &str,
         timeout: Option<f64>,
         on_lag: &str,
+        reconnect: Option<f64>,
     ) -> PyResult<Self> {
         TopicName::new(topic).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let batch_size = parse_count("batch_size", batch_size, 1)?;
         let join_mode = parse_join(join)?;
         let on_lag_mode = parse_on_lag(on_lag)?;
         let timeout = parse_timeout("timeout", timeout)?;
+        // Unlike a timeout, `None` means "do not reconnect" and infinity "wait forever".
+        let reconnect = match reconnect {
+            Some(t) if t.is_infinite() && t > 0.0 => Some(Duration::MAX),
+            other => parse_timeout("reconnect", other)?,
+        };
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
         let sub = loop {
@@ -294,6 +301,7 @@ impl PySubscriber {
                 batch_size,
                 join: join_mode,
                 on_lag: on_lag_mode,
+                reconnect,
                 ..SubscribeOptions::default()
             };
             match py.detach(|| Subscriber::connect(topic, options)) {
@@ -319,6 +327,7 @@ impl PySubscriber {
             join: match join_mode {
                 Join::Now => "now",
                 Join::NextEpoch => "next_epoch",
+                Join::Replay => "replay",
             },
             on_lag: match on_lag_mode {
                 OnLag::Error => "error",
@@ -707,7 +716,7 @@ impl PyEpoch {
 
 /// `sluice.subscribe(...)`: the same as `sluice.Subscriber(...)`.
 #[pyfunction]
-#[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error"))]
+#[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None))]
 pub fn subscribe(
     py: Python<'_>,
     topic: &str,
@@ -715,6 +724,7 @@ pub fn subscribe(
     join: &str,
     timeout: Option<f64>,
     on_lag: &str,
+    reconnect: Option<f64>,
 ) -> PyResult<PySubscriber> {
-    PySubscriber::new(py, topic, batch_size, join, timeout, on_lag)
+    PySubscriber::new(py, topic, batch_size, join, timeout, on_lag, reconnect)
 }

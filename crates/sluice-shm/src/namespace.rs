@@ -88,6 +88,13 @@ impl Namespace {
         Self::root_for(&self.name)
     }
 
+    /// The directory of the namespace's durable state (producer checkpoints): beside the
+    /// service directory, so that reclaiming a crashed process's resources never
+    /// touches it. Created owner-only on first use.
+    pub fn state_dir(&self) -> PathBuf {
+        std::env::temp_dir().join(format!("sluice-{}.state", self.name))
+    }
+
     /// The prefix of the namespace's files in `/dev/shm`.
     pub fn shm_prefix(&self) -> String {
         format!("iox2_sluice_{}_", self.name)
@@ -238,6 +245,7 @@ impl Namespace {
             let _ = std::fs::remove_file(path);
         }
         let _ = std::fs::remove_dir_all(self.root());
+        let _ = std::fs::remove_dir_all(self.state_dir());
     }
 }
 

@@ -17,7 +17,7 @@ use crate::header::FrameHeader;
 use crate::namespace::{Namespace, SHM_DIR, shm_available};
 use crate::{Ipc, transport};
 
-type DataService = PubSubFactory<Ipc, [u8], FrameHeader>;
+pub(crate) type DataService = PubSubFactory<Ipc, [u8], FrameHeader>;
 
 /// How long a waiting producer sleeps on the `released` event before it looks for dead
 /// subscribers again; bounds the stall a killed subscriber causes.
@@ -49,9 +49,16 @@ pub struct TopicConfig {
 
 impl TopicConfig {
     /// Shared-memory chunks the producer preallocates: enough that it can always loan
-    /// one, whatever its subscribers hold or have queued.
+    /// one, whatever its subscribers hold or have queued, and the replay history.
     pub fn chunks(&self) -> u64 {
-        (self.max_subscribers * (self.queue_depth() + self.max_held) + MAX_LOANED) as u64
+        (self.max_subscribers * (self.queue_depth() + self.max_held) + self.history() + MAX_LOANED)
+            as u64
+    }
+
+    /// Messages the topic keeps for subscribers that join with replay (and for
+    /// subscribers that reconnect to a restarted producer): as many as a queue holds.
+    pub fn history(&self) -> usize {
+        self.queue_depth()
     }
 
     /// Messages a subscriber's queue holds.
@@ -123,6 +130,7 @@ impl TopicPublisher {
         let node = namespace.node("producer")?;
         namespace.reclaim_dead();
         let topic = &config.topic;
+        wait_for_dead_topic(namespace, &node, topic, &stop)?;
         let subscribers_plus_producer = config.max_subscribers + 1;
 
         let ready_service = node
@@ -152,7 +160,7 @@ impl TopicPublisher {
             .user_header::<FrameHeader>()
             .payload_alignment(alignment)
             .enable_safe_overflow(false)
-            .history_size(0)
+            .history_size(config.history())
             .subscriber_max_buffer_size(config.queue_depth())
             .subscriber_max_borrowed_samples(config.max_held)
             .max_subscribers(config.max_subscribers)
@@ -225,6 +233,11 @@ impl TopicPublisher {
     /// The topic's sizing.
     pub fn config(&self) -> &TopicConfig {
         &self.config
+    }
+
+    /// Messages published so far (the next sequence number).
+    pub fn seq(&self) -> u64 {
+        self.seq
     }
 
     /// Subscribers currently attached.
@@ -369,6 +382,89 @@ impl TopicPublisher {
             let _ = self.released.timed_wait(|_| {}, DEAD_CHECK_INTERVAL);
             self.namespace.reclaim_dead();
         }
+    }
+}
+
+/// How long a new producer waits for the subscribers of a dead producer to let go of
+/// its topic (they notice within [`crate::subscriber`]'s liveness interval and detach).
+const TAKEOVER_WAIT: Duration = Duration::from_secs(5);
+
+/// If `topic` still exists but its producer is dead (subscribers of a crashed producer
+/// keep it open until they notice), waits for it to go away. Fails with
+/// [`SluiceError::TopicBusy`] if a live producer serves it.
+fn wait_for_dead_topic(
+    namespace: &Namespace,
+    node: &Node<Ipc>,
+    topic: &TopicName,
+    stop: &AtomicBool,
+) -> Result<()> {
+    let name = service_name(topic, "data")?;
+    let start = Instant::now();
+    loop {
+        let exists = matches!(
+            <Ipc as iceoryx2::prelude::Service>::does_exist(
+                &name,
+                namespace.config(),
+                MessagingPattern::PublishSubscribe
+            ),
+            Ok(true)
+        ) || event_exists(namespace, topic, "ready")
+            || event_exists(namespace, topic, "released");
+        if !exists {
+            return Ok(());
+        }
+        let service = node
+            .service_builder(&name)
+            .publish_subscribe::<[u8]>()
+            .user_header::<FrameHeader>()
+            .open();
+        if let Ok(service) = &service
+            && producer_alive(namespace, service)
+        {
+            return Err(SluiceError::TopicBusy(topic.to_string()));
+        }
+        drop(service);
+        if start.elapsed() >= TAKEOVER_WAIT || stop.load(Ordering::Relaxed) {
+            return Err(SluiceError::Transport(format!(
+                "topic '{topic}' is still held by subscribers of a producer that is gone; \
+                 they release it when they notice (within a second) — stop them if they hang"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        namespace.reclaim_dead();
+    }
+}
+
+fn event_exists(namespace: &Namespace, topic: &TopicName, part: &str) -> bool {
+    service_name(topic, part).is_ok_and(|name| {
+        matches!(
+            <Ipc as iceoryx2::prelude::Service>::does_exist(
+                &name,
+                namespace.config(),
+                MessagingPattern::Event
+            ),
+            Ok(true)
+        )
+    })
+}
+
+/// Whether the data service has a publisher whose process is alive (or may be).
+pub(crate) fn producer_alive(namespace: &Namespace, data: &DataService) -> bool {
+    let mut producer = None;
+    data.dynamic_config().list_publishers(|details| {
+        producer = Some(details.node_id);
+        CallbackProgression::Stop
+    });
+    let Some(node_id) = producer else {
+        return false;
+    };
+    match Node::<Ipc>::state_of(namespace.config(), node_id) {
+        Ok(Some(NodeState::Dead(view))) => {
+            let _ = view.try_remove_stale_resources();
+            false
+        }
+        Ok(None) => false,
+        Ok(Some(_)) | Err(_) => true,
     }
 }
 

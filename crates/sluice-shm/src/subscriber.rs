@@ -2,6 +2,7 @@
 
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use arrow::buffer::Buffer;
@@ -17,7 +18,7 @@ use sluice_core::{FrameKind, Result, SluiceError, TopicName, wire};
 
 use crate::header::FrameHeader;
 use crate::namespace::Namespace;
-use crate::publisher::{events, service_name};
+use crate::publisher::{events, producer_alive, service_name};
 use crate::{Ipc, transport};
 
 /// How often a waiting subscriber checks that its producer is alive; bounds the time
@@ -63,6 +64,14 @@ pub enum Frame {
 /// Keeps a received sample alive for as long as Arrow buffers point into it.
 struct SampleOwner {
     _sample: Sample<Ipc, [u8], FrameHeader>,
+    /// The subscriber's count of samples held, decremented when this one goes back.
+    held: Arc<AtomicUsize>,
+}
+
+impl Drop for SampleOwner {
+    fn drop(&mut self) {
+        self.held.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 // SAFETY: the owner is only used to keep the sample mapped until the last Arrow buffer
@@ -86,6 +95,7 @@ pub struct TopicSubscriber {
     stashed: Option<Sample<Ipc, [u8], FrameHeader>>,
     producer_seen: bool,
     ended: bool,
+    held: Arc<AtomicUsize>,
     // Dropped last: the ports above belong to it.
     _node: Node<Ipc>,
 }
@@ -103,11 +113,16 @@ impl std::fmt::Debug for TopicSubscriber {
 impl TopicSubscriber {
     /// Attaches to `topic`, waiting for its producer to create it if needed.
     ///
+    /// With `replay`, the subscriber first receives the messages the producer still
+    /// holds (up to a queue's worth: `sluice.window`, or the lag limit) before the live
+    /// ones; without, it starts with the next message published.
+    ///
     /// With a `timeout`, gives up with [`SluiceError::Timeout`] once it has passed.
     pub fn connect(
         namespace: &Namespace,
         topic: &TopicName,
         timeout: Option<Duration>,
+        replay: bool,
     ) -> Result<Self> {
         let start = Instant::now();
         let node = namespace.node("subscriber")?;
@@ -164,8 +179,14 @@ impl TopicSubscriber {
             .notifier_builder()
             .create()
             .map_err(transport("cannot create a released notifier"))?;
+        let history = if replay {
+            data.static_config().history_size()
+        } else {
+            0
+        };
         let subscriber = data
             .subscriber_builder()
+            .history_request(history)
             .create()
             .map_err(|e| SluiceError::Transport(format!(
                 "cannot subscribe to topic '{topic}' (is it full? raise sluice.max_subscribers): {e:?}"
@@ -183,6 +204,7 @@ impl TopicSubscriber {
             stashed: None,
             producer_seen: false,
             ended: false,
+            held: Arc::new(AtomicUsize::new(0)),
             _node: node,
         })
     }
@@ -190,6 +212,18 @@ impl TopicSubscriber {
     /// The topic's name.
     pub fn topic(&self) -> &TopicName {
         &self.topic
+    }
+
+    /// Batches received from this topic whose shared memory is still in use (some Arrow
+    /// array of them is alive).
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// The sequence number of the next message expected: messages received so far from
+    /// the topic's producer, counted from its first.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq.unwrap_or(0)
     }
 
     /// Messages this subscriber may hold (received, not yet dropped) at once.
@@ -302,7 +336,11 @@ impl TopicSubscriber {
                 let ptr = NonNull::new(payload.as_ptr().cast_mut())
                     .ok_or_else(|| SluiceError::Corrupt("null payload".into()))?;
                 let shm_range = ptr.as_ptr() as usize..ptr.as_ptr() as usize + len;
-                let owner = Arc::new(SampleOwner { _sample: sample });
+                self.held.fetch_add(1, Ordering::Relaxed);
+                let owner = Arc::new(SampleOwner {
+                    _sample: sample,
+                    held: self.held.clone(),
+                });
                 // SAFETY: `ptr` points to the sample's payload, valid for `payload.len()
                 // >= len` bytes as long as the sample lives; the buffer owns an `Arc` of
                 // the sample, so the memory stays mapped until the last Arrow array that
@@ -352,26 +390,17 @@ impl TopicSubscriber {
 
     /// Fails with `ProducerLost` if the producer is gone.
     fn check_producer(&mut self) -> Result<()> {
-        let mut producer = None;
-        self.data.dynamic_config().list_publishers(|details| {
-            producer = Some(details.node_id);
-            CallbackProgression::Stop
-        });
-        let alive = match producer {
-            // The topic exists but its producer has not created its publisher yet.
-            None if !self.producer_seen => true,
-            None => false,
-            Some(node_id) => match Node::<Ipc>::state_of(self.namespace.config(), node_id) {
-                Ok(Some(NodeState::Alive(_))) | Ok(Some(NodeState::Inaccessible(_))) => true,
-                Ok(Some(NodeState::Undefined(_))) => true,
-                Ok(Some(NodeState::Dead(view))) => {
-                    let _ = view.try_remove_stale_resources();
-                    false
-                }
-                Ok(None) => false,
-                Err(_) => true,
-            },
+        let has_publisher = {
+            let mut found = false;
+            self.data.dynamic_config().list_publishers(|_| {
+                found = true;
+                CallbackProgression::Stop
+            });
+            found
         };
+        // The topic exists but its producer may not have created its publisher yet.
+        let alive =
+            (!has_publisher && !self.producer_seen) || producer_alive(&self.namespace, &self.data);
         if alive {
             self.producer_seen = true;
             return Ok(());

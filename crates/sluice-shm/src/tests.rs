@@ -25,7 +25,8 @@ fn pair(ns: &Namespace, topic: &str) -> (TopicPublisher, TopicSubscriber) {
         lag_limit: None,
     };
     let publisher = TopicPublisher::create(ns, config, Arc::new(AtomicBool::new(false))).unwrap();
-    let subscriber = TopicSubscriber::connect(ns, &topic, Some(Duration::from_secs(10))).unwrap();
+    let subscriber =
+        TopicSubscriber::connect(ns, &topic, Some(Duration::from_secs(10)), false).unwrap();
     (publisher, subscriber)
 }
 

@@ -37,11 +37,14 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 mod producer;
+pub mod status;
 mod subscriber;
 
+pub use checkpoint::Checkpoint;
 pub use producer::{Producer, Progress, RunOptions, RunStats};
-pub use sluice_core::{Checksum, Result, SluiceError};
+pub use sluice_core::{Checksum, Position, Result, SluiceError};
 pub use sluice_plan::{Plan, SluiceOptions};
 pub use sluice_shm::Namespace;
 pub use subscriber::{EpochSummary, Event, Join, OnLag, SubscribeOptions, Subscriber, lies_within};

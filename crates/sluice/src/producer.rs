@@ -4,11 +4,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use std::collections::VecDeque;
+use std::path::PathBuf;
+
+use arrow::record_batch::RecordBatch;
 use futures::StreamExt;
-use sluice_core::{Result, Shaper, SluiceError, wire};
-use sluice_plan::Plan;
+use sluice_core::{Position, Result, Shaper, SluiceError, wire};
+use sluice_plan::{BatchStream, Plan, SluiceOptions};
 use sluice_shm::{Namespace, TopicConfig, TopicPublisher};
 use tokio::runtime::Handle;
+
+use crate::checkpoint::{Checkpoint, CheckpointWriter};
+use crate::status::{ProducerReport, Reporter, unix_now};
 
 /// Smallest shared-memory chunk a topic is planned with.
 const MIN_MESSAGE_BYTES: usize = 4096;
@@ -24,6 +31,10 @@ pub struct RunOptions {
     pub linger: Duration,
     /// Set to stop the run early (Ctrl-C); subscribers are told the producer stopped.
     pub stop: Arc<AtomicBool>,
+    /// Resume from the checkpoint a crashed run left (from the beginning if there is none).
+    pub resume: bool,
+    /// Where checkpoints go; `None`: [`Checkpoint::default_path`] of the topic.
+    pub checkpoint: Option<PathBuf>,
 }
 
 impl Default for RunOptions {
@@ -33,6 +44,8 @@ impl Default for RunOptions {
             subscriber_timeout: None,
             linger: Duration::from_secs(10),
             stop: Arc::new(AtomicBool::new(false)),
+            resume: false,
+            checkpoint: None,
         }
     }
 }
@@ -67,6 +80,8 @@ pub struct RunStats {
     pub elapsed: Duration,
     /// Shared memory the topic reserved.
     pub shm_bytes: u64,
+    /// Where the run started: `(0, 0)`, or the checkpoint it resumed from.
+    pub resumed_from: Position,
 }
 
 /// Runs a plan and publishes its output on the plan's topic.
@@ -91,7 +106,9 @@ impl Producer {
     /// plan executes on the runtime behind `handle`.
     ///
     /// Any failure, including a query that fails part-way, is published to subscribers
-    /// as an error before this returns it.
+    /// as an error before this returns it. While it runs, the producer keeps a
+    /// checkpoint (see [`crate::checkpoint`]); with [`RunOptions::resume`] it starts
+    /// from the checkpoint a crashed run left.
     pub fn run(
         &self,
         handle: &Handle,
@@ -101,101 +118,140 @@ impl Producer {
         let opts = self.plan.options().clone();
         opts.validate()?;
         let topic = opts.topic_name()?;
-        let mut progress = Progress::default();
-
-        // The first batch tells how large messages are, which sizes the shared memory.
-        let mut shaper = Shaper::new(opts.batch_rows, 0, opts.shuffle())?;
-        let mut stream = handle.block_on(self.plan.execute_epoch(0))?;
-        let mut first = Vec::new();
-        let mut first_error = None;
-        let mut stream_done = false;
-        while first.is_empty() {
-            match handle.block_on(stream.next()) {
-                Some(Ok(batch)) => first = shaper.push(batch)?,
-                Some(Err(e)) => {
-                    first_error = Some(e);
-                    break;
+        let fingerprint = format!(
+            "{:016x}",
+            xxhash_rust::xxh3::xxh3_64(self.plan.fingerprint().as_bytes())
+        );
+        let checkpoint_path = options
+            .checkpoint
+            .clone()
+            .unwrap_or_else(|| Checkpoint::default_path(&self.namespace, &topic));
+        let start_at = if options.resume {
+            match Checkpoint::load(&checkpoint_path)? {
+                Some(c) => {
+                    c.check(&checkpoint_path, &topic, &fingerprint)?;
+                    tracing::info!(topic = %topic, "resuming from {}", c.position());
+                    c.position()
                 }
                 None => {
-                    first.extend(shaper.finish()?);
-                    stream_done = true;
-                    break;
+                    tracing::info!(
+                        "no checkpoint at {}: starting from the beginning",
+                        checkpoint_path.display()
+                    );
+                    Position::default()
+                }
+            }
+        } else {
+            Position::default()
+        };
+        let mut progress = Progress {
+            epoch: start_at.epoch,
+            ..Progress::default()
+        };
+
+        // The first batch tells how large messages are, which sizes the shared memory.
+        let mut source = EpochSource::new(&self.plan, &opts);
+        let mut first = None;
+        let mut first_error = None;
+        if start_at.epoch < opts.epochs {
+            let skipped = source.start(handle, start_at.epoch, start_at.index);
+            first_error = skipped.err();
+            if first_error.is_none() {
+                match source.next(handle) {
+                    Ok(Some((index, batch))) => {
+                        let encoded = wire::encode(&batch)?;
+                        first = Some((index, batch, encoded));
+                    }
+                    Ok(None) => {}
+                    Err(e) => first_error = Some(e),
                 }
             }
         }
-        let mut first_encoded = Vec::with_capacity(first.len());
-        for b in &first {
-            first_encoded.push(wire::encode(b)?);
-        }
-        let largest = first_encoded.iter().map(|e| e.len()).max().unwrap_or(0);
+        let largest = first.as_ref().map_or(0, |(_, _, e)| e.len());
         let config = TopicConfig {
             topic: topic.clone(),
             window: opts.window,
             max_subscribers: opts.max_subscribers,
             max_held: opts.max_held,
-            // Later batches may carry longer strings or lists: leave room.
             lag_limit: (opts.lag_limit > 0).then_some(opts.lag_limit),
+            // Later batches may carry longer strings or lists: leave room.
             max_message_bytes: (largest + largest / 2)
                 .max(MIN_MESSAGE_BYTES)
                 .next_multiple_of(wire::ALIGNMENT),
         };
         let mut publisher = TopicPublisher::create(&self.namespace, config, options.stop.clone())?;
         let shm_bytes = publisher.config().shm_bytes();
+        let mut checkpoint = CheckpointWriter::new(checkpoint_path, &topic, fingerprint)?;
         tracing::info!(topic = %topic, shm_bytes, "publishing");
+        let mut reporter = Reporter::new(&self.namespace, &topic, "producer");
+        // Reports for `sluice status`: at most every REPORT_INTERVAL unless forced.
+        let mut report = |state: &str,
+                          publisher: &TopicPublisher,
+                          progress: &Progress,
+                          batch: u64,
+                          force: bool| {
+            if !force && !reporter.due() {
+                return;
+            }
+            reporter.write(progress.rows, |rows_per_s| ProducerReport {
+                pid: std::process::id(),
+                topic: topic.to_string(),
+                state: state.to_string(),
+                epoch: progress.epoch,
+                epochs: opts.epochs,
+                batch,
+                seq: publisher.seq(),
+                rows: progress.rows,
+                rows_per_s,
+                subscribers: publisher.subscribers(),
+                shm_bytes,
+                window: opts.window,
+                lag_limit: opts.lag_limit,
+                updated: unix_now(),
+            });
+        };
 
         let result = (|| -> Result<RunStats> {
             if let Some(e) = first_error.take() {
                 return Err(e);
             }
             let min = options.min_subscribers.unwrap_or(opts.min_subscribers);
+            report("waiting", &publisher, &progress, start_at.index, true);
             publisher.wait_for_subscribers(min, options.subscriber_timeout, &options.stop)?;
             let start = Instant::now();
-            let mut pending: std::collections::VecDeque<_> =
-                first.into_iter().zip(first_encoded).collect();
-            for epoch in 0..opts.epochs {
+            for epoch in start_at.epoch..opts.epochs {
                 progress.epoch = epoch;
-                if epoch > 0 {
-                    stream = handle.block_on(self.plan.execute_epoch(epoch))?;
-                    shaper = Shaper::new(opts.batch_rows, epoch, opts.shuffle())?;
-                    stream_done = false;
+                if source.epoch != Some(epoch) {
+                    source.start(handle, epoch, 0)?;
                 }
-                let (mut batches, mut rows) = (0u64, 0u64);
                 loop {
                     if options.stop.load(Ordering::Relaxed) {
                         return Err(SluiceError::Execution("the producer was stopped".into()));
                     }
-                    if let Some((batch, encoded)) = pending.pop_front() {
-                        publisher.publish_batch(
-                            epoch,
-                            batches,
-                            batch.num_rows() as u64,
-                            &encoded,
-                        )?;
-                        batches += 1;
-                        rows += batch.num_rows() as u64;
-                        progress.batches += 1;
-                        progress.rows += batch.num_rows() as u64;
-                        progress.bytes += encoded.len() as u64;
-                        progress.subscribers = publisher.subscribers();
-                        on_progress(&progress);
-                        continue;
-                    }
-                    if stream_done {
-                        break;
-                    }
-                    let next = match handle.block_on(stream.next()) {
-                        Some(batch) => shaper.push(batch?)?,
-                        None => {
-                            stream_done = true;
-                            shaper.finish()?
-                        }
+                    let (index, batch, encoded) = match first.take() {
+                        Some(first) => first,
+                        None => match source.next(handle)? {
+                            Some((index, batch)) => {
+                                let encoded = wire::encode(&batch)?;
+                                (index, batch, encoded)
+                            }
+                            None => break,
+                        },
                     };
-                    for b in next {
-                        let encoded = wire::encode(&b)?;
-                        pending.push_back((b, encoded));
-                    }
+                    let rows = batch.num_rows() as u64;
+                    publisher.publish_batch(epoch, index, rows, &encoded)?;
+                    // The batch is in every live subscriber's queue: a restart may begin
+                    // after it.
+                    checkpoint.record(Position::new(epoch, index + 1), false)?;
+                    progress.batches += 1;
+                    progress.rows += rows;
+                    progress.bytes += encoded.len() as u64;
+                    progress.subscribers = publisher.subscribers();
+                    on_progress(&progress);
+                    report("publishing", &publisher, &progress, index + 1, false);
                 }
-                publisher.publish_end_of_epoch(epoch, batches, rows)?;
+                publisher.publish_end_of_epoch(epoch, source.index, source.rows)?;
+                checkpoint.record(Position::new(epoch + 1, 0), true)?;
             }
             publisher.publish_end_of_stream(opts.epochs)?;
             Ok(RunStats {
@@ -205,14 +261,21 @@ impl Producer {
                 bytes: progress.bytes,
                 elapsed: start.elapsed(),
                 shm_bytes,
+                resumed_from: start_at,
             })
         })();
+        // Whatever happens next, this run will not be resumed: it ended, or it told its
+        // subscribers that it failed. Only a crash leaves a checkpoint behind.
+        checkpoint.remove();
+        let batch = source.index;
         match result {
             Ok(stats) => {
+                report("draining", &publisher, &progress, batch, true);
                 publisher.drain(options.linger);
                 Ok(stats)
             }
             Err(e) => {
+                report("failed", &publisher, &progress, batch, true);
                 // Subscribers must see the failure rather than wait for data that never
                 // comes. When stopping, subscribers with a full queue are not waited for
                 // (they notice the producer is gone instead).
@@ -223,6 +286,92 @@ impl Producer {
                 }
                 Err(e)
             }
+        }
+    }
+}
+
+/// One epoch of the plan at a time, shaped into the published batches, with their
+/// index in the epoch.
+struct EpochSource<'a> {
+    plan: &'a Plan,
+    opts: &'a SluiceOptions,
+    epoch: Option<u64>,
+    stream: Option<BatchStream>,
+    shaper: Option<Shaper>,
+    pending: VecDeque<RecordBatch>,
+    done: bool,
+    /// Batches of the epoch produced so far (published or skipped).
+    index: u64,
+    /// Rows of the epoch produced so far (published or skipped).
+    rows: u64,
+}
+
+impl<'a> EpochSource<'a> {
+    fn new(plan: &'a Plan, opts: &'a SluiceOptions) -> Self {
+        Self {
+            plan,
+            opts,
+            epoch: None,
+            stream: None,
+            shaper: None,
+            pending: VecDeque::new(),
+            done: false,
+            index: 0,
+            rows: 0,
+        }
+    }
+
+    /// Starts `epoch`, passing over its first `skip` batches (a resumed run: the order of
+    /// rows depends only on the plan, the seed and the epoch, so they are the batches
+    /// published before the checkpoint).
+    fn start(&mut self, handle: &Handle, epoch: u64, skip: u64) -> Result<()> {
+        self.epoch = Some(epoch);
+        self.pending.clear();
+        self.done = false;
+        self.index = 0;
+        self.rows = 0;
+        self.shaper = Some(Shaper::new(
+            self.opts.batch_rows,
+            epoch,
+            self.opts.shuffle(),
+        )?);
+        self.stream = Some(handle.block_on(self.plan.execute_epoch(epoch))?);
+        while self.index < skip {
+            if self.next(handle)?.is_none() {
+                return Err(SluiceError::Config(format!(
+                    "the checkpoint is at batch {skip} of epoch {epoch}, but the epoch has only {}                      batches: the data changed since it was taken. Run without --resume to start over",
+                    self.index
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The next batch of the epoch, or `None` at its end.
+    fn next(&mut self, handle: &Handle) -> Result<Option<(u64, RecordBatch)>> {
+        loop {
+            if let Some(batch) = self.pending.pop_front() {
+                let index = self.index;
+                self.index += 1;
+                self.rows += batch.num_rows() as u64;
+                return Ok(Some((index, batch)));
+            }
+            if self.done {
+                return Ok(None);
+            }
+            let (Some(stream), Some(shaper)) = (&mut self.stream, &mut self.shaper) else {
+                return Err(SluiceError::Internal(
+                    "an epoch was read before it started".into(),
+                ));
+            };
+            let next = match handle.block_on(stream.next()) {
+                Some(batch) => shaper.push(batch?)?,
+                None => {
+                    self.done = true;
+                    shaper.finish()?
+                }
+            };
+            self.pending.extend(next);
         }
     }
 }

@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use arrow::array::ArrayData;
 use arrow::record_batch::RecordBatch;
-use sluice_core::{Rebatcher, Result, SluiceError, TopicName};
+use sluice_core::{Position, Rebatcher, Result, Resume, SluiceError, TopicName, Verdict};
 use sluice_shm::{Frame, Namespace, TopicSubscriber};
+
+use crate::status::{Reporter, SubscriberReport, unix_now};
 
 /// Where a subscriber that attaches to a running stream starts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -17,6 +19,10 @@ pub enum Join {
     Now,
     /// With the first batch of the next epoch, so every epoch it sees is whole.
     NextEpoch,
+    /// With the oldest message the producer still holds (up to `sluice.window` messages
+    /// back), then live. The first epoch is flagged partial unless the replay reached
+    /// back to its first batch.
+    Replay,
 }
 
 impl std::str::FromStr for Join {
@@ -26,8 +32,9 @@ impl std::str::FromStr for Join {
         match s {
             "now" => Ok(Self::Now),
             "next_epoch" => Ok(Self::NextEpoch),
+            "replay" => Ok(Self::Replay),
             other => Err(SluiceError::Config(format!(
-                "unknown join mode '{other}'; use 'now' or 'next_epoch'"
+                "unknown join mode '{other}'; use 'now', 'next_epoch' or 'replay'"
             ))),
         }
     }
@@ -72,6 +79,10 @@ pub struct SubscribeOptions {
     pub join: Join,
     /// What to do after falling behind the producer's lag limit.
     pub on_lag: OnLag,
+    /// When the producer is lost (a crash), wait up to this long for a restarted
+    /// producer (`sluice run --resume`) and continue where this subscriber left off, with
+    /// no duplicate and no missing row. `None`: fail with [`SluiceError::ProducerLost`].
+    pub reconnect: Option<Duration>,
 }
 
 /// The end of an epoch as one subscriber saw it.
@@ -129,8 +140,21 @@ struct EpochState {
 /// Receives a topic's stream.
 #[derive(Debug)]
 pub struct Subscriber {
-    inner: TopicSubscriber,
+    /// The topic's subscriber port; `None` only while reconnecting.
+    inner: Option<TopicSubscriber>,
+    topic: TopicName,
+    max_held: usize,
+    namespace: Namespace,
+    reconnect: Option<Duration>,
+    /// Where this subscriber is in the producer's stream, to join a restarted producer's
+    /// stream onto it.
+    resume: Resume,
     timeout: Option<Duration>,
+    /// Reports for `sluice status`.
+    reporter: Reporter,
+    /// Rows and missed messages, all epochs.
+    total_rows: u64,
+    total_missed: u64,
     join: Join,
     on_lag: OnLag,
     /// A frame received but not yet processed (after a synthesized epoch end).
@@ -153,9 +177,22 @@ impl Subscriber {
         };
         let topic = TopicName::new(topic)?;
         let rebatcher = options.batch_size.map(Rebatcher::new).transpose()?;
-        let inner = TopicSubscriber::connect(&namespace, &topic, options.timeout)?;
+        let inner = TopicSubscriber::connect(
+            &namespace,
+            &topic,
+            options.timeout,
+            options.join == Join::Replay,
+        )?;
         Ok(Self {
-            inner,
+            reporter: Reporter::new(&namespace, &topic, "subscriber"),
+            total_rows: 0,
+            total_missed: 0,
+            max_held: inner.max_held(),
+            inner: Some(inner),
+            topic,
+            namespace,
+            reconnect: options.reconnect,
+            resume: Resume::new(),
             timeout: options.timeout,
             join: options.join,
             on_lag: options.on_lag,
@@ -171,7 +208,7 @@ impl Subscriber {
 
     /// The topic.
     pub fn topic(&self) -> &str {
-        self.inner.topic().as_str()
+        self.topic.as_str()
     }
 
     /// How this subscriber joins a running stream.
@@ -189,6 +226,9 @@ impl Subscriber {
     /// The next event, waiting up to `timeout` (`None`: as long as it takes). A timeout
     /// loses nothing: call again to keep waiting.
     pub fn next_event_within(&mut self, timeout: Option<Duration>) -> Result<Event> {
+        if self.reporter.due() {
+            self.report();
+        }
         loop {
             if let Some(batch) = self.ready.pop_front() {
                 return Ok(self.emit(batch));
@@ -198,18 +238,27 @@ impl Subscriber {
             }
             let frame = match self.deferred.take() {
                 Some(frame) => frame,
-                None => self.inner.recv(timeout)?,
+                None => match self.port()?.recv(timeout) {
+                    Err(SluiceError::ProducerLost(_)) if self.reconnect.is_some() => {
+                        self.reconnect_to_successor()?;
+                        continue;
+                    }
+                    received => received?,
+                },
             };
             match frame {
                 Frame::Missed { messages } => match self.on_lag {
                     OnLag::Error => {
-                        self.inner.detach();
+                        self.close();
                         return Err(SluiceError::Lagged {
                             topic: self.topic().to_string(),
                             missed: messages,
                         });
                     }
-                    OnLag::Skip => self.state.missed += messages,
+                    OnLag::Skip => {
+                        self.state.missed += messages;
+                        self.total_missed += messages;
+                    }
                 },
                 Frame::Batch {
                     epoch,
@@ -222,6 +271,10 @@ impl Subscriber {
                             continue;
                         }
                         self.waiting_for_boundary = false;
+                    }
+                    let verdict = self.resume.batch(Position::new(epoch, index));
+                    if !self.admit(verdict)? {
+                        continue;
                     }
                     if let Some(current) = self.state.epoch
                         && current != epoch
@@ -277,7 +330,7 @@ impl Subscriber {
                             // A batch spanning many producer batches would pin that many
                             // samples; copy the older ones so the subscriber stays within
                             // the samples it may hold (the batches handed out hold some).
-                            let keep = (self.inner.max_held() / 2).max(1);
+                            let keep = (self.max_held / 2).max(1);
                             rebatcher.release_inputs(keep)?;
                             while self.ranges.len() > keep + 1 {
                                 self.ranges.pop_front();
@@ -292,6 +345,10 @@ impl Subscriber {
                 } => {
                     if self.waiting_for_boundary {
                         self.waiting_for_boundary = false;
+                        continue;
+                    }
+                    let verdict = self.resume.end_of_epoch(epoch, batches);
+                    if !self.admit(verdict)? {
                         continue;
                     }
                     if let Some(rebatcher) = &mut self.rebatcher {
@@ -348,7 +405,77 @@ impl Subscriber {
         }
     }
 
+    /// Whether a message passes the resume filter: duplicates from a restarted producer
+    /// are dropped, a gap is an error.
+    fn admit(&mut self, verdict: Verdict) -> Result<bool> {
+        match verdict {
+            Verdict::Deliver => Ok(true),
+            Verdict::Duplicate => Ok(false),
+            Verdict::Gap { expected, found } => {
+                self.close();
+                Err(SluiceError::ResumeGap {
+                    topic: self.topic().to_string(),
+                    expected,
+                    found,
+                })
+            }
+        }
+    }
+
+    /// The producer is gone: let go of its topic (a restarted producer can only create it
+    /// once every subscriber has), then wait for a successor and join its stream where
+    /// this subscriber left off.
+    fn reconnect_to_successor(&mut self) -> Result<()> {
+        let wait = self.reconnect.unwrap_or_default();
+        let topic = self.topic.clone();
+        tracing::info!(topic = %topic, "producer lost; waiting up to {wait:?} for a restarted one");
+        // Rows the re-batcher still slices out of the old topic's samples are copied, so
+        // no sample of the old topic is held.
+        if let Some(rebatcher) = &mut self.rebatcher {
+            rebatcher.release_inputs(0)?;
+        }
+        self.ranges.clear();
+        // Every port and service handle of the old topic goes before waiting.
+        self.inner = None;
+        // Replay: the successor may have published a few messages before this
+        // subscriber attached; the resume filter drops the ones already seen.
+        let successor = TopicSubscriber::connect(&self.namespace, &topic, Some(wait), true)
+            .map_err(|e| match e {
+                SluiceError::Timeout { .. } => SluiceError::ProducerLost(topic.to_string()),
+                other => other,
+            })?;
+        self.max_held = successor.max_held();
+        self.inner = Some(successor);
+        self.resume.reconnecting();
+        Ok(())
+    }
+
+    fn report(&mut self) {
+        let (seq, held) = self
+            .inner
+            .as_ref()
+            .map_or((0, 0), |i| (i.next_seq(), i.held()));
+        let topic = self.topic.to_string();
+        let (epoch, rows, missed) = (
+            self.state.epoch.unwrap_or(0),
+            self.total_rows,
+            self.total_missed,
+        );
+        self.reporter.write(rows, |rows_per_s| SubscriberReport {
+            pid: std::process::id(),
+            topic,
+            epoch,
+            seq,
+            rows,
+            rows_per_s,
+            held,
+            missed,
+            updated: unix_now(),
+        });
+    }
+
     fn emit(&mut self, batch: RecordBatch) -> Event {
+        self.total_rows += batch.num_rows() as u64;
         let epoch = self.state.epoch.unwrap_or(0);
         let index = self.state.out_batches;
         self.state.out_batches += 1;
@@ -371,7 +498,17 @@ impl Subscriber {
     /// Leaves the topic now; the producer stops waiting for this subscriber. Batches
     /// already received stay valid.
     pub fn close(&mut self) {
-        self.inner.detach();
+        if let Some(inner) = &mut self.inner {
+            inner.detach();
+        }
+    }
+
+    fn port(&mut self) -> Result<&mut TopicSubscriber> {
+        // Only a failed reconnection leaves no port: the producer is lost for good.
+        let topic = &self.topic;
+        self.inner
+            .as_mut()
+            .ok_or_else(|| SluiceError::ProducerLost(topic.to_string()))
     }
 }
 

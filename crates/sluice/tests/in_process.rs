@@ -303,3 +303,92 @@ fn seeded_shuffle_is_reproducible_and_differs_per_epoch() {
         "no seed keeps source order"
     );
 }
+
+/// What one subscriber thread saw: the index of its first batch and every value of
+/// column 0 in order, per epoch summary.
+struct Seen {
+    first_index: Option<u64>,
+    values: Vec<i64>,
+    complete: Vec<bool>,
+}
+
+fn read_all(
+    mut sub: Subscriber,
+    pause_after: Option<(usize, std::sync::mpsc::Receiver<()>)>,
+) -> Seen {
+    let mut seen = Seen {
+        first_index: None,
+        values: Vec::new(),
+        complete: Vec::new(),
+    };
+    let mut batches = 0;
+    let (pause_at, resume) = match pause_after {
+        Some((n, rx)) => (Some(n), Some(rx)),
+        None => (None, None),
+    };
+    loop {
+        match sub.next_event().unwrap() {
+            Event::Batch { index, batch, .. } => {
+                seen.first_index.get_or_insert(index);
+                let col = batch.column(0).as_primitive::<Int64Type>();
+                seen.values.extend(col.values().iter().copied());
+                batches += 1;
+                if Some(batches) == pause_at
+                    && let Some(rx) = &resume
+                {
+                    rx.recv().unwrap();
+                }
+            }
+            Event::EpochEnd(summary) => seen.complete.push(summary.complete),
+            Event::End => return seen,
+        }
+    }
+}
+
+/// `join = replay` starts with the messages the producer still holds (a window's worth)
+/// while `join = now` starts with the next one: a replaying subscriber that attaches
+/// with a `now` subscriber starts earlier, and both then receive every later row once,
+/// in order.
+#[test]
+fn replay_starts_with_the_messages_the_producer_still_holds() {
+    let ns = TestNamespace::new();
+    let sql = "SET sluice.topic = 'replay'; SET sluice.batch_rows = 100; SET sluice.window = 4;\n\
+               SELECT value AS v FROM generate_series(0, 9999)"
+        .to_string();
+    let producer = spawn_producer(ns.0.clone(), sql);
+    let options = |join| SubscribeOptions {
+        timeout: Some(Duration::from_secs(30)),
+        namespace: Some(ns.0.clone()),
+        join,
+        ..SubscribeOptions::default()
+    };
+    // The pace-setter reads 10 batches, then stops until told: the producer blocks with
+    // a full window.
+    let pacer = Subscriber::connect("replay", options(Join::Now)).unwrap();
+    let (go, wait) = std::sync::mpsc::channel();
+    let pacer = std::thread::spawn(move || read_all(pacer, Some((10, wait))));
+    std::thread::sleep(Duration::from_millis(500));
+    let replay = Subscriber::connect("replay", options(Join::Replay)).unwrap();
+    let now = Subscriber::connect("replay", options(Join::Now)).unwrap();
+    let replay = std::thread::spawn(move || read_all(replay, None));
+    let now = std::thread::spawn(move || read_all(now, None));
+    std::thread::sleep(Duration::from_millis(100));
+    go.send(()).unwrap();
+    let pacer = pacer.join().unwrap();
+    let (replay, now) = (replay.join().unwrap(), now.join().unwrap());
+    producer.join().unwrap().unwrap();
+
+    assert_eq!(pacer.values, (0..10_000).collect::<Vec<i64>>());
+    assert_eq!(pacer.complete, vec![true]);
+    let (r, n) = (replay.first_index.unwrap(), now.first_index.unwrap());
+    assert!(r < n, "replay started at batch {r}, now at batch {n}");
+    assert!(
+        n - r <= 4,
+        "replay reaches back at most a window: {r} vs {n}"
+    );
+    for (seen, first) in [(&replay, r), (&now, n)] {
+        let start = first as i64 * 100;
+        assert_eq!(seen.values, (start..10_000).collect::<Vec<i64>>());
+        assert_eq!(seen.complete, vec![first == 0]);
+    }
+}

@@ -8,7 +8,7 @@ from typing import Any, Iterator, Literal
 
 __version__: str
 
-JoinMode = Literal["now", "next_epoch"]
+JoinMode = Literal["now", "next_epoch", "replay"]
 OnLagMode = Literal["error", "skip"]
 
 class SluiceError(Exception):
@@ -197,6 +197,7 @@ class Subscriber(Iterator[Batch]):
         join: JoinMode = "now",
         timeout: float | None = None,
         on_lag: OnLagMode = "error",
+        reconnect: float | None = None,
     ) -> None: ...
     @property
     def topic(self) -> str: ...
@@ -234,12 +235,16 @@ def subscribe(
     join: JoinMode = "now",
     timeout: float | None = None,
     on_lag: OnLagMode = "error",
+    reconnect: float | None = None,
 ) -> Subscriber:
     """Attaches to ``topic``, waiting for its producer (up to ``timeout`` seconds).
 
     ``batch_size``: rows per batch for this subscriber (default: the producer's batches).
-    ``join``: ``"now"`` (the current epoch is then flagged partial) or ``"next_epoch"``.
-    ``"replay"`` is not implemented yet and raises ``ValueError``. ``timeout``: seconds
+    ``join``: ``"now"`` (the current epoch is then flagged partial), ``"next_epoch"``, or
+    ``"replay"`` (start with the oldest message the producer still holds, up to
+    ``sluice.window`` back). ``reconnect``: after the producer is lost, wait up to this
+    many seconds for a restarted one (``sluice run --resume``) and continue with no
+    duplicate and no missing row (default: raise :class:`ProducerLost`). ``timeout``: seconds
     to wait for the producer, then for each batch (default: forever). ``on_lag``: under a
     producer with ``sluice.lag_limit``, ``"error"`` raises :class:`Lagged` when this
     subscriber fell too far behind; ``"skip"`` goes on (the epoch is then incomplete).

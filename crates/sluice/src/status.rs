@@ -1,0 +1,268 @@
+//! Live status of the topics of a namespace, for `sluice status`.
+//!
+//! Every producer and subscriber keeps a small JSON report of where it is in the
+//! namespace's state directory ([`Namespace::state_dir`]), rewritten at most every
+//! [`REPORT_INTERVAL`] (atomically: a temporary file renamed over the old one) and
+//! removed when it ends. [`snapshot`] reads them all, drops those of dead processes,
+//! and joins each topic's subscribers to its producer to tell their lag.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use sluice_core::{Result, SluiceError, TopicName};
+use sluice_shm::Namespace;
+
+/// How often, at most, a report is rewritten.
+pub const REPORT_INTERVAL: Duration = Duration::from_millis(250);
+
+/// What a producer reports.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProducerReport {
+    /// Its process id.
+    pub pid: u32,
+    /// The topic.
+    pub topic: String,
+    /// `waiting` (for subscribers), `publishing`, `draining`, `failed`.
+    pub state: String,
+    /// Current epoch.
+    pub epoch: u64,
+    /// Epochs in the run.
+    pub epochs: u64,
+    /// Next batch of the current epoch.
+    pub batch: u64,
+    /// Messages published so far (the topic's next sequence number).
+    pub seq: u64,
+    /// Rows published so far.
+    pub rows: u64,
+    /// Rows per second over the last report interval.
+    pub rows_per_s: f64,
+    /// Subscribers attached.
+    pub subscribers: usize,
+    /// Shared memory the topic reserved, in bytes.
+    pub shm_bytes: u64,
+    /// Batches the producer may run ahead of the slowest subscriber.
+    pub window: usize,
+    /// The lag limit (0: the slowest subscriber sets the pace).
+    pub lag_limit: usize,
+    /// When the report was written, in seconds since the Unix epoch.
+    pub updated: f64,
+}
+
+/// What a subscriber reports.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SubscriberReport {
+    /// Its process id.
+    pub pid: u32,
+    /// The topic.
+    pub topic: String,
+    /// Epoch of the last batch received.
+    pub epoch: u64,
+    /// Messages received from the current producer (its next sequence number).
+    pub seq: u64,
+    /// Rows received so far.
+    pub rows: u64,
+    /// Rows per second over the last report interval.
+    pub rows_per_s: f64,
+    /// Shared-memory samples it holds now (batches not yet dropped).
+    pub held: usize,
+    /// Messages it missed under a lag limit.
+    pub missed: u64,
+    /// When the report was written, in seconds since the Unix epoch.
+    pub updated: f64,
+}
+
+/// A topic as `sluice status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct TopicStatus {
+    /// The topic.
+    pub topic: String,
+    /// Its producer, if one is running.
+    pub producer: Option<ProducerReport>,
+    /// Its subscribers.
+    pub subscribers: Vec<SubscriberStatus>,
+}
+
+/// One subscriber of a topic, with its lag behind the producer.
+#[derive(Debug, Clone, Serialize)]
+pub struct SubscriberStatus {
+    /// What it reported.
+    #[serde(flatten)]
+    pub report: SubscriberReport,
+    /// Messages the producer published that this subscriber has not received yet.
+    pub lag: Option<u64>,
+}
+
+/// Writes one process's report, at most every [`REPORT_INTERVAL`].
+#[derive(Debug)]
+pub(crate) struct Reporter {
+    path: PathBuf,
+    tmp: PathBuf,
+    last: Option<(Instant, u64)>,
+    failed: bool,
+}
+
+impl Reporter {
+    /// A reporter for a `role` (`producer` or `subscriber`) of `topic`.
+    pub(crate) fn new(namespace: &Namespace, topic: &TopicName, role: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("{topic}.{role}.{}-{n}.json", std::process::id());
+        let path = namespace.state_dir().join(name);
+        let mut tmp = path.clone().into_os_string();
+        tmp.push(".tmp");
+        Self {
+            path,
+            tmp: tmp.into(),
+            last: None,
+            failed: false,
+        }
+    }
+
+    /// Whether a report is due (always true for the first one).
+    pub(crate) fn due(&self) -> bool {
+        self.last
+            .is_none_or(|(t, _)| t.elapsed() >= REPORT_INTERVAL)
+    }
+
+    /// Writes `report`; `rows` feeds the rate, which is returned. Reports are best
+    /// effort: a failure is logged once and never disturbs the data path.
+    pub(crate) fn write<T: Serialize>(&mut self, rows: u64, fill: impl FnOnce(f64) -> T) {
+        let now = Instant::now();
+        let rate = match self.last {
+            Some((t, before)) => {
+                let secs = now.duration_since(t).as_secs_f64();
+                if secs > 0.0 {
+                    rows.saturating_sub(before) as f64 / secs
+                } else {
+                    0.0
+                }
+            }
+            None => 0.0,
+        };
+        self.last = Some((now, rows));
+        let report = fill(rate);
+        let result = create_state_dir(&self.path)
+            .and_then(|()| {
+                serde_json::to_vec(&report)
+                    .map_err(|e| SluiceError::Internal(format!("cannot encode a report: {e}")))
+            })
+            .and_then(|bytes| {
+                let io = |e| SluiceError::io(format!("cannot write {}", self.path.display()), e);
+                std::fs::write(&self.tmp, bytes).map_err(io)?;
+                std::fs::rename(&self.tmp, &self.path).map_err(io)
+            });
+        if let Err(e) = result
+            && !self.failed
+        {
+            self.failed = true;
+            tracing::warn!(
+                "status report not written (sluice status will not show this process): {e}"
+            );
+        }
+    }
+}
+
+impl Drop for Reporter {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.tmp);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn create_state_dir(path: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let Some(dir) = path.parent() else {
+        return Ok(());
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| SluiceError::io(format!("cannot create {}", dir.display()), e))
+}
+
+/// Seconds since the Unix epoch, for reports.
+pub(crate) fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill(2) with signal 0 sends nothing; it only checks that the process
+    // exists (EPERM: it exists but belongs to someone else).
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// The status of every topic of `namespace` with a live producer or subscriber. Reports
+/// of processes that died are removed.
+pub fn snapshot(namespace: &Namespace) -> Result<Vec<TopicStatus>> {
+    let dir = namespace.state_dir();
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(SluiceError::io(format!("cannot read {}", dir.display()), e)),
+    };
+    let mut topics: std::collections::BTreeMap<String, TopicStatus> = Default::default();
+    let topic_entry = |topics: &mut std::collections::BTreeMap<String, TopicStatus>, t: &str| {
+        topics
+            .entry(t.to_string())
+            .or_insert_with(|| TopicStatus {
+                topic: t.to_string(),
+                producer: None,
+                subscribers: Vec::new(),
+            })
+            .topic
+            .clone()
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.ends_with(".json") || name.ends_with(".checkpoint.json") {
+            continue;
+        }
+        // Written atomically, so a file is whole; one removed meanwhile is skipped.
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        if name.contains(".producer.") {
+            let Ok(report) = serde_json::from_str::<ProducerReport>(&text) else {
+                continue;
+            };
+            if !alive(report.pid) {
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            let key = topic_entry(&mut topics, &report.topic);
+            if let Some(t) = topics.get_mut(&key) {
+                t.producer = Some(report);
+            }
+        } else if name.contains(".subscriber.") {
+            let Ok(report) = serde_json::from_str::<SubscriberReport>(&text) else {
+                continue;
+            };
+            if !alive(report.pid) {
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            let key = topic_entry(&mut topics, &report.topic);
+            if let Some(t) = topics.get_mut(&key) {
+                t.subscribers.push(SubscriberStatus { report, lag: None });
+            }
+        }
+    }
+    let mut out: Vec<TopicStatus> = topics.into_values().collect();
+    for topic in &mut out {
+        let published = topic.producer.as_ref().map(|p| p.seq);
+        for sub in &mut topic.subscribers {
+            sub.lag = published.map(|seq| seq.saturating_sub(sub.report.seq));
+        }
+        topic.subscribers.sort_by_key(|s| s.report.pid);
+    }
+    Ok(out)
+}
