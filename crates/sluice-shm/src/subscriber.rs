@@ -127,14 +127,14 @@ impl TopicSubscriber {
         let start = Instant::now();
         let node = namespace.node("subscriber")?;
         let name = service_name(topic, "data")?;
-        let data = loop {
+        let (data, ready, released) = loop {
             let opened = node
                 .service_builder(&name)
                 .publish_subscribe::<[u8]>()
                 .user_header::<FrameHeader>()
                 .open();
-            match opened {
-                Ok(service) => break service,
+            let data = match opened {
+                Ok(service) => service,
                 Err(e) => {
                     let text = format!("{e:?}");
                     if text.contains("DoesNotExist")
@@ -161,24 +161,48 @@ impl TopicSubscriber {
                         "cannot open topic '{topic}': {text}"
                     )));
                 }
-            }
+            };
+            // A topic whose producer is gone (being cleaned up, or not yet taken over by a
+            // restarted producer), or one whose producer is still creating it, is not there
+            // yet: holding it would keep a successor from taking it over.
+            let opened = (|| -> Result<_> {
+                if !producer_alive(namespace, &data) {
+                    return Err(SluiceError::Transport("no live producer".into()));
+                }
+                let ready = node
+                    .service_builder(&service_name(topic, "ready")?)
+                    .event()
+                    .open()
+                    .map_err(transport("cannot open the topic's ready event"))?
+                    .listener_builder()
+                    .create()
+                    .map_err(transport("cannot listen on the topic"))?;
+                let released = node
+                    .service_builder(&service_name(topic, "released")?)
+                    .event()
+                    .open()
+                    .map_err(transport("cannot open the topic's released event"))?
+                    .notifier_builder()
+                    .create()
+                    .map_err(transport("cannot create a released notifier"))?;
+                Ok((ready, released))
+            })();
+            let (ready, released) = match opened {
+                Ok(ports) => ports,
+                Err(e) => {
+                    drop(data);
+                    if timeout.is_some_and(|t| start.elapsed() >= t) {
+                        return Err(SluiceError::Timeout {
+                            what: format!("a live producer on topic '{topic}' ({e})"),
+                            seconds: start.elapsed().as_secs_f64(),
+                        });
+                    }
+                    std::thread::sleep(TOPIC_POLL_INTERVAL);
+                    continue;
+                }
+            };
+            break (data, ready, released);
         };
-        let ready = node
-            .service_builder(&service_name(topic, "ready")?)
-            .event()
-            .open()
-            .map_err(transport("cannot open the topic's ready event"))?
-            .listener_builder()
-            .create()
-            .map_err(transport("cannot listen on the topic"))?;
-        let released = node
-            .service_builder(&service_name(topic, "released")?)
-            .event()
-            .open()
-            .map_err(transport("cannot open the topic's released event"))?
-            .notifier_builder()
-            .create()
-            .map_err(transport("cannot create a released notifier"))?;
         let history = if replay {
             data.static_config().history_size()
         } else {

@@ -132,7 +132,8 @@ fn a_topic_larger_than_dev_shm_is_refused_before_anything_is_created() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-/// Sizing: every chunk a subscriber may queue or hold, plus the producer's loans.
+/// Sizing: every chunk a subscriber may queue or hold, the replay history, plus the
+/// producer's loans.
 #[test]
 fn shared_memory_is_sized_for_the_worst_case() {
     let config = TopicConfig {
@@ -143,6 +144,7 @@ fn shared_memory_is_sized_for_the_worst_case() {
         max_message_bytes: 1000,
         lag_limit: None,
     };
-    assert_eq!(config.chunks(), 4 * (8 + 2) + 2);
-    assert_eq!(config.shm_bytes(), 42 * (1000 + 256));
+    assert_eq!(config.history(), 8);
+    assert_eq!(config.chunks(), 4 * (8 + 2) + 8 + 2);
+    assert_eq!(config.shm_bytes(), 50 * (1000 + 256));
 }

@@ -339,7 +339,7 @@ impl<'a> EpochSource<'a> {
         while self.index < skip {
             if self.next(handle)?.is_none() {
                 return Err(SluiceError::Config(format!(
-                    "the checkpoint is at batch {skip} of epoch {epoch}, but the epoch has only {}                      batches: the data changed since it was taken. Run without --resume to start over",
+                    "the checkpoint is at batch {skip} of epoch {epoch}, but the epoch has only {} batches: the data changed since it was taken. Run without --resume to start over",
                     self.index
                 )));
             }

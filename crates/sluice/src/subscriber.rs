@@ -273,6 +273,11 @@ impl Subscriber {
                         self.waiting_for_boundary = false;
                     }
                     let verdict = self.resume.batch(Position::new(epoch, index));
+                    if tracing::enabled!(tracing::Level::TRACE) {
+                        let mut sum = sluice_core::Checksum::default();
+                        let _ = sum.update(&batch);
+                        tracing::trace!(epoch, index, rows = batch.num_rows(), sum = %sum.hex(), ?verdict, "producer batch");
+                    }
                     if !self.admit(verdict)? {
                         continue;
                     }

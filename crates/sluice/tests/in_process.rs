@@ -304,39 +304,41 @@ fn seeded_shuffle_is_reproducible_and_differs_per_epoch() {
     );
 }
 
-/// What one subscriber thread saw: the index of its first batch and every value of
-/// column 0 in order, per epoch summary.
+/// What one subscriber thread saw: every value of column 0 in order, and per epoch
+/// whether it was complete.
 struct Seen {
-    first_index: Option<u64>,
     values: Vec<i64>,
     complete: Vec<bool>,
 }
 
-fn read_all(
-    mut sub: Subscriber,
-    pause_after: Option<(usize, std::sync::mpsc::Receiver<()>)>,
-) -> Seen {
+/// Makes a reader stop after `after` batches, say so on `reached`, and wait for `resume`.
+struct Pause {
+    after: usize,
+    reached: std::sync::mpsc::Sender<()>,
+    resume: std::sync::mpsc::Receiver<()>,
+}
+
+fn read_all(mut sub: Subscriber, pause_after: Option<Pause>) -> Seen {
     let mut seen = Seen {
-        first_index: None,
         values: Vec::new(),
         complete: Vec::new(),
     };
     let mut batches = 0;
-    let (pause_at, resume) = match pause_after {
-        Some((n, rx)) => (Some(n), Some(rx)),
+    let (pause_at, pause) = match pause_after {
+        Some(pause) => (Some(pause.after), Some(pause)),
         None => (None, None),
     };
     loop {
         match sub.next_event().unwrap() {
-            Event::Batch { index, batch, .. } => {
-                seen.first_index.get_or_insert(index);
+            Event::Batch { batch, .. } => {
                 let col = batch.column(0).as_primitive::<Int64Type>();
                 seen.values.extend(col.values().iter().copied());
                 batches += 1;
                 if Some(batches) == pause_at
-                    && let Some(rx) = &resume
+                    && let Some(pause) = &pause
                 {
-                    rx.recv().unwrap();
+                    pause.reached.send(()).unwrap();
+                    pause.resume.recv().unwrap();
                 }
             }
             Event::EpochEnd(summary) => seen.complete.push(summary.complete),
@@ -365,9 +367,17 @@ fn replay_starts_with_the_messages_the_producer_still_holds() {
     // The pace-setter reads 10 batches, then stops until told: the producer blocks with
     // a full window.
     let pacer = Subscriber::connect("replay", options(Join::Now)).unwrap();
-    let (go, wait) = std::sync::mpsc::channel();
-    let pacer = std::thread::spawn(move || read_all(pacer, Some((10, wait))));
-    std::thread::sleep(Duration::from_millis(500));
+    let (go, resume) = std::sync::mpsc::channel();
+    let (reached, paused) = std::sync::mpsc::channel();
+    let pause = Pause {
+        after: 10,
+        reached,
+        resume,
+    };
+    let pacer = std::thread::spawn(move || read_all(pacer, Some(pause)));
+    paused.recv().unwrap();
+    // Give the producer time to fill its window behind the paused pacer.
+    std::thread::sleep(Duration::from_millis(300));
     let replay = Subscriber::connect("replay", options(Join::Replay)).unwrap();
     let now = Subscriber::connect("replay", options(Join::Now)).unwrap();
     let replay = std::thread::spawn(move || read_all(replay, None));
@@ -380,14 +390,15 @@ fn replay_starts_with_the_messages_the_producer_still_holds() {
 
     assert_eq!(pacer.values, (0..10_000).collect::<Vec<i64>>());
     assert_eq!(pacer.complete, vec![true]);
-    let (r, n) = (replay.first_index.unwrap(), now.first_index.unwrap());
+    // Batch indexes count this subscriber's batches; the rows tell the producer's.
+    let (r, n) = (replay.values[0] / 100, now.values[0] / 100);
     assert!(r < n, "replay started at batch {r}, now at batch {n}");
     assert!(
         n - r <= 4,
         "replay reaches back at most a window: {r} vs {n}"
     );
     for (seen, first) in [(&replay, r), (&now, n)] {
-        let start = first as i64 * 100;
+        let start = first * 100;
         assert_eq!(seen.values, (start..10_000).collect::<Vec<i64>>());
         assert_eq!(seen.complete, vec![first == 0]);
     }
