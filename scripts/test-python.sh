@@ -24,6 +24,7 @@ PACKAGES=(
   "polars==2.1.0"
   "pytest==9.2.0"
   "pytest-timeout==2.4.0"
+  "pillow==12.3.0"
 )
 
 echo "== Python: virtualenv ($VENV)"

@@ -1,4 +1,7 @@
 //! `sluice demo`: a local dataset, pipelines/demo.sql, one producer, several subscribers.
+//!
+//! `sluice demo --images` does the same with generated JPEGs of mixed sizes and
+//! pipelines/images.sql (decode, resize, random crop, flip, normalize).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -9,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use arrow::array::{
-    ArrayRef, FixedSizeListArray, Float32Array, Int32Array, Int64Array, StringArray,
+    ArrayRef, BinaryArray, FixedSizeListArray, Float32Array, Int32Array, Int64Array, StringArray,
 };
 use arrow::datatypes::{DataType, Field};
 use arrow::record_batch::RecordBatch;
@@ -21,27 +24,62 @@ use sluice::{Plan, RunOptions};
 /// Width of the demo's feature vectors.
 const FEATURES: i32 = 16;
 const DEMO_PLAN: &str = include_str!("../../../pipelines/demo.sql");
+const IMAGES_PLAN: &str = include_str!("../../../pipelines/images.sql");
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct DemoArgs {
-    /// Rows in the generated dataset.
-    #[arg(long, default_value_t = 200_000)]
-    rows: usize,
+    /// Rows in the generated dataset [default: 200000, with --images 3000].
+    #[arg(long)]
+    rows: Option<usize>,
     /// Subscriber processes to start.
     #[arg(long, default_value_t = 4)]
     subscribers: usize,
-    /// Where the dataset lives (generated if absent).
-    #[arg(long, default_value = "data/demo")]
-    data: PathBuf,
-    /// The plan to run (written from the built-in demo plan if absent).
-    #[arg(long, default_value = "pipelines/demo.sql")]
-    plan: PathBuf,
+    /// Where the dataset lives (generated if absent) [default: data/demo, with --images data/images].
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// The plan to run (written from the built-in plan if absent) [default: pipelines/demo.sql, with --images pipelines/images.sql].
+    #[arg(long)]
+    plan: Option<PathBuf>,
+    /// Image classification instead: JPEGs of mixed sizes, decoded and augmented by the plan.
+    #[arg(long)]
+    images: bool,
     /// Only generate the dataset and the plan file, then exit.
     #[arg(long)]
     prepare_only: bool,
 }
 
+/// The demo's settings, defaults resolved.
+struct Demo {
+    rows: usize,
+    data: PathBuf,
+    plan: PathBuf,
+    plan_text: &'static str,
+    images: bool,
+    prepare_only: bool,
+    subscribers: usize,
+}
+
+impl From<DemoArgs> for Demo {
+    fn from(a: DemoArgs) -> Self {
+        let (rows, data, plan, plan_text) = if a.images {
+            (3_000, "data/images", "pipelines/images.sql", IMAGES_PLAN)
+        } else {
+            (200_000, "data/demo", "pipelines/demo.sql", DEMO_PLAN)
+        };
+        Demo {
+            rows: a.rows.unwrap_or(rows),
+            data: a.data.unwrap_or_else(|| data.into()),
+            plan: a.plan.unwrap_or_else(|| plan.into()),
+            plan_text,
+            images: a.images,
+            prepare_only: a.prepare_only,
+            subscribers: a.subscribers,
+        }
+    }
+}
+
 pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let args = Demo::from(args);
     if args.subscribers == 0 {
         bail!("--subscribers must be at least 1");
     }
@@ -62,7 +100,11 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
         epochs,
         args.subscribers
     );
-    let source = rt.block_on(plan.checksum())?;
+    // One checksum per epoch: random augmentations make every epoch's rows different.
+    let sources = (0..epochs)
+        .map(|e| rt.block_on(plan.checksum_epoch(e)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let source = &sources[0];
 
     let exe = std::env::current_exe().context("cannot find the sluice executable")?;
     let mut children = Vec::new();
@@ -88,9 +130,13 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
     for (i, child) in children.iter_mut().enumerate() {
         let report = collect(&mut child.0).with_context(|| format!("subscriber {i}"))?;
         let ok = report.epochs.len() as u64 == epochs
-            && report.epochs.iter().all(|(rows, sum, complete)| {
-                *complete && *rows == source.rows() && *sum == source.hex()
-            });
+            && report
+                .epochs
+                .iter()
+                .zip(&sources)
+                .all(|((rows, sum, complete), source)| {
+                    *complete && *rows == source.rows() && *sum == source.hex()
+                });
         all_ok &= ok;
         rows_out.push((i, report, ok));
     }
@@ -131,7 +177,8 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
         args.subscribers
     );
     println!(
-        "source checksum (DataFusion, one epoch): {} rows, {}",
+        "source checksum (DataFusion, epoch 0 of {}): {} rows, {}",
+        epochs,
         source.rows(),
         source.hex()
     );
@@ -186,12 +233,12 @@ fn collect(child: &mut Child) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-fn prepare(args: &DemoArgs) -> anyhow::Result<()> {
+fn prepare(args: &Demo) -> anyhow::Result<()> {
     if !args.plan.exists() {
         if let Some(dir) = args.plan.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        std::fs::write(&args.plan, DEMO_PLAN)
+        std::fs::write(&args.plan, args.plan_text)
             .with_context(|| format!("cannot write {}", args.plan.display()))?;
     }
     let marker = args.data.join(format!(".complete-{}", args.rows));
@@ -208,7 +255,11 @@ fn prepare(args: &DemoArgs) -> anyhow::Result<()> {
         args.rows,
         args.data.display()
     );
-    write_dataset(&args.data, args.rows)?;
+    if args.images {
+        write_images(&args.data, args.rows)?;
+    } else {
+        write_dataset(&args.data, args.rows)?;
+    }
     std::fs::write(marker, b"")?;
     Ok(())
 }
@@ -233,14 +284,84 @@ pub(crate) fn write_dataset(dir: &Path, rows: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// SplitMix64: deterministic and dependency-free.
+fn mix(x: i64) -> u64 {
+    let mut z = (x as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Writes `rows` deterministic JPEGs (48 to 127 pixels a side, a label from 0 to 9) as two
+/// Parquet files: columns `id`, `label`, `image` (the encoded bytes).
+pub(crate) fn write_images(dir: &Path, rows: usize) -> anyhow::Result<()> {
+    const FILES: usize = 2;
+    let per_file = rows.div_ceil(FILES);
+    let props = WriterProperties::builder()
+        .set_compression(Compression::UNCOMPRESSED)
+        .set_max_row_group_row_count(Some(500))
+        .build();
+    for f in 0..FILES {
+        let (start, end) = (
+            (f * per_file).min(rows) as i64,
+            ((f + 1) * per_file).min(rows) as i64,
+        );
+        let mut jpegs = Vec::with_capacity((end - start) as usize);
+        for i in start..end {
+            jpegs.push(demo_jpeg(i)?);
+        }
+        let batch = RecordBatch::try_from_iter([
+            (
+                "id",
+                Arc::new(Int64Array::from_iter_values(start..end)) as ArrayRef,
+            ),
+            (
+                "label",
+                Arc::new(Int32Array::from_iter_values(
+                    (start..end).map(|i| (mix(i) % 10) as i32),
+                )) as ArrayRef,
+            ),
+            (
+                "image",
+                Arc::new(BinaryArray::from_iter_values(jpegs.iter())) as ArrayRef,
+            ),
+        ])?;
+        let file = File::create(dir.join(format!("part-{f:02}.parquet")))?;
+        let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props.clone()))?;
+        writer.write(&batch)?;
+        writer.close()?;
+    }
+    Ok(())
+}
+
+/// One demo picture: a colour gradient, a disc and some noise, so JPEG has real work.
+fn demo_jpeg(i: i64) -> anyhow::Result<Vec<u8>> {
+    let h = mix(i);
+    let (w, ht) = (48 + (h % 80) as u32, 48 + ((h >> 8) % 80) as u32);
+    let (cx, cy, r) = (
+        (h >> 16) % w as u64,
+        (h >> 24) % ht as u64,
+        10 + (h >> 32) % 20,
+    );
+    let img = image::RgbImage::from_fn(w, ht, |x, y| {
+        let d2 = (x as i64 - cx as i64).pow(2) + (y as i64 - cy as i64).pow(2);
+        let noise = (mix(i * 1_000_003 + (y * w + x) as i64) % 24) as u8;
+        if d2 < (r * r) as i64 {
+            image::Rgb([220u8.saturating_sub(noise), 40 + noise, (h % 200) as u8])
+        } else {
+            image::Rgb([
+                ((x * 255) / w) as u8 ^ noise,
+                ((y * 255) / ht) as u8,
+                ((h >> 40) as u8).wrapping_add(noise),
+            ])
+        }
+    });
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Jpeg)?;
+    Ok(out.into_inner())
+}
+
 fn demo_batch(start: i64, end: i64) -> anyhow::Result<RecordBatch> {
-    // SplitMix64: deterministic and dependency-free.
-    let mix = |x: i64| {
-        let mut z = (x as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
     const WORDS: [&str; 8] = ["cat", "dog", "owl", "fox", "elk", "yak", "emu", "bee"];
     let ids = Int64Array::from_iter_values(start..end);
     let labels: Int32Array = (start..end)

@@ -18,6 +18,7 @@
 //! any DataFusion session.
 #![warn(missing_docs)]
 
+pub mod functions;
 mod options;
 mod split;
 
@@ -93,6 +94,7 @@ impl Plan {
             // `arrow.fixed_shape_tensor` reach subscribers with their shape.
             .set_bool("datafusion.execution.parquet.skip_metadata", false);
         let ctx = SessionContext::new_with_config(config);
+        functions::register(&ctx);
         let at = |line: u64, column: u64| Location {
             file: file.to_string(),
             line,
@@ -216,8 +218,26 @@ impl Plan {
 
     /// DataFusion's optimized physical plan for the query.
     pub async fn physical_plan(&self) -> Result<Arc<dyn ExecutionPlan>> {
-        self.ctx
-            .state()
+        self.physical_plan_for_epoch(0).await
+    }
+
+    /// The physical plan of one epoch: the random preprocessing functions
+    /// (`random_crop`, `random_flip`) draw from (`sluice.shuffle_seed`, `epoch`), which
+    /// reach them as a config extension ([`functions::FunctionContext`]) of the session
+    /// state the epoch is planned with.
+    async fn physical_plan_for_epoch(&self, epoch: u64) -> Result<Arc<dyn ExecutionPlan>> {
+        let mut state = self.ctx.state();
+        state
+            .config_mut()
+            .options_mut()
+            .extensions
+            .insert(functions::FunctionContext {
+                seed: self.options.shuffle_seed.unwrap_or(0),
+                epoch,
+            });
+        // The planner hands the config in the execution props to every scalar function.
+        state.mark_start_execution();
+        state
             .create_physical_plan(&self.query)
             .await
             .map_err(|e| SluiceError::Execution(df_message(e)))
@@ -258,7 +278,7 @@ impl Plan {
     /// permutation drawn from the seed and the epoch (the rows themselves are shuffled
     /// by the producer's shuffle buffer).
     pub async fn execute_epoch(&self, epoch: u64) -> Result<BatchStream> {
-        let physical = self.physical_plan().await?;
+        let physical = self.physical_plan_for_epoch(epoch).await?;
         let mut streams = execute_stream_partitioned(physical, self.ctx.task_ctx())
             .map_err(|e| SluiceError::Execution(df_message(e)))?;
         if let Some(seed) = self.options.shuffle_seed {
@@ -270,9 +290,15 @@ impl Plan {
         Ok(round_robin(streams))
     }
 
-    /// The order-independent checksum of one epoch, computed directly by DataFusion.
+    /// The order-independent checksum of epoch 0, computed directly by DataFusion.
     pub async fn checksum(&self) -> Result<Checksum> {
-        let mut stream = self.execute_epoch(0).await?;
+        self.checksum_epoch(0).await
+    }
+
+    /// The order-independent checksum of `epoch`, computed directly by DataFusion. Epochs
+    /// differ when the plan uses random preprocessing functions (`random_crop`, …).
+    pub async fn checksum_epoch(&self, epoch: u64) -> Result<Checksum> {
+        let mut stream = self.execute_epoch(epoch).await?;
         let mut checksum = Checksum::default();
         while let Some(batch) = stream.next().await {
             checksum.update(&batch?)?;

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""The image pipeline (pipelines/images.sql: decode JPEG, resize 72x72, random crop 64x64,
+random flip, normalize, CHW, one-hot label) in Sluice against Pillow + numpy doing the
+same work, measured in the same run.
+
+Usage (needs a `sluice` binary and a Python with pyarrow, numpy and Pillow):
+
+    cargo build --release -p sluice-cli
+    python3 benches/image_pipeline.py [--images 3000] [--trainers 4] [--epochs 2]
+
+1. Images/s per core: `sluice checksum` runs the plan once with one DataFusion partition
+   (its CPU-seconds include reading Parquet); one Python process does the same with
+   pyarrow + Pillow + numpy. Ratio: Sluice / Pillow.
+2. N trainers: one `sluice run` producer feeding N `sluice subscribe` processes (each
+   reads and checksums every byte of every batch) against N independent Python loaders
+   that decode and augment for themselves. Wall seconds and CPU-seconds of all processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LOADER = r"""
+import io, sys, numpy as np, pyarrow.parquet as pq, pyarrow.dataset as ds
+from PIL import Image
+path, epochs, seed = sys.argv[1], int(sys.argv[2]), 7
+mean = np.array([0.485, 0.456, 0.406], np.float32); std = np.array([0.229, 0.224, 0.225], np.float32)
+rows, total = 0, 0.0
+for epoch in range(epochs):
+    rng = np.random.default_rng(seed * 1000 + epoch)
+    for batch in ds.dataset(path, format="parquet").to_batches(columns=["id", "label", "image"], batch_size=128):
+        images = batch.column("image").to_pylist()
+        labels = batch.column("label").to_numpy()
+        out = np.empty((len(images), 3, 64, 64), np.float32)
+        for i, blob in enumerate(images):
+            img = Image.open(io.BytesIO(blob)).convert("RGB").resize((72, 72), Image.Resampling.BILINEAR)
+            a = np.asarray(img)
+            t, l = rng.integers(0, 9, size=2)
+            a = a[t:t + 64, l:l + 64]
+            if rng.random() < 0.5:
+                a = a[:, ::-1]
+            out[i] = ((a.astype(np.float32) / 255.0 - mean) / std).transpose(2, 0, 1)
+        target = np.eye(10, dtype=np.float32)[labels]
+        total += float(out.sum()) + float(target.sum())
+        rows += len(images)
+print(rows, total)
+"""
+
+
+def children_cpu() -> float:
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime
+
+
+def timed(cmds: list[list[str]], env: dict) -> tuple[float, float, list[str]]:
+    cpu0, t0 = children_cpu(), time.perf_counter()
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True, env=env) for c in cmds]
+    outs = [p.communicate(timeout=1200)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    return time.perf_counter() - t0, children_cpu() - cpu0, outs
+
+
+def plan_file(workdir: Path, data: Path, topic: str, epochs: int, partitions: int | None, subscribers: int) -> Path:
+    text = (ROOT / "pipelines" / "images.sql").read_text()
+    text = text.replace("'data/images/'", f"'{data}/'").replace("'images'", f"'{topic}'")
+    text = text.replace("SET sluice.epochs = 2;", f"SET sluice.epochs = {epochs};")
+    extra = f"SET sluice.max_subscribers = {max(subscribers, 1)};\n"
+    if partitions:
+        extra += f"SET datafusion.execution.target_partitions = {partitions};\n"
+    path = workdir / f"{topic}.sql"
+    path.write_text(extra + text)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sluice", type=Path, default=ROOT / "target" / "release" / "sluice")
+    parser.add_argument("--images", type=int, default=3000)
+    parser.add_argument("--trainers", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=2)
+    args = parser.parse_args()
+    sluice = str(args.sluice)
+    if not args.sluice.exists():
+        sys.exit(f"{sluice} is missing: run `cargo build --release -p sluice-cli` first")
+    ns = f"imgbench{os.getpid()}"
+    env = dict(os.environ, SLUICE_NAMESPACE=ns, SLUICE_LOG="warn")
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        data = workdir / "images"
+        subprocess.run(
+            [sluice, "demo", "--images", "--prepare-only", "--rows", str(args.images), "--data", str(data),
+             "--plan", str(workdir / "unused.sql")],
+            check=True, env=env,
+        )
+        # 1. Per core.
+        plan = plan_file(workdir, data, "percore", 1, 1, 1)
+        s_wall, s_cpu, _ = timed([[sluice, "checksum", str(plan)]], env)
+        p_wall, p_cpu, _ = timed([[sys.executable, "-c", LOADER, str(data), "1"]], env)
+        s_rate, p_rate = args.images / s_cpu, args.images / p_cpu
+        print(f"{args.images} JPEGs (48-127 px a side), decode, resize 72x72, random crop 64x64, flip, normalize, CHW\n")
+        print("| one core | CPU-s | images/s per core | vs Pillow + numpy |")
+        print("|---|---:|---:|---:|")
+        print(f"| Pillow + numpy (one Python process) | {p_cpu:.2f} | {p_rate:.0f} | 1.00 |")
+        print(f"| Sluice (`sluice checksum`, 1 partition) | {s_cpu:.2f} | {s_rate:.0f} | {s_rate / p_rate:.2f} |")
+        print()
+        # 2. N trainers.
+        n, epochs = args.trainers, args.epochs
+        plan = plan_file(workdir, data, "fanout", epochs, None, n)
+        subs = [[sluice, "subscribe", "fanout", "--json", "--timeout", "300"] for _ in range(n)]
+        producer = [sluice, "run", str(plan), "--quiet", "--min-subscribers", str(n), "--wait-timeout", "300"]
+        f_wall, f_cpu, outs = timed(subs + [producer], env)
+        rows = {int(__import__("json").loads(o.strip().splitlines()[-1])["rows"]) for o in outs[:n]}
+        assert rows == {args.images * epochs}, rows
+        l_wall, l_cpu, louts = timed([[sys.executable, "-c", LOADER, str(data), str(epochs)] for _ in range(n)], env)
+        assert {int(o.split()[0]) for o in louts} == {args.images * epochs}, louts
+        print(f"{n} trainers, {epochs} epochs of {args.images} images each\n")
+        print("| set-up | wall s | CPU-s (all processes) | wall vs loaders | CPU vs loaders |")
+        print("|---|---:|---:|---:|---:|")
+        print(f"| {n} independent Python loaders (Pillow + numpy) | {l_wall:.2f} | {l_cpu:.2f} | 1.00 | 1.00 |")
+        print(f"| Sluice: 1 producer + {n} subscribers | {f_wall:.2f} | {f_cpu:.2f} | {f_wall / l_wall:.2f} | {f_cpu / l_cpu:.2f} |")
+    for f in os.listdir("/dev/shm"):
+        if f.startswith(f"iox2_sluice_{ns}_"):
+            os.remove(f"/dev/shm/{f}")
+    subprocess.run(["rm", "-rf", f"/tmp/sluice-{ns}"], check=False)
+
+
+if __name__ == "__main__":
+    main()
