@@ -439,7 +439,6 @@ fn moments(seed: u64) -> sluice::core::shuffle::SplitMix64 {
 /// size) receive every epoch exactly once, with no duplicate and no missing row.
 /// Repeated with a fixed seed so that a failure reproduces.
 #[test]
-#[ignore = "known bug (issue 3): after a SIGKILL the resumed run's batches differ from the first run's, so the per-epoch checksum is off though the row count is right; run with --ignored to reproduce"]
 fn a_producer_killed_at_random_moments_resumes_without_duplicates_or_gaps() {
     let mut h = Harness::new();
     h.dataset(12_000);

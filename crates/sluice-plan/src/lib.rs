@@ -84,6 +84,11 @@ impl Plan {
             // partition reads a fixed set of files and row groups, so the order of rows
             // depends only on the plan.
             .set_bool("datafusion.optimizer.enable_round_robin_repartition", false)
+            // File scans would otherwise let an idle partition steal its siblings' files
+            // at run time, so which partition reads a file (and the order of batches)
+            // would depend on timing: a cold page cache alone changes it. A resumed
+            // run must publish the same batches at the same positions.
+            .set_bool("datafusion.execution.enable_file_stream_work_stealing", false)
             // Plain Utf8/Binary columns are what most Arrow consumers (numpy, older
             // pyarrow, many trainers) expect; plans can SET it back to true.
             .set_bool(
