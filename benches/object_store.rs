@@ -87,6 +87,10 @@ struct Pass {
 /// Runs one pass in a child process; its peak RSS comes from `wait4`.
 fn pass(sql: &str, env: &[(String, String)]) -> Pass {
     let exe = std::env::current_exe().expect("own path");
+    #[allow(
+        clippy::zombie_processes,
+        reason = "reaped by wait4 below, which also reports its peak RSS"
+    )]
     let child = Command::new(exe)
         .env("SLUICE_BENCH_CHILD_PLAN", sql)
         .envs(env.iter().map(|(k, v)| (k, v)))

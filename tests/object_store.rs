@@ -69,7 +69,17 @@ impl S3 {
 
     /// Uploads `files` (path in the bucket, bytes) over S3.
     fn put(&self, bucket: &str, files: &[(String, Vec<u8>)]) {
-        let store = AmazonS3Builder::new()
+        let store = self.client(bucket);
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        for (path, bytes) in files {
+            rt.block_on(store.put(&path.as_str().into(), bytes.clone().into()))
+                .unwrap_or_else(|e| panic!("cannot upload {path}: {e}"));
+        }
+    }
+
+    /// A client for `bucket` with the server's credentials.
+    fn client(&self, bucket: &str) -> object_store::aws::AmazonS3 {
+        AmazonS3Builder::new()
             .with_endpoint(&self.endpoint)
             .with_allow_http(true)
             .with_region("us-east-1")
@@ -77,12 +87,14 @@ impl S3 {
             .with_access_key_id(&self.access_key)
             .with_secret_access_key(&self.secret_key)
             .build()
-            .unwrap();
+            .unwrap()
+    }
+
+    /// Deletes an object over S3.
+    fn delete(&self, bucket: &str, path: &str) {
         let rt = tokio::runtime::Runtime::new().unwrap();
-        for (path, bytes) in files {
-            rt.block_on(store.put(&path.as_str().into(), bytes.clone().into()))
-                .unwrap_or_else(|e| panic!("cannot upload {path}: {e}"));
-        }
+        rt.block_on(self.client(bucket).delete(&path.into()))
+            .unwrap_or_else(|e| panic!("cannot delete {path}: {e}"));
     }
 
     /// Uploads every file of the local directory `dir` under `prefix/`.
@@ -350,6 +362,68 @@ fn store_failures_name_the_object_and_reach_subscribers() {
             }
             assert!(!got.stderr.contains(&secret), "{topic}: {}", got.stderr);
         }
+    }
+}
+
+/// An object that disappears while it is being streamed fails the run with an error
+/// naming it, and the subscribers receive that error instead of a short epoch.
+#[test]
+fn an_object_lost_mid_stream_fails_the_subscribers_with_its_name() {
+    let Some(s3) = S3::server("an_object_lost_mid_stream_fails_the_subscribers_with_its_name")
+    else {
+        return;
+    };
+    let mut h = Harness::new();
+    let data = h.dataset(200_000);
+    let bucket = s3.bucket();
+    s3.upload_dir(&bucket, &data, "train");
+    h.env = s3.env(&s3.secret_key);
+    // Two partitions, [part-00, part-01] and [part-02, part-03]; the producer runs at most
+    // a window ahead of a slow subscriber, so part-03 is still unread when it is deleted.
+    h.plan(
+        "p.sql",
+        &plan_sql(
+            "lost",
+            "SET datafusion.execution.target_partitions = 2; SET sluice.window = 2;",
+            &format!("s3://{bucket}/train/"),
+            "",
+        ),
+    );
+    let subs: Vec<_> = (0..2)
+        .map(|_| {
+            h.spawn(&[
+                "subscribe",
+                "lost",
+                "--json",
+                "--timeout",
+                "60",
+                "--delay-ms",
+                "5",
+            ])
+        })
+        .collect();
+    let producer = h.spawn(&[
+        "run",
+        "p.sql",
+        "--quiet",
+        "--min-subscribers",
+        "2",
+        "--wait-timeout",
+        "60",
+    ]);
+    h.wait_for_topic(LIMIT);
+    s3.delete(&bucket, "train/part-03.parquet");
+    let out = producer.wait(LIMIT);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("part-03.parquet"), "{}", out.stderr);
+    for sub in subs {
+        let got = sub.wait(LIMIT);
+        assert_eq!(got.status.code(), Some(3), "{}", got.stderr);
+        assert!(
+            got.stderr.contains("producer failed") && got.stderr.contains("part-03.parquet"),
+            "{}",
+            got.stderr
+        );
     }
 }
 
