@@ -14,8 +14,8 @@ echo "== Rust: format and lints"
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
 
-echo "== Rust: tests"
-cargo test --locked
+echo "== Rust: tests (with a real S3-compatible server on 127.0.0.1)"
+scripts/s3-server.sh cargo test --locked
 
 if [ -x scripts/test-python.sh ]; then
   echo "== Python: tests"

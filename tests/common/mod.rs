@@ -22,6 +22,8 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 pub struct Harness {
     pub ns: Namespace,
     pub dir: tempfile::TempDir,
+    /// Extra environment variables for every process (e.g. object-store credentials).
+    pub env: Vec<(String, String)>,
     procs: Vec<Arc<Mutex<Child>>>,
 }
 
@@ -122,6 +124,7 @@ impl Harness {
         Self {
             ns: Namespace::new(&name).unwrap(),
             dir: tempfile::tempdir().unwrap(),
+            env: Vec::new(),
             procs: Vec::new(),
         }
     }
@@ -136,6 +139,7 @@ impl Harness {
             .current_dir(self.dir.path())
             .env("SLUICE_NAMESPACE", self.ns.name())
             .env("SLUICE_LOG", "warn")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

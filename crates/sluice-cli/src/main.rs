@@ -50,6 +50,9 @@ enum Command {
         /// The checkpoint file (default: one per topic in the namespace's state directory).
         #[arg(long)]
         checkpoint: Option<PathBuf>,
+        /// Read only shard RANK of WORLD (overrides sluice.shard), e.g. 0/4 on the first of four nodes.
+        #[arg(long, value_name = "RANK/WORLD")]
+        shard: Option<String>,
         /// No progress bar.
         #[arg(long, short)]
         quiet: bool,
@@ -65,6 +68,9 @@ enum Command {
     Checksum {
         /// The plan file.
         plan: PathBuf,
+        /// Checksum only shard RANK of WORLD (overrides sluice.shard).
+        #[arg(long, value_name = "RANK/WORLD")]
+        shard: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -161,10 +167,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             topic,
             resume,
             checkpoint,
+            shard,
             quiet,
         } => {
             let rt = runtime()?;
-            let mut plan = rt.block_on(Plan::load(&plan))?;
+            let mut plan = load_for_run(&rt, &plan, &topic, min_subscribers, wait_timeout, linger)?;
+            set_shard(&mut plan, shard)?;
             if let Some(e) = epochs {
                 plan.options_mut().epochs = e;
             }
@@ -200,9 +208,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", rt.block_on(plan.explain())?);
             Ok(())
         }
-        Command::Checksum { plan, json } => {
+        Command::Checksum { plan, shard, json } => {
             let rt = runtime()?;
-            let plan = rt.block_on(Plan::load(&plan))?;
+            let mut plan = rt.block_on(Plan::load(&plan))?;
+            set_shard(&mut plan, shard)?;
             let sum = rt.block_on(plan.checksum())?;
             if json {
                 println!(
@@ -217,6 +226,51 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status(args) => status::run(args),
         Command::Demo(args) => demo::run(args),
     }
+}
+
+/// Loads the plan of `sluice run`. When an object store fails (missing bucket or
+/// object, refused credentials, corrupt object), the subscribers waiting for the plan's
+/// topic are told why, rather than left waiting for a topic that never comes.
+fn load_for_run(
+    rt: &tokio::runtime::Runtime,
+    path: &std::path::Path,
+    topic: &Option<String>,
+    min_subscribers: Option<usize>,
+    wait_timeout: Option<f64>,
+    linger: f64,
+) -> anyhow::Result<Plan> {
+    let error = match rt.block_on(Plan::load(path)) {
+        Ok(plan) => return Ok(plan),
+        Err(e @ SluiceError::Storage { .. }) => e,
+        Err(e) => return Err(e.into()),
+    };
+    let sql = std::fs::read_to_string(path).unwrap_or_default();
+    let mut declared = rt.block_on(Plan::declared_options(&sql));
+    if let Some(t) = topic {
+        declared.topic = t.clone();
+    }
+    let options = RunOptions {
+        min_subscribers,
+        subscriber_timeout: wait_timeout.map(Duration::from_secs_f64),
+        linger: Duration::from_secs_f64(linger),
+        stop: stop_flag(rt),
+        ..RunOptions::default()
+    };
+    if let Err(e) = Namespace::from_env()
+        .and_then(|ns| Producer::fail_before_start(&ns, &declared, &options, &error))
+    {
+        tracing::warn!("could not tell subscribers about the failure: {e}");
+    }
+    Err(error.into())
+}
+
+/// Applies `--shard RANK/WORLD`.
+fn set_shard(plan: &mut Plan, shard: Option<String>) -> anyhow::Result<()> {
+    if let Some(shard) = shard {
+        sluice::Shard::parse(&shard)?;
+        plan.options_mut().shard = shard;
+    }
+    Ok(())
 }
 
 pub(crate) fn run_producer(

@@ -38,6 +38,18 @@ pub enum SluiceError {
         /// What was wrong and what was expected.
         message: String,
     },
+    /// An object store (S3, GCS, Azure, HTTP, or local files behind a table) could not be
+    /// read: a missing bucket or object, refused credentials, a corrupt object, or
+    /// transient errors that outlasted the retries.
+    #[error("{location}: cannot read {url}: {message}")]
+    Storage {
+        /// The statement of the plan file that reads it.
+        location: Location,
+        /// The object or location (never with credentials).
+        url: String,
+        /// What went wrong and what to check.
+        message: String,
+    },
     /// A configuration value is invalid (outside a plan file, e.g. a CLI flag).
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -20,7 +20,9 @@
 
 pub mod functions;
 mod options;
+mod shard;
 mod split;
+mod store;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -40,9 +42,11 @@ use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 
 pub use options::SluiceOptions;
+pub use shard::Shard;
 use sluice_core::error::Location;
 use sluice_core::shuffle::{SplitMix64, epoch_seed};
 use sluice_core::{Checksum, Result, SluiceError};
+pub use store::StoreStats;
 
 /// A stream of record batches (one epoch of a plan).
 pub type BatchStream = BoxStream<'static, Result<RecordBatch>>;
@@ -56,6 +60,10 @@ pub struct Plan {
     ctx: SessionContext,
     options: SluiceOptions,
     query: LogicalPlan,
+    /// Keys and tokens of object stores, blanked out of every message.
+    secrets: store::Secrets,
+    /// Requests made through the plan's object stores (local files included).
+    counters: Arc<store::Counters>,
 }
 
 impl std::fmt::Debug for Plan {
@@ -76,8 +84,59 @@ impl Plan {
         Self::from_sql(&path.display().to_string(), &sql).await
     }
 
+    /// The `sluice.*` options that `sql` sets, read without planning its tables or its
+    /// query (statements that do not parse are skipped). A producer whose plan failed to
+    /// load uses them to find its topic and tell waiting subscribers why.
+    pub async fn declared_options(sql: &str) -> SluiceOptions {
+        let mut options = SluiceOptions::default();
+        let Ok(statements) = DFParser::parse_sql(sql) else {
+            return options;
+        };
+        let ctx = SessionContext::new_with_config(
+            SessionConfig::new().with_option_extension(SluiceOptions::default()),
+        );
+        for statement in statements {
+            let text = statement.to_string();
+            if !text.trim_start().to_ascii_uppercase().starts_with("SET ") {
+                continue;
+            }
+            if let Ok(LogicalPlan::Statement(PlanStatement::SetVariable(set))) =
+                ctx.state().statement_to_plan(statement).await
+                && let Some(key) = set.variable.to_ascii_lowercase().strip_prefix("sluice.")
+            {
+                let _ = options.set_checked(key, &set.value);
+            }
+        }
+        options
+    }
+
     /// Plans `sql`, reporting errors against the name `file`.
     pub async fn from_sql(file: &str, sql: &str) -> Result<Self> {
+        let mut secrets = store::Secrets::default();
+        store::env_secrets(&mut secrets);
+        // Secrets found in the file so far are blanked out of any error, whatever its source.
+        Self::plan_sql(file, sql, &mut secrets)
+            .await
+            .map_err(|e| match e {
+                SluiceError::Plan { location, message } => SluiceError::Plan {
+                    location,
+                    message: secrets.redact(&message),
+                },
+                SluiceError::Storage {
+                    location,
+                    url,
+                    message,
+                } => SluiceError::Storage {
+                    location,
+                    url: secrets.redact(&url),
+                    message: secrets.redact(&message),
+                },
+                SluiceError::Config(m) => SluiceError::Config(secrets.redact(&m)),
+                other => other,
+            })
+    }
+
+    async fn plan_sql(file: &str, sql: &str, secrets: &mut store::Secrets) -> Result<Self> {
         let config = SessionConfig::new()
             .with_option_extension(SluiceOptions::default())
             // Round-robin repartitioning interleaves batches by timing; without it, each
@@ -88,7 +147,10 @@ impl Plan {
             // at run time, so which partition reads a file (and the order of batches)
             // would depend on timing: a cold page cache alone changes it. A resumed
             // run must publish the same batches at the same positions.
-            .set_bool("datafusion.execution.enable_file_stream_work_stealing", false)
+            .set_bool(
+                "datafusion.execution.enable_file_stream_work_stealing",
+                false,
+            )
             // Plain Utf8/Binary columns are what most Arrow consumers (numpy, older
             // pyarrow, many trainers) expect; plans can SET it back to true.
             .set_bool(
@@ -100,6 +162,18 @@ impl Plan {
             .set_bool("datafusion.execution.parquet.skip_metadata", false);
         let ctx = SessionContext::new_with_config(config);
         functions::register(&ctx);
+        // Local files go through a counting store too, so that local and remote runs
+        // report their requests alike.
+        let counters = Arc::new(store::Counters::default());
+        if let Ok(file) = url::Url::parse("file://") {
+            ctx.register_object_store(
+                &file,
+                Arc::new(store::Counting::new(
+                    Arc::new(object_store::local::LocalFileSystem::new()),
+                    counters.clone(),
+                )),
+            );
+        }
         let at = |line: u64, column: u64| Location {
             file: file.to_string(),
             line,
@@ -147,10 +221,58 @@ impl Plan {
                             .map_err(|e| plan_err(here.clone(), e))?;
                     }
                 }
+                LogicalPlan::Ddl(DdlStatement::CreateExternalTable(create)) => {
+                    let mut create = create.clone();
+                    let store_options = store::take_store_options(&mut create.options, secrets);
+                    if let Some(definition) = &create.definition {
+                        create.definition = Some(secrets.redact(definition));
+                    }
+                    let retry = store::Retry {
+                        max_retries: options.store_retries,
+                        timeout: std::time::Duration::from_secs(options.store_retry_timeout_s),
+                    };
+                    let mut remote = false;
+                    for location in &create.locations {
+                        remote |= store::register(&ctx, location, &store_options, retry, &counters)
+                            .await
+                            .map_err(|e| SluiceError::Storage {
+                                location: here.clone(),
+                                url: secrets.redact(&e.url),
+                                message: secrets.redact(&e.message),
+                            })?;
+                    }
+                    let parquet = create.file_type.eq_ignore_ascii_case("parquet");
+                    let locations = create.locations.clone();
+                    let plan = LogicalPlan::Ddl(DdlStatement::CreateExternalTable(create));
+                    if let Err(message) = guarded(ctx.execute_logical_plan(plan)).await {
+                        let message = secrets.redact(&message);
+                        if parquet {
+                            for location in &locations {
+                                if let Some(bad) = store::find_corrupt_parquet(&ctx, location).await
+                                {
+                                    return Err(SluiceError::Storage {
+                                        location: here,
+                                        url: secrets.redact(&bad),
+                                        message: format!(
+                                            "not a Parquet file (no PAR1 footer); replace or remove \
+                                             the object ({message})"
+                                        ),
+                                    });
+                                }
+                            }
+                        }
+                        if remote {
+                            return Err(SluiceError::Storage {
+                                location: here,
+                                url: secrets.redact(&locations.join(", ")),
+                                message,
+                            });
+                        }
+                        return Err(plan_err(here, message));
+                    }
+                }
                 LogicalPlan::Ddl(
-                    DdlStatement::CreateExternalTable(_)
-                    | DdlStatement::CreateView(_)
-                    | DdlStatement::CreateMemoryTable(_),
+                    DdlStatement::CreateView(_) | DdlStatement::CreateMemoryTable(_),
                 ) => {
                     guarded(ctx.execute_logical_plan(plan))
                         .await
@@ -186,6 +308,8 @@ impl Plan {
             ctx,
             options,
             query,
+            secrets: secrets.clone(),
+            counters,
         })
     }
 
@@ -221,7 +345,8 @@ impl Plan {
         Arc::new(self.query.schema().as_arrow().clone())
     }
 
-    /// DataFusion's optimized physical plan for the query.
+    /// DataFusion's optimized physical plan for the query, restricted to this node's
+    /// shard (`sluice.shard`).
     pub async fn physical_plan(&self) -> Result<Arc<dyn ExecutionPlan>> {
         self.physical_plan_for_epoch(0).await
     }
@@ -242,10 +367,22 @@ impl Plan {
             });
         // The planner hands the config in the execution props to every scalar function.
         state.mark_start_execution();
-        state
+        let plan = state
             .create_physical_plan(&self.query)
             .await
-            .map_err(|e| SluiceError::Execution(df_message(e)))
+            .map_err(|e| SluiceError::Execution(self.redact(&df_message(e))))?;
+        shard::apply(plan, self.options.shard()?)
+    }
+
+    /// Requests and bytes read through the plan's object stores so far (local files
+    /// included), e.g. to check that a run reads each file about once.
+    pub fn store_stats(&self) -> StoreStats {
+        self.counters.snapshot()
+    }
+
+    /// `message` with every known store secret blanked out.
+    pub fn redact(&self, message: &str) -> String {
+        self.secrets.redact(message)
     }
 
     /// A human-readable account of the plan: options, schema and physical plan.
@@ -270,7 +407,7 @@ impl Plan {
         let physical = self.physical_plan().await?;
         let _ = writeln!(out, "\nphysical plan:");
         let _ = write!(out, "{}", displayable(physical.as_ref()).indent(true));
-        Ok(out)
+        Ok(self.redact(&out))
     }
 
     /// Runs the query once and returns its rows.
@@ -285,14 +422,22 @@ impl Plan {
     pub async fn execute_epoch(&self, epoch: u64) -> Result<BatchStream> {
         let physical = self.physical_plan_for_epoch(epoch).await?;
         let mut streams = execute_stream_partitioned(physical, self.ctx.task_ctx())
-            .map_err(|e| SluiceError::Execution(df_message(e)))?;
+            .map_err(|e| SluiceError::Execution(self.redact(&df_message(e))))?;
         if let Some(seed) = self.options.shuffle_seed {
             let mut rng = SplitMix64::new(epoch_seed(seed, epoch));
             for i in (1..streams.len()).rev() {
                 streams.swap(i, rng.below(i + 1));
             }
         }
-        Ok(round_robin(streams))
+        let secrets = self.secrets.clone();
+        Ok(round_robin(streams)
+            .map(move |item| {
+                item.map_err(|e| match e {
+                    SluiceError::Execution(m) => SluiceError::Execution(secrets.redact(&m)),
+                    other => other,
+                })
+            })
+            .boxed())
     }
 
     /// The order-independent checksum of epoch 0, computed directly by DataFusion.

@@ -28,6 +28,12 @@ extensions_options! {
         pub max_held: usize, default = 4
         /// 0: the slowest subscriber sets the pace. Otherwise the producer waits for no one: a subscriber this many batches behind misses batches (and is detached, unless it asked to skip).
         pub lag_limit: usize, default = 0
+        /// RANK/WORLD: read only shard RANK of WORLD (files and row groups split deterministically across nodes).
+        pub shard: String, default = "0/1".to_string()
+        /// Retries of a failed object-store request (timeouts, resets, 5xx, 429) before giving up; set before the tables.
+        pub store_retries: usize, default = 10
+        /// Seconds after which a failing object-store request is no longer retried; set before the tables.
+        pub store_retry_timeout_s: u64, default = 120
     }
 }
 
@@ -91,7 +97,13 @@ impl SluiceOptions {
                 self.min_subscribers, self.max_subscribers
             )));
         }
+        crate::shard::Shard::parse(&self.shard)?;
         Ok(())
+    }
+
+    /// The shard this node reads (`0/1`: everything).
+    pub fn shard(&self) -> Result<crate::shard::Shard> {
+        crate::shard::Shard::parse(&self.shard)
     }
 
     /// `(seed, buffer rows)` when shuffling is on.
@@ -161,5 +173,9 @@ mod tests {
         assert!(o.set_checked("min_subscribers", "99").is_err());
         let mut o = SluiceOptions::default();
         assert!(o.set_checked("topic", "a/b").is_err());
+        let mut o = SluiceOptions::default();
+        assert!(o.set_checked("shard", "3/3").is_err());
+        o.set_checked("shard", "2/3").unwrap();
+        assert_eq!(o.shard().unwrap().to_string(), "2/3");
     }
 }

@@ -45,7 +45,7 @@ mod subscriber;
 pub use checkpoint::Checkpoint;
 pub use producer::{Producer, Progress, RunOptions, RunStats};
 pub use sluice_core::{Checksum, Position, Result, SluiceError};
-pub use sluice_plan::{Plan, SluiceOptions};
+pub use sluice_plan::{Plan, Shard, SluiceOptions, StoreStats};
 pub use sluice_shm::Namespace;
 pub use subscriber::{EpochSummary, Event, Join, OnLag, SubscribeOptions, Subscriber, lies_within};
 

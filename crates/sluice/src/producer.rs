@@ -375,3 +375,44 @@ impl<'a> EpochSource<'a> {
         }
     }
 }
+
+impl Producer {
+    /// Tells the subscribers of a producer whose plan failed to load (say, a missing
+    /// bucket or refused credentials) why no data will come, instead of leaving them
+    /// waiting for a topic that never appears.
+    ///
+    /// `declared` are the options the plan file sets (see `Plan::declared_options`). The
+    /// topic is created without data; the error is published once `min_subscribers`
+    /// (from `options`, else the plan) are attached or `subscriber_timeout` (else
+    /// `linger`) has passed, then the producer lingers briefly while they read it.
+    pub fn fail_before_start(
+        namespace: &Namespace,
+        declared: &sluice_plan::SluiceOptions,
+        options: &RunOptions,
+        error: &SluiceError,
+    ) -> Result<()> {
+        let topic = declared.topic_name()?;
+        let message = error.to_string();
+        let config = TopicConfig {
+            topic,
+            window: declared.window.max(1),
+            max_subscribers: declared.max_subscribers.max(1),
+            max_held: declared.max_held.max(1),
+            lag_limit: None,
+            max_message_bytes: (message.len() + 256)
+                .max(MIN_MESSAGE_BYTES)
+                .next_multiple_of(wire::ALIGNMENT),
+        };
+        let mut publisher = TopicPublisher::create(namespace, config, options.stop.clone())?;
+        let min = options
+            .min_subscribers
+            .unwrap_or(declared.min_subscribers)
+            .max(1);
+        let wait = options.subscriber_timeout.unwrap_or(options.linger);
+        // Nobody attached in time: nobody to tell.
+        let _ = publisher.wait_for_subscribers(min, Some(wait), &options.stop);
+        publisher.publish_error(&message)?;
+        publisher.drain(options.linger.min(Duration::from_secs(2)));
+        Ok(())
+    }
+}

@@ -1,0 +1,627 @@
+//! Object stores for remote `LOCATION`s: `s3://`, `gs://`, `az://`, `http(s)://`.
+//!
+//! Before a `CREATE EXTERNAL TABLE` with a remote location runs, the store for its
+//! bucket (or host) is built from the standard environment variables (`AWS_*`,
+//! `GOOGLE_*`, `AZURE_*`, through object_store's `from_env`) and the table's
+//! `OPTIONS ('aws.<key>' '<value>', …)`, then registered on the session. The store keys
+//! are taken out of the table's options (DataFusion never sees them, so they cannot
+//! show up in its plans or messages), and every secret value is remembered so that
+//! Sluice can blank it out of any message it prints.
+//!
+//! The location is then probed (one `HEAD` or one `LIST` page) so that a missing
+//! bucket, a missing object or refused credentials are reported against the URL, with
+//! what to check, before DataFusion plans anything.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+use object_store::http::HttpBuilder;
+use object_store::path::Path as StorePath;
+use object_store::{
+    BackoffConfig, ClientConfigKey, CopyOptions, GetOptions, GetResult, ListResult,
+    MultipartUpload, ObjectMeta, ObjectStore, ObjectStoreExt, PutMultipartOptions, PutOptions,
+    PutPayload, PutResult, RetryConfig,
+};
+use url::Url;
+
+/// The families of remote stores Sluice configures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    Aws,
+    Gcp,
+    Azure,
+    Http,
+}
+
+impl Family {
+    fn of(scheme: &str) -> Option<Self> {
+        match scheme {
+            "s3" | "s3a" => Some(Self::Aws),
+            "gs" | "gcs" => Some(Self::Gcp),
+            "az" | "azure" | "abfs" | "abfss" | "adl" => Some(Self::Azure),
+            "http" | "https" => Some(Self::Http),
+            _ => None,
+        }
+    }
+
+    /// The prefix of this family's keys in `OPTIONS`.
+    fn prefix(self) -> &'static str {
+        match self {
+            Self::Aws => "aws",
+            Self::Gcp => "gcp",
+            Self::Azure => "azure",
+            Self::Http => "http",
+        }
+    }
+
+    /// The environment variables the family reads, for messages.
+    fn env_hint(self) -> &'static str {
+        match self {
+            Self::Aws => {
+                "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or OPTIONS 'aws.access_key_id', 'aws.secret_access_key')"
+            }
+            Self::Gcp => {
+                "GOOGLE_SERVICE_ACCOUNT / GOOGLE_SERVICE_ACCOUNT_KEY (or OPTIONS 'gcp.service_account_key')"
+            }
+            Self::Azure => {
+                "AZURE_STORAGE_ACCOUNT_NAME / AZURE_STORAGE_ACCOUNT_KEY (or OPTIONS 'azure.account_key')"
+            }
+            Self::Http => "the server's access rules",
+        }
+    }
+}
+
+/// The store prefixes recognised in table `OPTIONS`.
+const PREFIXES: [&str; 4] = ["aws.", "gcp.", "azure.", "http."];
+
+/// Retry policy for transient store errors (timeouts, connection resets, 5xx, 429).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Retry {
+    /// Retries of one request before giving up.
+    pub max_retries: usize,
+    /// Give up retrying a request after this long.
+    pub timeout: Duration,
+}
+
+impl Retry {
+    fn config(self) -> RetryConfig {
+        RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(15),
+                base: 2.0,
+            },
+            max_retries: self.max_retries,
+            retry_timeout: self.timeout,
+        }
+    }
+}
+
+/// Values that must never be printed (keys, tokens), collected from the environment
+/// and from table options.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Secrets(Vec<String>);
+
+impl Secrets {
+    fn add(&mut self, value: &str) {
+        // Very short values ("1", "true") are no secret and would blank out too much.
+        if value.len() >= 6 && !self.0.iter().any(|s| s == value) {
+            self.0.push(value.to_string());
+            // Longest first, so a secret containing another is blanked whole.
+            self.0.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        }
+    }
+
+    /// `message` with every known secret replaced by `***`.
+    pub fn redact(&self, message: &str) -> String {
+        let mut out = message.to_string();
+        for s in &self.0 {
+            if out.contains(s.as_str()) {
+                out = out.replace(s.as_str(), "***");
+            }
+        }
+        out
+    }
+}
+
+/// Whether an option or environment variable holds a secret.
+fn is_secret_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    ["secret", "token", "password", "sas", "credential"]
+        .iter()
+        .any(|w| key.contains(w))
+        || (key.contains("key") && !key.contains("key_id") && !key.ends_with("key_file"))
+}
+
+/// Adds the secret values of the store environment variables to `secrets`.
+pub(crate) fn env_secrets(secrets: &mut Secrets) {
+    for (k, v) in std::env::vars() {
+        let upper = k.to_ascii_uppercase();
+        if (upper.starts_with("AWS_")
+            || upper.starts_with("GOOGLE_")
+            || upper.starts_with("AZURE_"))
+            && is_secret_key(&upper)
+        {
+            secrets.add(&v);
+        }
+    }
+}
+
+/// Removes the store keys (`aws.*`, `gcp.*`, `azure.*`, `http.*`) from a table's
+/// options and returns them, recording secret values in `secrets`.
+pub(crate) fn take_store_options(
+    options: &mut HashMap<String, String>,
+    secrets: &mut Secrets,
+) -> Vec<(String, String)> {
+    let keys: Vec<String> = options
+        .keys()
+        .filter(|k| {
+            let k = k.to_ascii_lowercase();
+            PREFIXES.iter().any(|p| k.starts_with(p))
+        })
+        .cloned()
+        .collect();
+    let mut taken: Vec<(String, String)> = keys
+        .into_iter()
+        .filter_map(|k| options.remove_entry(&k))
+        .map(|(k, v)| (k.to_ascii_lowercase(), v))
+        .collect();
+    taken.sort();
+    for (k, v) in &taken {
+        if is_secret_key(k) {
+            secrets.add(v);
+        }
+    }
+    taken
+}
+
+/// The remote locations among `locations`, with their family.
+fn remote(location: &str) -> Option<(Url, Family)> {
+    let url = Url::parse(location).ok()?;
+    let family = Family::of(url.scheme())?;
+    Some((url, family))
+}
+
+/// Builds and registers the object store for `location` (when it is remote), then
+/// probes the location. Returns `Ok(false)` for local locations.
+pub(crate) async fn register(
+    ctx: &datafusion::prelude::SessionContext,
+    location: &str,
+    store_options: &[(String, String)],
+    retry: Retry,
+    counters: &Arc<Counters>,
+) -> Result<bool, StoreError> {
+    let Some((url, family)) = remote(location) else {
+        if let Some((key, _)) = store_options.first() {
+            return Err(StoreError::config(
+                location,
+                format!(
+                    "option '{key}' configures an object store, but '{location}' is not an \
+                     s3://, gs://, az:// or http(s):// location"
+                ),
+            ));
+        }
+        return Ok(false);
+    };
+    let host = url.host_str().unwrap_or_default();
+    if host.is_empty() {
+        return Err(StoreError::config(
+            location,
+            format!(
+                "'{location}' names no {}; write {}://<bucket>/<path>",
+                if family == Family::Http {
+                    "host"
+                } else {
+                    "bucket"
+                },
+                url.scheme()
+            ),
+        ));
+    }
+    let mut keys = Vec::new();
+    for (key, value) in store_options {
+        let Some(name) = key
+            .strip_prefix(family.prefix())
+            .and_then(|k| k.strip_prefix('.'))
+        else {
+            return Err(StoreError::config(
+                location,
+                format!(
+                    "option '{key}' does not apply to a {}:// location; its options start with '{}.'",
+                    url.scheme(),
+                    family.prefix()
+                ),
+            ));
+        };
+        keys.push((name.to_string(), value.clone()));
+    }
+    let store =
+        build(&url, family, &keys, retry.config()).map_err(|e| StoreError::config(location, e))?;
+    let store: Arc<dyn ObjectStore> = Arc::new(Counting::new(store, counters.clone()));
+    let base = store_base(&url);
+    ctx.register_object_store(&base, store.clone());
+    probe(store.as_ref(), &url, family).await?;
+    Ok(true)
+}
+
+/// `scheme://host[:port]`: the URL DataFusion looks stores up by.
+fn store_base(url: &Url) -> Url {
+    let mut base = url.clone();
+    base.set_path("");
+    base.set_query(None);
+    base.set_fragment(None);
+    base
+}
+
+fn unknown_key(family: Family, key: &str, valid: &str) -> String {
+    format!(
+        "unknown option '{}.{key}'; valid keys include: {valid} (see object_store's {} for all)",
+        family.prefix(),
+        match family {
+            Family::Aws => "AmazonS3ConfigKey",
+            Family::Gcp => "GoogleConfigKey",
+            Family::Azure => "AzureConfigKey",
+            Family::Http => "ClientConfigKey",
+        }
+    )
+}
+
+fn build(
+    url: &Url,
+    family: Family,
+    keys: &[(String, String)],
+    retry: RetryConfig,
+) -> Result<Arc<dyn ObjectStore>, String> {
+    let message = |e: object_store::Error| e.to_string();
+    let store: Arc<dyn ObjectStore> = match family {
+        Family::Aws => {
+            let mut b = AmazonS3Builder::from_env().with_url(url.as_str());
+            for (k, v) in keys {
+                let key = AmazonS3ConfigKey::from_str(k).map_err(|_| {
+                    unknown_key(
+                        family,
+                        k,
+                        "access_key_id, secret_access_key, session_token, region, endpoint, \
+                         allow_http, virtual_hosted_style_request, skip_signature",
+                    )
+                })?;
+                b = b.with_config(key, v);
+            }
+            Arc::new(b.with_retry(retry).build().map_err(message)?)
+        }
+        Family::Gcp => {
+            let mut b = GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
+            for (k, v) in keys {
+                let key = GoogleConfigKey::from_str(k).map_err(|_| {
+                    unknown_key(
+                        family,
+                        k,
+                        "service_account, service_account_key, application_credentials",
+                    )
+                })?;
+                b = b.with_config(key, v);
+            }
+            Arc::new(b.with_retry(retry).build().map_err(message)?)
+        }
+        Family::Azure => {
+            let mut b = MicrosoftAzureBuilder::from_env().with_url(url.as_str());
+            for (k, v) in keys {
+                let key = AzureConfigKey::from_str(k).map_err(|_| {
+                    unknown_key(
+                        family,
+                        k,
+                        "account_name, account_key, client_id, client_secret, tenant_id, \
+                         sas_key, endpoint, use_emulator",
+                    )
+                })?;
+                b = b.with_config(key, v);
+            }
+            Arc::new(b.with_retry(retry).build().map_err(message)?)
+        }
+        Family::Http => {
+            let mut b = HttpBuilder::new().with_url(store_base(url).as_str());
+            if url.scheme() == "http" {
+                b = b.with_config(ClientConfigKey::AllowHttp, "true");
+            }
+            for (k, v) in keys {
+                let key = ClientConfigKey::from_str(k).map_err(|_| {
+                    unknown_key(
+                        family,
+                        k,
+                        "allow_http, allow_invalid_certificates, timeout, connect_timeout, user_agent",
+                    )
+                })?;
+                b = b.with_config(key, v);
+            }
+            Arc::new(b.with_retry(retry).build().map_err(message)?)
+        }
+    };
+    Ok(store)
+}
+
+/// Checks that the location exists and can be read: one `HEAD` for an object, one
+/// `LIST` page for a prefix (a location ending in `/`, or one that is no object).
+async fn probe(store: &dyn ObjectStore, url: &Url, family: Family) -> Result<(), StoreError> {
+    let path = StorePath::from_url_path(url.path())
+        .map_err(|e| StoreError::config(url.as_str(), e.to_string()))?;
+    if !url.path().ends_with('/') && !path.as_ref().is_empty() {
+        match store.head(&path).await {
+            Ok(_) => return Ok(()),
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(StoreError::from_store(url.as_str(), family, e)),
+        }
+    }
+    // HTTP servers generally cannot list.
+    if family == Family::Http {
+        return Err(StoreError {
+            url: url.to_string(),
+            message: "no such object (404); check the URL".into(),
+        });
+    }
+    let prefix = (!path.as_ref().is_empty()).then_some(&path);
+    match store.list(prefix).next().await {
+        Some(Ok(_)) => Ok(()),
+        Some(Err(e)) => Err(StoreError::from_store(url.as_str(), family, e)),
+        None => Err(StoreError {
+            url: url.to_string(),
+            message: "no such object, and no objects under this prefix; check the bucket and \
+                      the path"
+                .into(),
+        }),
+    }
+}
+
+/// A store failure against a URL, with what to check.
+#[derive(Debug)]
+pub(crate) struct StoreError {
+    pub url: String,
+    pub message: String,
+}
+
+impl StoreError {
+    fn config(url: &str, message: impl Into<String>) -> Self {
+        Self {
+            url: url.to_string(),
+            message: message.into(),
+        }
+    }
+
+    fn from_store(url: &str, family: Family, e: object_store::Error) -> Self {
+        let message = match classify(&e) {
+            Kind::NotFound => {
+                format!("not found (check that the bucket and the object exist): {e}")
+            }
+            Kind::Denied => format!(
+                "access denied (check the credentials: {}): {e}",
+                family.env_hint()
+            ),
+            Kind::Other => format!("cannot read (retried transient errors before giving up): {e}"),
+        };
+        Self {
+            url: url.to_string(),
+            message,
+        }
+    }
+}
+
+/// What a store error means for the user.
+#[derive(Debug, PartialEq, Eq)]
+enum Kind {
+    NotFound,
+    Denied,
+    Other,
+}
+
+/// Classifies a store error. object_store types some failures (`NotFound`,
+/// `PermissionDenied`, …) but reports others, such as a refused `LIST`, as `Generic`
+/// with the HTTP status in the message, so the message is read as well.
+fn classify(e: &object_store::Error) -> Kind {
+    match e {
+        object_store::Error::NotFound { .. } => return Kind::NotFound,
+        object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. } => return Kind::Denied,
+        _ => {}
+    }
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    const DENIED: [&str; 6] = [
+        "403 Forbidden",
+        "401 Unauthorized",
+        "AccessDenied",
+        "SignatureDoesNotMatch",
+        "InvalidAccessKeyId",
+        "AuthorizationHeaderMalformed",
+    ];
+    const NOT_FOUND: [&str; 3] = ["404 Not Found", "NoSuchBucket", "NoSuchKey"];
+    if DENIED.iter().any(|d| text.contains(d)) {
+        Kind::Denied
+    } else if NOT_FOUND.iter().any(|d| text.contains(d)) {
+        Kind::NotFound
+    } else {
+        Kind::Other
+    }
+}
+
+/// Looks for the first object under a Parquet location whose footer is not Parquet,
+/// to name it when DataFusion could not read the table. Costs one `LIST` and one small
+/// ranged `GET` per object, only after a failure.
+pub(crate) async fn find_corrupt_parquet(
+    ctx: &datafusion::prelude::SessionContext,
+    location: &str,
+) -> Option<String> {
+    let table_url = datafusion::datasource::listing::ListingTableUrl::parse(location).ok()?;
+    let store = ctx
+        .runtime_env()
+        .object_store(table_url.object_store())
+        .ok()?;
+    let prefix = table_url.prefix().clone();
+    let mut objects = store.list(Some(&prefix));
+    while let Some(Ok(meta)) = objects.next().await {
+        if !meta.location.as_ref().ends_with(".parquet") && !location.ends_with(".parquet") {
+            continue;
+        }
+        let size = meta.size;
+        let bad = if size < 12 {
+            true
+        } else {
+            match store.get_range(&meta.location, size - 8..size).await {
+                Ok(tail) => &tail[4..8] != b"PAR1",
+                Err(_) => false,
+            }
+        };
+        if bad {
+            let base = table_url.object_store();
+            return Some(format!("{}{}", base.as_str(), meta.location.as_ref()));
+        }
+    }
+    None
+}
+
+/// Requests and bytes read through the object stores of one plan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// `GET` requests (whole objects or byte ranges).
+    pub gets: u64,
+    /// `HEAD` requests.
+    pub heads: u64,
+    /// `LIST` calls (one per listing, whatever its number of pages).
+    pub lists: u64,
+    /// Bytes returned by `GET` requests.
+    pub bytes: u64,
+}
+
+/// Counters shared by the counting stores of a plan.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    gets: AtomicU64,
+    heads: AtomicU64,
+    lists: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Counters {
+    pub fn snapshot(&self) -> StoreStats {
+        StoreStats {
+            gets: self.gets.load(Ordering::Relaxed),
+            heads: self.heads.load(Ordering::Relaxed),
+            lists: self.lists.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// An object store that counts the requests made through it (for `sluice run`'s
+/// summary and the benchmarks), and otherwise passes everything on.
+#[derive(Debug)]
+pub(crate) struct Counting {
+    inner: Arc<dyn ObjectStore>,
+    counters: Arc<Counters>,
+}
+
+impl Counting {
+    pub fn new(inner: Arc<dyn ObjectStore>, counters: Arc<Counters>) -> Self {
+        Self { inner, counters }
+    }
+}
+
+impl std::fmt::Display for Counting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Counting({})", self.inner)
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for Counting {
+    async fn put_opts(
+        &self,
+        location: &StorePath,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &StorePath,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &StorePath,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        let head = options.head;
+        let result = self.inner.get_opts(location, options).await;
+        if head {
+            self.counters.heads.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.counters.gets.fetch_add(1, Ordering::Relaxed);
+            if let Ok(r) = &result {
+                self.counters
+                    .bytes
+                    .fetch_add(r.range.end - r.range.start, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
+    // `get_ranges` is left to the trait's default, which coalesces nearby ranges and
+    // sends each through `get_opts` above, so that every request is counted.
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<StorePath>>,
+    ) -> BoxStream<'static, object_store::Result<StorePath>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&StorePath>,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.counters.lists.fetch_add(1, Ordering::Relaxed);
+        self.inner.list(prefix)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&StorePath>,
+        offset: &StorePath,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.counters.lists.fetch_add(1, Ordering::Relaxed);
+        self.inner.list_with_offset(prefix, offset)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&StorePath>,
+    ) -> object_store::Result<ListResult> {
+        self.counters.lists.fetch_add(1, Ordering::Relaxed);
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &StorePath,
+        to: &StorePath,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
