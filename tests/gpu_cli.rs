@@ -1,7 +1,6 @@
 //! `sluice.device` at the command line: CPU plans are unchanged, and a GPU plan on a
 //! machine without a CUDA driver fails at `sluice run` with a clear error.
 
-#[allow(dead_code)]
 mod common;
 
 use common::Harness;
