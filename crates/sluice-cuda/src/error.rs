@@ -33,8 +33,7 @@ pub enum CudaError {
     },
     /// A batch does not fit the device slots sized when the topic was created.
     #[error(
-        "a batch needs {needed} bytes on the device but slots hold {slot_bytes}; raise sluice.batch_rows' \
-         size estimate or lower sluice.batch_rows"
+        "a batch needs {needed} bytes on the device but a slot holds {slot_bytes}; lower sluice.batch_rows"
     )]
     SlotTooSmall {
         /// Bytes the batch needs.
