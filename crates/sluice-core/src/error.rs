@@ -123,6 +123,10 @@ pub enum SluiceError {
     /// A second producer tried to publish on a topic that already has one.
     #[error("topic '{0}' already has a producer; stop it first or choose another sluice.topic")]
     TopicBusy(String),
+    /// The GPU path failed: no CUDA driver, a CUDA call that failed, or a device
+    /// descriptor that is malformed.
+    #[error("{0}")]
+    Device(String),
     /// An Arrow operation failed.
     #[error("arrow: {0}")]
     Arrow(#[from] arrow::error::ArrowError),

@@ -17,10 +17,12 @@
 //! * [`frame`] names the kinds of message that travel on a topic.
 //! * [`position`] is where a stream is, and how a subscriber joins a restarted
 //!   producer's stream onto what it already received (no duplicates, no gaps).
+//! * [`device`] names where batches are materialized (CPU shared memory or a GPU).
 //! * [`error`] is the one error type of Sluice.
 #![warn(missing_docs)]
 
 pub mod checksum;
+pub mod device;
 pub mod error;
 pub mod frame;
 pub mod position;
@@ -30,6 +32,7 @@ pub mod shuffle;
 pub mod wire;
 
 pub use checksum::Checksum;
+pub use device::DeviceSpec;
 pub use error::{Result, SluiceError};
 pub use frame::{FrameKind, TopicName};
 pub use position::{Position, Resume, Verdict};

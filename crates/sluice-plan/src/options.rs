@@ -3,7 +3,7 @@
 use datafusion::common::config::{ConfigEntry, ConfigExtension, ExtensionOptions};
 use datafusion::common::extensions_options;
 
-use sluice_core::{Result, SluiceError, TopicName};
+use sluice_core::{DeviceSpec, Result, SluiceError, TopicName};
 
 extensions_options! {
     /// Options a plan file sets with `SET sluice.<name> = <value>`.
@@ -34,6 +34,8 @@ extensions_options! {
         pub store_retries: usize, default = 10
         /// Seconds after which a failing object-store request is no longer retried; set before the tables.
         pub store_retry_timeout_s: u64, default = 120
+        /// Where batches are materialized: 'cpu' (shared memory), 'cuda:N' (device slots on GPU N, shared over CUDA IPC) or 'cuda_host:N' (pinned shared memory; each subscriber copies to GPU N itself).
+        pub device: String, default = "cpu".to_string()
     }
 }
 
@@ -73,6 +75,7 @@ impl SluiceOptions {
     /// Checks the values together.
     pub fn validate(&self) -> Result<()> {
         TopicName::new(self.topic.clone())?;
+        self.device()?;
         for (name, value) in [
             ("batch_rows", self.batch_rows),
             ("window", self.window),
@@ -114,6 +117,13 @@ impl SluiceOptions {
     /// The validated topic name.
     pub fn topic_name(&self) -> Result<TopicName> {
         TopicName::new(self.topic.clone())
+    }
+
+    /// The validated `sluice.device`.
+    pub fn device(&self) -> Result<DeviceSpec> {
+        self.device
+            .parse()
+            .map_err(|e| SluiceError::Config(format!("sluice.device: {e}")))
     }
 
     /// `(key, value)` pairs of every option, for `sluice explain`.
@@ -177,5 +187,20 @@ mod tests {
         assert!(o.set_checked("shard", "3/3").is_err());
         o.set_checked("shard", "2/3").unwrap();
         assert_eq!(o.shard().unwrap().to_string(), "2/3");
+    }
+
+    #[test]
+    fn device_defaults_to_cpu_and_accepts_cuda_ordinals() {
+        let mut o = SluiceOptions::default();
+        assert_eq!(o.device().unwrap(), DeviceSpec::Cpu);
+        o.set_checked("device", "cuda:1").unwrap();
+        assert_eq!(o.device().unwrap(), DeviceSpec::Cuda(1));
+        o.set_checked("device", "cuda_host:0").unwrap();
+        assert_eq!(o.device().unwrap(), DeviceSpec::CudaHost(0));
+        let err = o.set_checked("device", "gpu0").unwrap_err().to_string();
+        assert!(
+            err.contains("sluice.device") && err.contains("'cuda:N'"),
+            "{err}"
+        );
     }
 }

@@ -117,6 +117,7 @@ impl Producer {
     ) -> Result<RunStats> {
         let opts = self.plan.options().clone();
         opts.validate()?;
+        crate::gpu::check_device(opts.device()?)?;
         let topic = opts.topic_name()?;
         let fingerprint = format!(
             "{:016x}",
