@@ -8,6 +8,7 @@ absolute difference below 1.5 levels; normalize within 1e-5.
 
 from __future__ import annotations
 
+import contextlib
 import io
 from pathlib import Path
 
@@ -62,13 +63,16 @@ def write_plan(tmp_path: Path, topic: str, data: Path, select: str, sets: str = 
 
 def run_epochs(tmp_path: Path, topic: str, data: Path, select: str, sets: str = "") -> list[pa.Table]:
     """Runs the plan through a real producer and one subscriber: one table per epoch, by id."""
-    producer = sluice.Producer(write_plan(tmp_path, topic, data, select, sets), min_subscribers=1)
     epochs = []
-    with sluice.subscribe(topic, timeout=60) as sub:
-        for epoch in sub.epochs():
-            batches = [pa.record_batch(b) for b in epoch]
-            epochs.append(pa.Table.from_batches(batches).combine_chunks().sort_by("id"))
-    producer.wait(timeout=60)
+    with sluice.Producer(write_plan(tmp_path, topic, data, select, sets), min_subscribers=1) as producer:
+        with sluice.subscribe(topic, timeout=60) as sub:
+            for epoch in sub.epochs():
+                batches = [pa.record_batch(b) for b in epoch]
+                # sort_by copies out of shared memory; the views go before the next epoch
+                # (a subscriber may hold only sluice.max_held batches at once).
+                epochs.append(pa.Table.from_batches(batches).combine_chunks().sort_by("id"))
+                del batches
+        producer.wait(timeout=60)
     return epochs
 
 
@@ -165,12 +169,17 @@ def test_an_undecodable_image_fails_the_producer_naming_function_and_row(tmp_pat
     data = bad_image_table(tmp_path)
     plan = write_plan(tmp_path, topic, data, "SELECT id, decode_image(image) AS img FROM t")
     producer = sluice.Producer(plan, min_subscribers=1)
-    with sluice.subscribe(topic, timeout=60) as sub:
-        with pytest.raises(sluice.ProducerFailed, match=r"decode_image: row 1 of a batch of 3: cannot decode"):
-            for batch in sub:
-                del batch
-    with pytest.raises(sluice.SluiceError, match="try_decode_image"):
-        producer.wait(timeout=60)
+    try:
+        with sluice.subscribe(topic, timeout=60) as sub:
+            with pytest.raises(sluice.ProducerFailed, match=r"decode_image: row 1 of a batch of 3: cannot decode"):
+                for batch in sub:
+                    del batch
+        with pytest.raises(sluice.SluiceError, match="try_decode_image"):
+            producer.wait(timeout=60)
+    finally:
+        # close() raises the run's error again; it is the one checked above.
+        with contextlib.suppress(sluice.SluiceError):
+            producer.close()
 
 
 def test_try_decode_image_gives_null_for_an_undecodable_image(tmp_path, topic, ns):

@@ -213,10 +213,17 @@ impl Producer {
         };
 
         let result = (|| -> Result<RunStats> {
+            let min = options.min_subscribers.unwrap_or(opts.min_subscribers);
             if let Some(e) = first_error.take() {
+                // The subscribers this run waits for must hear why no data comes, not
+                // time out on a topic that came and went before they attached; the wait
+                // is bounded, since a failed run has nothing to wait for otherwise.
+                if min > 0 {
+                    let wait = options.subscriber_timeout.unwrap_or(options.linger);
+                    let _ = publisher.wait_for_subscribers(min, Some(wait), &options.stop);
+                }
                 return Err(e);
             }
-            let min = options.min_subscribers.unwrap_or(opts.min_subscribers);
             report("waiting", &publisher, &progress, start_at.index, true);
             publisher.wait_for_subscribers(min, options.subscriber_timeout, &options.stop)?;
             let start = Instant::now();
