@@ -306,6 +306,48 @@ fn one_producer_per_topic_and_a_dead_ones_topic_is_reclaimed() {
     assert!(out.status.success(), "{}", out.stderr);
 }
 
+/// A process killed while its node was being removed (at its own exit, or by a process
+/// reclaiming it) leaves a dead node without its details file, which iceoryx2 alone
+/// never cleans in a namespace of ours; the next reclaim removes it.
+#[test]
+fn a_dead_node_without_details_is_reclaimed() {
+    let mut h = Harness::new();
+    // A subscriber waiting for a topic: a node without ports, for as long as it waits.
+    let sub = h.spawn(&["subscribe", "nobody", "--timeout", "60"]);
+    let start = Instant::now();
+    let file = loop {
+        let files = h.ns.leftovers();
+        let named = |end: &str| files.iter().find(|p| p.to_string_lossy().ends_with(end));
+        if let (Some(f), Some(_)) = (named("node.details"), named(".node_monitor_owner_lock")) {
+            break f.clone();
+        }
+        assert!(start.elapsed() < LIMIT, "the subscriber created no node");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // Let the node's creation finish (a node killed while being created is another matter).
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::remove_file(&file).unwrap();
+    sub.kill9();
+    sub.wait(LIMIT);
+    assert!(!h.ns.leftovers().is_empty());
+    assert_eq!(h.ns.reclaim_dead(), 1, "{:?}", h.ns.leftovers());
+    assert_eq!(h.ns.leftovers(), Vec::<std::path::PathBuf>::new());
+
+    // What a process killed while reclaiming a dead node was seen to leave: a listener's
+    // files with no port tag. They go at the next reclaim.
+    let prefix = h.ns.shm_prefix();
+    let orphans = [
+        std::path::Path::new("/dev/shm")
+            .join(format!("{prefix}33c1ac61b54bf6edd0a0a8390f0c2fd7cf74d745_396140959631824222114841390491.event_mgmt")),
+        h.ns.root().join(format!("{prefix}396140959631824222114841390491.event")),
+    ];
+    for o in &orphans {
+        std::fs::write(o, b"").unwrap();
+    }
+    h.ns.reclaim_dead();
+    assert_eq!(h.ns.leftovers(), Vec::<std::path::PathBuf>::new());
+}
+
 /// A subscriber killed with SIGKILL mid-stream does not hold the others hostage: they
 /// receive every epoch whole, and the longest wait between two of their batches (the
 /// stall) is reported.

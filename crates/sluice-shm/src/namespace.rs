@@ -4,6 +4,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use iceoryx2::config::Config;
+use iceoryx2::node::NodeView;
 use iceoryx2::prelude::Path as IoxPath;
 use iceoryx2::prelude::{CallbackProgression, Node};
 use iceoryx2::prelude::{FileName, NodeBuilder, NodeState, SemanticString, SignalHandlingMode};
@@ -175,15 +176,115 @@ impl Namespace {
     /// and subscribers). Returns how many dead nodes were cleaned.
     pub fn reclaim_dead(&self) -> usize {
         let mut cleaned = 0;
+        let mut orphans = Vec::new();
         let _ = Node::<Ipc>::list(&self.config, |state| {
-            if let NodeState::Dead(view) = state
-                && view.try_remove_stale_resources().is_ok()
-            {
-                cleaned += 1;
+            if let NodeState::Dead(view) = state {
+                if view.details().is_none() {
+                    orphans.push(view.id().to_string());
+                } else if view.try_remove_stale_resources().is_ok() {
+                    cleaned += 1;
+                }
             }
             CallbackProgression::Continue
         });
+        for id in orphans {
+            if self.remove_orphan_node(&id) {
+                cleaned += 1;
+            }
+        }
+        self.sweep_orphan_listeners();
+        // A process killed between creating the node counter and narrowing it.
+        self.narrow_global_segment();
         cleaned
+    }
+
+    /// Removes event-listener files that no port tag accounts for.
+    ///
+    /// iceoryx2 creates a listener's port tag before its files and removes it after them,
+    /// so a listener file whose id is in no node's port tags belongs to no port: a process
+    /// killed while it reclaimed a dead node was seen to leave such files. Candidates are
+    /// listed before the tags, so a listener created meanwhile is never taken for one.
+    fn sweep_orphan_listeners(&self) -> usize {
+        let prefix = self.shm_prefix();
+        // `<prefix>[<service hash>_]<listener id>.<suffix>`: the id is the last number.
+        let listener_id = |path: &Path, suffix: &str| -> Option<String> {
+            let name = path.file_name()?.to_str()?;
+            let stem = name.strip_prefix(&prefix)?.strip_suffix(suffix)?;
+            let id = stem.rsplit('_').next()?;
+            (!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())).then(|| id.to_string())
+        };
+        let mut candidates: Vec<(PathBuf, String)> = Vec::new();
+        for path in self.files_in(Path::new(SHM_DIR)) {
+            if let Some(id) = listener_id(&path, ".event_mgmt") {
+                candidates.push((path, id));
+            }
+        }
+        for path in self.files_in(&self.root()) {
+            if let Some(id) = listener_id(&path, ".event") {
+                candidates.push((path, id));
+            }
+        }
+        if candidates.is_empty() {
+            return 0;
+        }
+        let nodes = self
+            .root()
+            .join(self.config.global.node.directory.to_string());
+        let mut tagged = std::collections::HashSet::new();
+        for dir in std::fs::read_dir(&nodes).into_iter().flatten().flatten() {
+            for tag in std::fs::read_dir(dir.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                if let Some(id) = listener_id(&tag.path(), ".port_tag") {
+                    tagged.insert(id);
+                }
+            }
+        }
+        let mut removed = 0;
+        for (path, id) in candidates {
+            if !tagged.contains(&id) && std::fs::remove_file(&path).is_ok() {
+                tracing::debug!(file = %path.display(), "removed an orphaned listener file");
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    /// Removes what is left of a dead node that lost its details file.
+    ///
+    /// iceoryx2 cleans a dead node with the configuration recorded in that file; without
+    /// it, it falls back to its global default configuration and looks in the wrong
+    /// directory, so the node's files here would stay for good. The file goes only when
+    /// a node is being removed (by its own process at exit, or by a reclaimer), which is
+    /// the last step, after its services and ports were dealt with: a process killed in
+    /// that step leaves only the node's own files, which are safe to delete once its
+    /// monitor says it is dead. `hex_id` is the node id as iceoryx2 displays it.
+    fn remove_orphan_node(&self, hex_id: &str) -> bool {
+        let Ok(id) = u128::from_str_radix(hex_id, 16) else {
+            return false;
+        };
+        let nodes = self
+            .root()
+            .join(self.config.global.node.directory.to_string());
+        let _ = std::fs::remove_dir_all(nodes.join(id.to_string()));
+        // The monitor files last: while they exist the node is still listed.
+        let stem = format!("{}{id}.", self.shm_prefix());
+        let mut monitor: Vec<PathBuf> = std::fs::read_dir(&nodes)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&stem))
+            .map(|e| e.path())
+            .collect();
+        // The owner lock is what marks the node as existing: remove it after the rest.
+        monitor.sort_by_key(|p| p.to_string_lossy().ends_with("_owner_lock"));
+        for path in &monitor {
+            let _ = std::fs::remove_file(path);
+        }
+        tracing::debug!(node = %id, files = monitor.len(), "removed the files of a dead node without details");
+        !monitor.is_empty()
     }
 
     /// Files of this namespace that are still present: shared-memory segments (except
