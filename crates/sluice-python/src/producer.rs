@@ -332,8 +332,9 @@ impl PyProducer {
         }
     }
 
-    /// Stops the run if it is still going (subscribers are told it stopped) and waits for
-    /// the thread to end. Raises the run's error only if it failed before `close()`.
+    /// Stops the run if it is still going and waits for the thread to end. Subscribers
+    /// are told it stopped (`ProducerFailed`), or, those whose queue was full, find the
+    /// producer gone (`ProducerLost`): a stopping producer waits for no one. Raises the run's error only if it failed before `close()`.
     /// Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         if !self.shared.is_finished() {

@@ -299,7 +299,12 @@ class Producer:
     def wait(self, timeout: float | None = None) -> RunStats:
         """Waits for the run to end; raises its error, or ``Timeout``."""
     def close(self) -> None:
-        """Stops the run if it is going and waits for it; idempotent."""
+        """Stops the run if it is going and waits for it; idempotent.
+
+        Subscribers get ``ProducerFailed`` ("stopped"), or ``ProducerLost`` if their
+        queue was full at that moment (a stopping producer waits for no one). Raises the
+        run's error if it failed before ``close()``.
+        """
     def __enter__(self) -> Producer: ...
     def __exit__(
         self,
