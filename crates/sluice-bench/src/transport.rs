@@ -157,9 +157,9 @@ pub fn large_batch(bytes: usize) -> Result<RecordBatch> {
     )])?)
 }
 
-/// GB/s of `messages` large batches published and received (after `warmup` that fill
-/// the topic's memory once), from the subscriber's receipt of the last warm-up batch to
-/// its receipt of the last batch.
+/// GB/s of `messages` large batches published and received, after `warmup` batches
+/// that fault in the topic's memory: from the start of the first timed publish (once the
+/// subscriber has received every warm-up batch) to the subscriber's receipt of the last.
 pub fn sluice_gbps(
     ns: &Namespace,
     batch: &RecordBatch,
@@ -171,6 +171,7 @@ pub fn sluice_gbps(
     let len = enc.len();
     let (mut publisher, stop) = open_topic(ns, topic, 2, len)?;
     let total = warmup + messages;
+    let (warm_tx, warm_rx) = mpsc::channel::<()>();
     let sub = {
         let ns = ns.clone();
         let topic = topic.to_string();
@@ -183,6 +184,9 @@ pub fn sluice_gbps(
                         std::hint::black_box(batch.num_rows());
                         drop(batch);
                         times.push(Instant::now());
+                        if times.len() == warmup {
+                            warm_tx.send(())?;
+                        }
                     }
                     Event::EpochEnd(_) => {}
                     Event::End => break,
@@ -191,16 +195,23 @@ pub fn sluice_gbps(
             Ok(times)
         })
     };
-    let published = (|| -> Result<()> {
+    let published = (|| -> Result<Instant> {
         publisher.wait_for_subscribers(1, Some(Duration::from_secs(60)), &stop)?;
+        let mut start = Instant::now();
         for i in 0..total {
+            if i == warmup {
+                warm_rx
+                    .recv_timeout(ACK_TIMEOUT)
+                    .context("the subscriber did not receive the warm-up")?;
+                start = Instant::now();
+            }
             let enc = wire::encode(batch)?;
             publisher.publish_batch(0, i as u64, batch.num_rows() as u64, &enc)?;
         }
         publisher.publish_end_of_epoch(0, total as u64, (total * batch.num_rows()) as u64)?;
         publisher.publish_end_of_stream(1)?;
         publisher.drain(Duration::from_secs(30));
-        Ok(())
+        Ok(start)
     })();
     if published.is_err() {
         let _ = publisher.publish_error("the benchmark's publisher failed");
@@ -208,14 +219,12 @@ pub fn sluice_gbps(
     let times = sub
         .join()
         .map_err(|_| anyhow!("the subscriber thread panicked"))?;
-    published?;
+    let start = published?;
     let times = times.context("the subscriber failed")?;
     if times.len() != total || warmup == 0 {
         bail!("the subscriber received {} of {total} batches", times.len());
     }
-    let secs = times[total - 1]
-        .duration_since(times[warmup - 1])
-        .as_secs_f64();
+    let secs = times[total - 1].duration_since(start).as_secs_f64();
     Ok((messages * len) as f64 / secs / 1e9)
 }
 
