@@ -77,6 +77,8 @@ pub fn run(repo: &Path, quick: bool) -> Gpu {
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(100)),
             Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
                 return Gpu::Skipped(format!("{device}: cannot wait for benches/gpu.py: {e}"));
             }
         }
