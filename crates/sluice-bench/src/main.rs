@@ -289,6 +289,9 @@ fn verdict(ok: bool) -> &'static str {
     if ok { "met" } else { "**not met**" }
 }
 
+/// Latencies in microseconds, one list per repetition.
+type Repetitions = Vec<Vec<f64>>;
+
 /// The Markdown report, built section by section.
 struct Report {
     head: String,
@@ -680,7 +683,7 @@ impl Report {
 
     fn latency(
         &mut self,
-        lat: &[(usize, Vec<Vec<f64>>, Vec<Vec<f64>>)],
+        lat: &[(usize, Repetitions, Repetitions)],
         img: &Path,
         plots: bool,
     ) -> Result<()> {
@@ -699,7 +702,7 @@ impl Report {
             "| rows | Sluice p50 µs | p90 µs | p99 µs | hand-off p50 µs | hand-off p99 µs | Sluice / hand-off (p50) |"
         )?;
         writeln!(b, "|---:|---:|---:|---:|---:|---:|---:|")?;
-        let pct = |runs: &Vec<Vec<f64>>, p: f64| -> Vec<f64> {
+        let pct = |runs: &Repetitions, p: f64| -> Vec<f64> {
             runs.iter()
                 .map(|r| {
                     let mut v = r.clone();
