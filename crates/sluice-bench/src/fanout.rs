@@ -1,0 +1,197 @@
+//! Comparisons 1 and 2: one Sluice producer feeding N subscribers, against N
+//! independent pipelines that each run the same plan themselves.
+//!
+//! Everything runs in this process: the producer on a thread (its plan on a tokio
+//! runtime of its own), each subscriber on a thread, each independent pipeline on a
+//! thread with a tokio runtime of its own, as a trainer process would have. CPU-seconds
+//! are the whole process's user + system time over the run.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use futures::StreamExt;
+use sluice::core::Shaper;
+use sluice::prelude::*;
+
+use crate::data::{Dataset, plan_sql};
+use crate::stats::{process_cpu_seconds, thread_cpu_seconds};
+
+/// One run of either side.
+#[derive(Debug, Clone, Copy)]
+pub struct Run {
+    /// Rows per second seen by each consumer (median over consumers), from its first
+    /// batch to its end of stream.
+    pub per_consumer: f64,
+    /// CPU-seconds of the whole process over the run.
+    pub cpu: f64,
+    /// Wall-clock seconds of the run.
+    pub wall: f64,
+    /// CPU-seconds of the consumers' threads (subscribers); 0 for independent pipelines,
+    /// whose whole cost is the pipeline.
+    pub consumer_cpu: f64,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Runtime::new().context("cannot start a tokio runtime")
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get((v.len().max(1) - 1) / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// One producer and `n` subscriber threads; every subscriber receives every row.
+pub fn sluice(
+    ns: &Namespace,
+    data: &Dataset,
+    n: usize,
+    epochs: u64,
+    batch_rows: usize,
+    topic: &str,
+) -> Result<Run> {
+    let cpu0 = process_cpu_seconds()?;
+    let start = Instant::now();
+    let subs: Vec<_> = (0..n)
+        .map(|_| {
+            let ns = ns.clone();
+            let topic = topic.to_string();
+            std::thread::spawn(move || -> Result<(u64, f64, f64)> {
+                let cpu0 = thread_cpu_seconds()?;
+                let mut sub = Subscriber::connect(
+                    &topic,
+                    SubscribeOptions {
+                        timeout: Some(Duration::from_secs(120)),
+                        namespace: Some(ns),
+                        ..SubscribeOptions::default()
+                    },
+                )?;
+                let mut first = None;
+                let mut rows = 0u64;
+                loop {
+                    match sub.next_event()? {
+                        Event::Batch { batch, .. } => {
+                            first.get_or_insert_with(Instant::now);
+                            rows += batch.num_rows() as u64;
+                        }
+                        Event::EpochEnd(_) => {}
+                        Event::End => break,
+                    }
+                }
+                let secs = first.map_or(f64::NAN, |t| t.elapsed().as_secs_f64());
+                Ok((rows, secs, thread_cpu_seconds()? - cpu0))
+            })
+        })
+        .collect();
+    let rt = runtime()?;
+    let sql = plan_sql(
+        topic,
+        &format!("{}/", data.dir.display()),
+        "",
+        batch_rows,
+        epochs,
+    );
+    let plan = rt.block_on(Plan::from_sql("bench.sql", &sql))?;
+    let producer = Producer::new(plan, ns.clone());
+    let options = RunOptions {
+        min_subscribers: Some(n),
+        subscriber_timeout: Some(Duration::from_secs(60)),
+        ..RunOptions::default()
+    };
+    let stats = producer.run(rt.handle(), &options, |_| {});
+    let mut rates = Vec::new();
+    let mut failure = None;
+    for s in subs {
+        match s
+            .join()
+            .map_err(|_| anyhow!("a subscriber thread panicked"))?
+        {
+            Ok(r) => rates.push(r),
+            Err(e) => failure = Some(e),
+        }
+    }
+    let stats = stats.context("the producer failed")?;
+    if let Some(e) = failure {
+        return Err(e.context("a subscriber failed"));
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let cpu = process_cpu_seconds()? - cpu0;
+    for (rows, _, _) in &rates {
+        if *rows != stats.rows || stats.rows != data.rows * epochs {
+            bail!(
+                "a subscriber received {rows} rows; the producer published {} of {}",
+                stats.rows,
+                data.rows * epochs
+            );
+        }
+    }
+    Ok(Run {
+        per_consumer: median(rates.iter().map(|(r, s, _)| *r as f64 / s).collect()),
+        cpu,
+        wall,
+        consumer_cpu: rates.iter().map(|(_, _, c)| c).sum(),
+    })
+}
+
+/// `n` independent pipelines, each planning and executing the same plan on a runtime
+/// of its own (DataFusion scan, re-batching to `batch_rows`), counting rows.
+pub fn independent(data: &Dataset, n: usize, epochs: u64, batch_rows: usize) -> Result<Run> {
+    let cpu0 = process_cpu_seconds()?;
+    let start = Instant::now();
+    let trainers: Vec<_> = (0..n)
+        .map(|_| {
+            let sql = plan_sql(
+                "unused",
+                &format!("{}/", data.dir.display()),
+                "",
+                batch_rows,
+                epochs,
+            );
+            std::thread::spawn(move || -> Result<(u64, f64)> {
+                let rt = runtime()?;
+                rt.block_on(async {
+                    let plan = Plan::from_sql("bench.sql", &sql).await?;
+                    let opts = plan.options().clone();
+                    let mut first = None;
+                    let mut rows = 0u64;
+                    for epoch in 0..opts.epochs {
+                        let mut shaper = Shaper::new(opts.batch_rows, epoch, opts.shuffle())?;
+                        let mut stream = plan.execute_epoch(epoch).await?;
+                        while let Some(batch) = stream.next().await {
+                            for b in shaper.push(batch?)? {
+                                first.get_or_insert_with(Instant::now);
+                                rows += b.num_rows() as u64;
+                            }
+                        }
+                        for b in shaper.finish()? {
+                            rows += b.num_rows() as u64;
+                        }
+                    }
+                    Ok::<_, anyhow::Error>((
+                        rows,
+                        first.map_or(f64::NAN, |t| t.elapsed().as_secs_f64()),
+                    ))
+                })
+            })
+        })
+        .collect();
+    let mut rates = Vec::new();
+    for t in trainers {
+        let (rows, secs) = t
+            .join()
+            .map_err(|_| anyhow!("a pipeline thread panicked"))?
+            .context("an independent pipeline failed")?;
+        if rows != data.rows * epochs {
+            bail!(
+                "an independent pipeline produced {rows} rows, not {}",
+                data.rows * epochs
+            );
+        }
+        rates.push(rows as f64 / secs);
+    }
+    Ok(Run {
+        per_consumer: median(rates),
+        cpu: process_cpu_seconds()? - cpu0,
+        wall: start.elapsed().as_secs_f64(),
+        consumer_cpu: 0.0,
+    })
+}

@@ -1,0 +1,335 @@
+//! Comparison 3: the same batches to N consumers through Sluice and through Arrow
+//! Flight over loopback.
+//!
+//! Both sides serve the same pre-computed record batches (the dataset's plan, run once,
+//! re-batched), repeated for every epoch, to N consumers on threads of this process.
+//! Sluice: a topic publisher encodes each batch and writes it once into shared memory;
+//! each subscriber (the `Subscriber` API) decodes it in place. Flight: a tonic Flight
+//! server on 127.0.0.1 answers each client's `do_get` with the batches
+//! (`FlightDataEncoderBuilder`), each client (`FlightClient`, its own thread and
+//! runtime) decodes the stream (`FlightRecordBatchStream`). HTTP/2 windows are raised to
+//! 8 MiB per stream so that flow control does not throttle Flight.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use arrow::record_batch::RecordBatch;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightClient, FlightData, FlightDescriptor, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
+};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use sluice::core::{TopicName, wire};
+use sluice::prelude::*;
+use sluice::shm::{TopicConfig, TopicPublisher};
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Endpoint, Server};
+use tonic::{Request, Response, Status, Streaming};
+
+const WINDOW: u32 = 8 << 20;
+
+/// Rows/s each consumer saw (median over consumers), from its first batch to its end.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get((v.len().max(1) - 1) / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Publishes `batches` `epochs` times on a bare topic to `n` subscriber threads; returns
+/// the per-subscriber rows/s (median).
+pub fn sluice(
+    ns: &Namespace,
+    batches: &Arc<Vec<RecordBatch>>,
+    n: usize,
+    epochs: u64,
+    topic: &str,
+) -> Result<f64> {
+    let encoded = batches
+        .iter()
+        .map(wire::encode)
+        .collect::<sluice::Result<Vec<_>>>()?;
+    let rows_per_epoch: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+    let stop = Arc::new(AtomicBool::new(false));
+    let config = TopicConfig {
+        topic: TopicName::new(topic)?,
+        window: 8,
+        max_subscribers: n,
+        max_held: 4,
+        max_message_bytes: encoded.iter().map(|e| e.len()).max().unwrap_or(1),
+        lag_limit: None,
+    };
+    let mut publisher = TopicPublisher::create(ns, config, stop.clone())?;
+    let subs: Vec<_> = (0..n)
+        .map(|_| {
+            let ns = ns.clone();
+            let topic = topic.to_string();
+            std::thread::spawn(move || -> Result<(u64, f64)> {
+                let mut sub = Subscriber::connect(
+                    &topic,
+                    SubscribeOptions {
+                        timeout: Some(Duration::from_secs(60)),
+                        namespace: Some(ns),
+                        ..SubscribeOptions::default()
+                    },
+                )?;
+                let mut first = None;
+                let mut rows = 0u64;
+                loop {
+                    match sub.next_event()? {
+                        Event::Batch { batch, .. } => {
+                            first.get_or_insert_with(Instant::now);
+                            rows += batch.num_rows() as u64;
+                        }
+                        Event::EpochEnd(_) => {}
+                        Event::End => break,
+                    }
+                }
+                Ok((rows, first.map_or(f64::NAN, |t| t.elapsed().as_secs_f64())))
+            })
+        })
+        .collect();
+    let published = (|| -> Result<()> {
+        publisher.wait_for_subscribers(n, Some(Duration::from_secs(60)), &stop)?;
+        for epoch in 0..epochs {
+            for (i, (batch, enc)) in batches.iter().zip(&encoded).enumerate() {
+                publisher.publish_batch(epoch, i as u64, batch.num_rows() as u64, enc)?;
+            }
+            publisher.publish_end_of_epoch(epoch, batches.len() as u64, rows_per_epoch)?;
+        }
+        publisher.publish_end_of_stream(epochs)?;
+        publisher.drain(Duration::from_secs(30));
+        Ok(())
+    })();
+    if published.is_err() {
+        // Tell the subscribers, so that they do not wait for their timeout.
+        let _ = publisher.publish_error("the benchmark's publisher failed");
+    }
+    let mut rates = Vec::new();
+    let mut failure = None;
+    for s in subs {
+        match s
+            .join()
+            .map_err(|_| anyhow!("a subscriber thread panicked"))?
+        {
+            Ok((rows, secs)) if rows == rows_per_epoch * epochs => rates.push(rows as f64 / secs),
+            Ok((rows, _)) => {
+                failure = Some(anyhow!(
+                    "a subscriber received {rows} rows, not {}",
+                    rows_per_epoch * epochs
+                ))
+            }
+            Err(e) => failure = Some(e),
+        }
+    }
+    published.context("publishing failed")?;
+    if let Some(e) = failure {
+        return Err(e.context("a Sluice subscriber failed"));
+    }
+    Ok(median(rates))
+}
+
+/// A Flight server that answers every `do_get` with the same batches.
+#[derive(Clone)]
+struct BatchServer {
+    batches: Arc<Vec<RecordBatch>>,
+    epochs: u64,
+}
+
+type Resp<T> = BoxStream<'static, Result<T, Status>>;
+
+#[tonic::async_trait]
+impl FlightService for BatchServer {
+    type HandshakeStream = Resp<HandshakeResponse>;
+    type ListFlightsStream = Resp<FlightInfo>;
+    type DoGetStream = Resp<FlightData>;
+    type DoPutStream = Resp<PutResult>;
+    type DoActionStream = Resp<arrow_flight::Result>;
+    type ListActionsStream = Resp<ActionType>;
+    type DoExchangeStream = Resp<FlightData>;
+
+    async fn do_get(
+        &self,
+        _request: Request<Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        let batches = self.batches.clone();
+        let all = (0..self.epochs).flat_map(move |_| {
+            let batches = batches.clone();
+            (0..batches.len()).map(move |i| Ok::<_, FlightError>(batches[i].clone()))
+        });
+        let stream = FlightDataEncoderBuilder::new()
+            .build(futures::stream::iter(all))
+            .map_err(Status::from)
+            .boxed();
+        Ok(Response::new(stream))
+    }
+
+    async fn handshake(
+        &self,
+        _request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        Err(Status::unimplemented("handshake"))
+    }
+
+    async fn list_flights(
+        &self,
+        _request: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        Err(Status::unimplemented("list_flights"))
+    }
+
+    async fn get_flight_info(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        Err(Status::unimplemented("get_flight_info"))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented("poll_flight_info"))
+    }
+
+    async fn get_schema(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        Err(Status::unimplemented("get_schema"))
+    }
+
+    async fn do_put(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        Err(Status::unimplemented("do_put"))
+    }
+
+    async fn do_action(
+        &self,
+        _request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        Err(Status::unimplemented("do_action"))
+    }
+
+    async fn list_actions(
+        &self,
+        _request: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        Err(Status::unimplemented("list_actions"))
+    }
+
+    async fn do_exchange(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(Status::unimplemented("do_exchange"))
+    }
+}
+
+/// A running Flight server on 127.0.0.1; stops when dropped.
+pub struct FlightServer {
+    rt: tokio::runtime::Runtime,
+    addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
+}
+
+impl FlightServer {
+    /// Starts a server that serves `batches`, `epochs` times, to every `do_get`.
+    pub fn start(batches: Arc<Vec<RecordBatch>>, epochs: u64) -> Result<Self> {
+        let rt = tokio::runtime::Runtime::new().context("cannot start the server's runtime")?;
+        let incoming = {
+            let _guard = rt.enter();
+            TcpIncoming::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+                .map_err(|e| anyhow!("cannot listen on 127.0.0.1: {e}"))?
+        };
+        let addr = incoming.local_addr().context("the server's address")?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let service = FlightServiceServer::new(BatchServer { batches, epochs });
+        let task = rt.spawn(
+            Server::builder()
+                .initial_stream_window_size(WINDOW)
+                .initial_connection_window_size(2 * WINDOW)
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = rx.await;
+                }),
+        );
+        Ok(Self {
+            rt,
+            addr,
+            shutdown: Some(tx),
+            task: Some(task),
+        })
+    }
+
+    /// `n` clients, each on a thread of its own, fetch everything with `do_get`; returns
+    /// the per-client rows/s (median).
+    pub fn fetch(&self, n: usize, expected_rows: u64) -> Result<f64> {
+        let url = format!("http://{}", self.addr);
+        let clients: Vec<_> = (0..n)
+            .map(|_| {
+                let url = url.clone();
+                std::thread::spawn(move || -> Result<(u64, f64)> {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .context("cannot start a client runtime")?;
+                    rt.block_on(async {
+                        let channel = Endpoint::from_shared(url)?
+                            .initial_stream_window_size(WINDOW)
+                            .initial_connection_window_size(2 * WINDOW)
+                            .connect()
+                            .await
+                            .context("cannot connect to the Flight server")?;
+                        let mut client = FlightClient::new(channel);
+                        let mut stream = client.do_get(Ticket::new("all")).await?;
+                        let mut first = None;
+                        let mut rows = 0u64;
+                        while let Some(batch) = stream.next().await {
+                            let batch = batch?;
+                            first.get_or_insert_with(Instant::now);
+                            rows += batch.num_rows() as u64;
+                        }
+                        Ok::<_, anyhow::Error>((
+                            rows,
+                            first.map_or(f64::NAN, |t| t.elapsed().as_secs_f64()),
+                        ))
+                    })
+                })
+            })
+            .collect();
+        let mut rates = Vec::new();
+        for c in clients {
+            let (rows, secs) = c
+                .join()
+                .map_err(|_| anyhow!("a Flight client thread panicked"))?
+                .context("a Flight client failed")?;
+            if rows != expected_rows {
+                bail!("a Flight client received {rows} rows, not {expected_rows}");
+            }
+            rates.push(rows as f64 / secs);
+        }
+        Ok(median(rates))
+    }
+}
+
+impl Drop for FlightServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = self
+                .rt
+                .block_on(async { tokio::time::timeout(Duration::from_secs(5), task).await });
+        }
+    }
+}

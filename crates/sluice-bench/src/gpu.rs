@@ -1,0 +1,90 @@
+//! Comparison 7: the GPU benchmarks, on a machine with an NVIDIA GPU.
+//!
+//! Without a CUDA driver (`libcuda.so`) they are skipped and the report says so. With
+//! one, this runs `benches/gpu.py` (host-to-device GB/s against a raw pinned copy in the
+//! same run, N torch subscribers against N independent loaders), which needs a Python
+//! with torch and the Sluice wheel (see `scripts/gpu-check.sh`), and reports its output.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What the GPU part found or measured.
+pub enum Gpu {
+    /// Not run, and why.
+    Skipped(String),
+    /// The device and the JSON that `benches/gpu.py` wrote.
+    Ran { device: String, json: String },
+}
+
+/// Runs the GPU comparisons if the machine has a CUDA driver and a GPU.
+pub fn run(repo: &Path, quick: bool) -> Gpu {
+    if !sluice_cuda::driver_present() {
+        return Gpu::Skipped("no CUDA driver: libcuda.so could not be loaded".into());
+    }
+    let device = match sluice_cuda::require_device(0) {
+        Ok(name) => name,
+        Err(e) => {
+            return Gpu::Skipped(format!(
+                "the CUDA driver is present but GPU 0 cannot be opened: {e}"
+            ));
+        }
+    };
+    let venv = repo.join(".venv/bin/python");
+    let python = if venv.exists() {
+        venv
+    } else {
+        "python3".into()
+    };
+    let Ok(dir) = tempfile::tempdir() else {
+        return Gpu::Skipped("cannot create a temporary directory".into());
+    };
+    let out = dir.path().join("gpu.json");
+    let log = dir.path().join("gpu.log");
+    let Ok(log_file) = std::fs::File::create(&log) else {
+        return Gpu::Skipped("cannot create a log file".into());
+    };
+    let mut cmd = Command::new(&python);
+    cmd.arg(repo.join("benches/gpu.py")).arg("--out").arg(&out);
+    if quick {
+        cmd.args(["--rows", "50000"]);
+    }
+    let child = cmd
+        .current_dir(repo)
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => return Gpu::Skipped(format!("{device}: cannot run {}: {e}", python.display())),
+    };
+    let deadline = Instant::now() + Duration::from_secs(if quick { 60 } else { 300 });
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => break,
+            Ok(Some(status)) => {
+                let err = std::fs::read_to_string(&log).unwrap_or_default();
+                let last = err.lines().last().unwrap_or("").to_string();
+                return Gpu::Skipped(format!(
+                    "{device}: benches/gpu.py failed ({status}): {last} (it needs torch and the Sluice wheel in {})",
+                    python.display()
+                ));
+            }
+            Ok(None) if Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Gpu::Skipped(format!("{device}: benches/gpu.py did not finish in time"));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(100)),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Gpu::Skipped(format!("{device}: cannot wait for benches/gpu.py: {e}"));
+            }
+        }
+    }
+    match std::fs::read_to_string(&out) {
+        Ok(json) => Gpu::Ran { device, json },
+        Err(e) => Gpu::Skipped(format!("{device}: benches/gpu.py wrote no results: {e}")),
+    }
+}

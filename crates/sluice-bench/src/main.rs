@@ -1,0 +1,888 @@
+//! `sluice-bench`: every comparison of DESIGN.md's "Benchmarks that count" that this
+//! machine supports, in one command, with plots.
+//!
+//! ```text
+//! cargo run --release -p sluice-bench -- [--quick] [--out docs]
+//! ```
+//!
+//! Writes `<out>/benchmarks-generated.md` and PNG plots under `<out>/img/`. Every figure
+//! is a ratio against a baseline measured in the same run, reported as the median and
+//! the range (min–max) over several repetitions, with the machine, the command, the date
+//! and the commit. See `docs/benchmarks.md` for what each comparison measures.
+
+mod data;
+mod fanout;
+mod flight;
+mod gpu;
+mod plot;
+mod s3;
+mod stats;
+mod transport;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use arrow::record_batch::RecordBatch;
+use clap::Parser;
+use futures::StreamExt;
+use sluice::core::Shaper;
+use sluice::prelude::*;
+
+use crate::plot::{Series, XAxis};
+use crate::stats::{Machine, Summary, percentile};
+
+/// Runs Sluice's benchmarks against their baselines and writes a report with plots.
+#[derive(Debug, Parser)]
+#[command(name = "sluice-bench", version)]
+struct Args {
+    /// A short run (under 2 minutes on 2 cores): less data, fewer samples.
+    #[arg(long)]
+    quick: bool,
+    /// Where the report (benchmarks-generated.md) and the plots (img/) go.
+    #[arg(long, default_value = "docs")]
+    out: PathBuf,
+    /// Repetitions of every measurement (default: 3 with --quick, 5 without).
+    #[arg(long)]
+    reps: Option<usize>,
+}
+
+/// Sizes of one run.
+struct Scale {
+    rows: usize,
+    epochs: u64,
+    reps: usize,
+    latency_warmup: usize,
+    latency_samples: usize,
+    large_mib: Vec<usize>,
+    /// Bytes each large-batch measurement moves.
+    large_bytes: usize,
+}
+
+const BATCH_ROWS: usize = 1024;
+const NS: [usize; 4] = [1, 2, 4, 8];
+const SMALL_ROWS: [usize; 3] = [1, 16, 64];
+
+/// Removes the benchmark's shared memory however it ends.
+struct NamespaceGuard(Namespace);
+
+impl Drop for NamespaceGuard {
+    fn drop(&mut self) {
+        self.0.purge();
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(&args) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn step(start: Instant, what: &str) {
+    eprintln!("[{:6.1} s] {what}", start.elapsed().as_secs_f64());
+}
+
+fn run(args: &Args) -> Result<()> {
+    let start = Instant::now();
+    let scale = if args.quick {
+        Scale {
+            rows: 100_000,
+            epochs: 2,
+            reps: args.reps.unwrap_or(3),
+            latency_warmup: 20,
+            latency_samples: 200,
+            large_mib: vec![4, 16],
+            large_bytes: 256 << 20,
+        }
+    } else {
+        Scale {
+            rows: 400_000,
+            epochs: 3,
+            reps: args.reps.unwrap_or(5),
+            latency_warmup: 50,
+            latency_samples: 1000,
+            large_mib: vec![4, 16, 64],
+            large_bytes: 1 << 30,
+        }
+    };
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let repo = repo.canonicalize().unwrap_or(repo);
+    let img = args.out.join("img");
+    std::fs::create_dir_all(&img).with_context(|| format!("cannot create {}", img.display()))?;
+    if cfg!(debug_assertions) {
+        eprintln!("warning: this is a debug build; run with --release for figures worth reporting");
+    }
+    let font = plot::init_font();
+    let tmp = tempfile::tempdir().context("cannot create a temporary directory")?;
+    let ns = NamespaceGuard(Namespace::new(&format!("bench{}", std::process::id()))?);
+    let ns = &ns.0;
+    let mut report = Report::new(args, &scale, &repo)?;
+    if let Err(why) = &font {
+        report.notes.push(format!("Plots skipped: {why}."));
+    }
+
+    step(start, "writing the dataset");
+    let data = data::write(&tmp.path().join("data"), scale.rows)?;
+    report.dataset = format!(
+        "the demo dataset of `sluice demo` (id, label, a short string, 16 float32 features): {} rows in {} Parquet files ({:.1} MiB), `batch_rows = {BATCH_ROWS}`",
+        data.rows,
+        data.files.len(),
+        data.bytes as f64 / (1 << 20) as f64
+    );
+
+    step(
+        start,
+        "1-2. fan-out and CPU: Sluice against N independent pipelines",
+    );
+    let mut sl = vec![Vec::new(); NS.len()];
+    let mut ind = vec![Vec::new(); NS.len()];
+    for rep in 0..scale.reps {
+        for (i, &n) in NS.iter().enumerate() {
+            sl[i].push(fanout::sluice(
+                ns,
+                &data,
+                n,
+                scale.epochs,
+                BATCH_ROWS,
+                &format!("fan{n}r{rep}"),
+            )?);
+            ind[i].push(fanout::independent(&data, n, scale.epochs, BATCH_ROWS)?);
+        }
+    }
+    report.fanout(&sl, &ind, scale.epochs, &img, font.is_ok())?;
+
+    step(start, "3. Sluice against Arrow Flight over loopback");
+    let batches = Arc::new(materialize(&data)?);
+    let bytes_per_epoch: usize = batches
+        .iter()
+        .map(|b| sluice::core::wire::encode(b).map(|e| e.len()))
+        .sum::<sluice::Result<usize>>()?;
+    let rows_per_epoch: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+    let server = flight::FlightServer::start(batches.clone(), scale.epochs)?;
+    let mut fl = vec![Vec::new(); NS.len()];
+    for rep in 0..scale.reps {
+        for (i, &n) in NS.iter().enumerate() {
+            let s = flight::sluice(ns, &batches, n, scale.epochs, &format!("fl{n}r{rep}"))?;
+            let f = server.fetch(n, rows_per_epoch * scale.epochs)?;
+            fl[i].push((s, f));
+        }
+    }
+    drop(server);
+    report.flight(
+        &fl,
+        bytes_per_epoch as f64 / rows_per_epoch as f64,
+        &img,
+        font.is_ok(),
+    )?;
+
+    step(start, "4. small-batch latency");
+    let mut lat = Vec::new();
+    for &rows in &SMALL_ROWS {
+        let batch = batches[0].slice(0, rows);
+        let mut s = Vec::new();
+        let mut h = Vec::new();
+        for rep in 0..scale.reps {
+            s.push(transport::sluice_latency(
+                ns,
+                &batch,
+                scale.latency_warmup,
+                scale.latency_samples,
+                &format!("lat{rows}r{rep}"),
+            )?);
+            h.push(transport::handoff_latency(
+                &batch,
+                scale.latency_warmup,
+                scale.latency_samples,
+            )?);
+        }
+        lat.push((rows, s, h));
+    }
+    report.latency(&lat, &img, font.is_ok())?;
+
+    step(start, "5. large batches against memcpy");
+    let mut large = Vec::new();
+    for &mib in &scale.large_mib {
+        let batch = transport::large_batch(mib << 20)?;
+        let messages = (scale.large_bytes / (mib << 20)).max(8);
+        let mut runs = Vec::new();
+        for rep in 0..scale.reps {
+            let s = transport::sluice_gbps(ns, &batch, 8, messages, &format!("big{mib}r{rep}"))?;
+            let m = transport::memcpy_gbps(&batch, messages)?;
+            runs.push((s, m));
+        }
+        large.push((mib, runs));
+    }
+    report.large(&large, &img, font.is_ok())?;
+
+    step(start, "6. S3 against local files");
+    match s3::S3Server::find(&repo) {
+        Ok(server) => {
+            let (location, options) = server.upload(&data, "data")?;
+            let local = format!("{}/", data.dir.display());
+            let mut runs = Vec::new();
+            for _ in 0..scale.reps {
+                let l = s3::pass(&local, "", BATCH_ROWS, data.rows)?;
+                let s = s3::pass(&location, &options, BATCH_ROWS, data.rows)?;
+                runs.push((l, s));
+            }
+            report.s3(&server.description, &runs, &img, font.is_ok())?;
+        }
+        Err(why) => report.skipped("6. S3 against local files", &why),
+    }
+
+    step(start, "7. GPU");
+    match gpu::run(&repo, args.quick) {
+        gpu::Gpu::Skipped(why) => report.skipped("7. GPU", &why),
+        gpu::Gpu::Ran { device, json } => report.gpu(&device, &json),
+    }
+
+    let left = ns.leftovers();
+    if !left.is_empty() {
+        report
+            .notes
+            .push(format!("Shared memory left behind (removed): {left:?}."));
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let path = args.out.join("benchmarks-generated.md");
+    std::fs::write(&path, report.finish(elapsed))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    step(
+        start,
+        &format!("wrote {} and plots in {}", path.display(), img.display()),
+    );
+    Ok(())
+}
+
+/// The dataset's plan, run once and re-batched: the batches that the Flight and
+/// transport comparisons serve.
+fn materialize(data: &data::Dataset) -> Result<Vec<RecordBatch>> {
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let sql = data::plan_sql(
+            "unused",
+            &format!("{}/", data.dir.display()),
+            "",
+            BATCH_ROWS,
+            1,
+        );
+        let plan = Plan::from_sql("bench.sql", &sql).await?;
+        let mut shaper = Shaper::new(BATCH_ROWS, 0, None)?;
+        let mut stream = plan.execute_epoch(0).await?;
+        let mut out = Vec::new();
+        while let Some(batch) = stream.next().await {
+            out.extend(shaper.push(batch?)?);
+        }
+        out.extend(shaper.finish()?);
+        Ok::<_, anyhow::Error>(out)
+    })
+}
+
+fn ratio_summary(pairs: impl IntoIterator<Item = (f64, f64)>) -> Summary {
+    Summary::of(&pairs.into_iter().map(|(a, b)| a / b).collect::<Vec<_>>())
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "**not met**" }
+}
+
+/// Latencies in microseconds, one list per repetition.
+type Repetitions = Vec<Vec<f64>>;
+
+/// The Markdown report, built section by section.
+struct Report {
+    head: String,
+    dataset: String,
+    body: String,
+    notes: Vec<String>,
+    summary: Vec<String>,
+}
+
+impl Report {
+    fn new(args: &Args, scale: &Scale, repo: &Path) -> Result<Self> {
+        let m = Machine::describe();
+        let commit = stats::command_output(
+            "git",
+            &[
+                "-C",
+                &repo.to_string_lossy(),
+                "rev-parse",
+                "--short",
+                "HEAD",
+            ],
+        )
+        .unwrap_or_else(|| "unknown".into());
+        // The report and plots this command writes do not make the tree dirty.
+        let out = args.out.to_string_lossy();
+        let dirty = stats::command_output(
+            "git",
+            &[
+                "-C",
+                &repo.to_string_lossy(),
+                "status",
+                "--porcelain",
+                "--",
+                ".",
+                &format!(":(exclude){out}/benchmarks-generated.md"),
+                &format!(":(exclude){out}/img"),
+            ],
+        )
+        .is_some_and(|s| !s.is_empty());
+        let mut command = String::from("cargo run --release -p sluice-bench --");
+        for a in std::env::args().skip(1) {
+            command.push(' ');
+            command.push_str(&a);
+        }
+        let mut head = String::new();
+        writeln!(head, "# Benchmark results (generated)\n")?;
+        writeln!(
+            head,
+            "Written by `sluice-bench`; do not edit by hand: run the command again. What each \
+             comparison measures and how to read it: [benchmarks.md](benchmarks.md).\n"
+        )?;
+        writeln!(
+            head,
+            "* Command: `{command}`{}",
+            if args.quick {
+                " (quick mode: less data, fewer samples)"
+            } else {
+                ""
+            }
+        )?;
+        writeln!(head, "* Date: {}", stats::utc_now()?)?;
+        writeln!(
+            head,
+            "* Commit: `{commit}`{}",
+            if dirty {
+                " (with uncommitted changes)"
+            } else {
+                ""
+            }
+        )?;
+        writeln!(
+            head,
+            "* Machine: {}, {} logical CPUs, {} RAM, {}; /dev/shm {}",
+            m.cpu, m.cores, m.memory, m.os, m.shm
+        )?;
+        writeln!(
+            head,
+            "* Build: {}; {} repetitions of every measurement, reported as median (min–max)",
+            if cfg!(debug_assertions) {
+                "**debug** (figures not representative)"
+            } else {
+                "release"
+            },
+            scale.reps
+        )?;
+        writeln!(
+            head,
+            "* Everything runs in one process: producers, servers and consumers are threads \
+             (each independent pipeline and each Flight client with a tokio runtime of its own)."
+        )?;
+        Ok(Self {
+            head,
+            dataset: String::new(),
+            body: String::new(),
+            notes: Vec::new(),
+            summary: Vec::new(),
+        })
+    }
+
+    fn image(
+        &mut self,
+        ok: bool,
+        img: &Path,
+        name: &str,
+        alt: &str,
+        draw: impl FnOnce(&Path) -> Result<()>,
+    ) -> Result<()> {
+        if !ok {
+            return Ok(());
+        }
+        draw(&img.join(name))?;
+        writeln!(self.body, "\n![{alt}](img/{name})")?;
+        Ok(())
+    }
+
+    fn skipped(&mut self, section: &str, why: &str) {
+        eprintln!("  skipped: {why}");
+        let _ = writeln!(self.body, "\n## {section}\n\nSkipped: {why}.");
+        self.summary.push(format!("{section}: skipped ({why})"));
+    }
+
+    fn fanout(
+        &mut self,
+        sl: &[Vec<fanout::Run>],
+        ind: &[Vec<fanout::Run>],
+        epochs: u64,
+        img: &Path,
+        plots: bool,
+    ) -> Result<()> {
+        let b = &mut self.body;
+        writeln!(b, "\n## 1. Fan-out: one producer, N subscribers\n")?;
+        writeln!(
+            b,
+            "A producer runs the plan (`SELECT id, label, text, features FROM train`, {epochs} epochs) and \
+             publishes every batch once; N subscribers (the `Subscriber` API) receive every batch and count \
+             its rows. Baseline: the same run with N = 1. Per-subscriber rows/s is from each subscriber's \
+             first batch to its end of stream (median over subscribers). Producer CPU is the process's CPU \
+             minus the subscribers' threads.\n"
+        )?;
+        writeln!(
+            b,
+            "| N | per-subscriber rows/s | vs N=1 | aggregate rows/s | producer CPU-s / epoch |"
+        )?;
+        writeln!(b, "|---:|---:|---:|---:|---:|")?;
+        let mut per_sub = Vec::new();
+        let mut ratio_at_8 = f64::NAN;
+        for (i, &n) in NS.iter().enumerate() {
+            let rates = Summary::of(&sl[i].iter().map(|r| r.per_consumer).collect::<Vec<_>>());
+            let ratio = ratio_summary(
+                sl[i]
+                    .iter()
+                    .zip(&sl[0])
+                    .map(|(r, base)| (r.per_consumer, base.per_consumer)),
+            );
+            let agg = Summary::of(
+                &sl[i]
+                    .iter()
+                    .map(|r| r.per_consumer * n as f64)
+                    .collect::<Vec<_>>(),
+            );
+            let prod = Summary::of(
+                &sl[i]
+                    .iter()
+                    .map(|r| (r.cpu - r.consumer_cpu).max(0.0) / epochs as f64)
+                    .collect::<Vec<_>>(),
+            );
+            writeln!(
+                b,
+                "| {n} | {} | {} | {} | {} |",
+                rates.show_count(),
+                ratio.show(2),
+                agg.show_count(),
+                prod.show(3)
+            )?;
+            per_sub.push((
+                n as f64,
+                Summary::of(
+                    &sl[i]
+                        .iter()
+                        .map(|r| r.per_consumer / 1e6)
+                        .collect::<Vec<_>>(),
+                ),
+            ));
+            ratio_at_8 = ratio.median;
+        }
+        let target = ratio_at_8 >= 0.9;
+        writeln!(
+            b,
+            "\nPer-subscriber rate at N = 8: **{ratio_at_8:.2}** of N = 1 (target ≥ 0.90: {}).",
+            verdict(target)
+        )?;
+        self.summary.push(format!(
+            "fan-out: per-subscriber rate at N = 8 is {ratio_at_8:.2} of N = 1 (target ≥ 0.90: {})",
+            verdict(target)
+        ));
+
+        writeln!(
+            b,
+            "\n## 2. Total CPU: Sluice against N independent pipelines\n"
+        )?;
+        writeln!(
+            b,
+            "The status quo: N trainers each run the same plan themselves (DataFusion in-process: plan, scan, \
+             re-batch to {BATCH_ROWS} rows), counting rows. Sluice: one producer and N subscribers as above. \
+             CPU-seconds are the whole process's user + system time over the run; the baseline is the N \
+             independent pipelines of the same repetition. Target: Sluice ≤ 1/N of the baseline plus a \
+             small overhead.\n"
+        )?;
+        writeln!(
+            b,
+            "| N | Sluice CPU-s | independent CPU-s | Sluice / independent | 1/N | Sluice wall s | independent wall s | per-trainer rows/s (independent) |"
+        )?;
+        writeln!(b, "|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+        let mut cpu_s = Vec::new();
+        let mut cpu_i = Vec::new();
+        let mut per_ind = Vec::new();
+        let mut last = f64::NAN;
+        for (i, &n) in NS.iter().enumerate() {
+            let s = Summary::of(&sl[i].iter().map(|r| r.cpu).collect::<Vec<_>>());
+            let d = Summary::of(&ind[i].iter().map(|r| r.cpu).collect::<Vec<_>>());
+            let ratio = ratio_summary(sl[i].iter().zip(&ind[i]).map(|(a, b)| (a.cpu, b.cpu)));
+            let sw = Summary::of(&sl[i].iter().map(|r| r.wall).collect::<Vec<_>>());
+            let dw = Summary::of(&ind[i].iter().map(|r| r.wall).collect::<Vec<_>>());
+            let rate = Summary::of(&ind[i].iter().map(|r| r.per_consumer).collect::<Vec<_>>());
+            writeln!(
+                b,
+                "| {n} | {} | {} | {} | {:.2} | {} | {} | {} |",
+                s.show(2),
+                d.show(2),
+                ratio.show(2),
+                1.0 / n as f64,
+                sw.show(2),
+                dw.show(2),
+                rate.show_count()
+            )?;
+            cpu_s.push((n as f64, s));
+            cpu_i.push((n as f64, d));
+            per_ind.push((
+                n as f64,
+                Summary::of(
+                    &ind[i]
+                        .iter()
+                        .map(|r| r.per_consumer / 1e6)
+                        .collect::<Vec<_>>(),
+                ),
+            ));
+            last = ratio.median;
+        }
+        let target = last <= 1.0 / 8.0 + 0.1;
+        writeln!(
+            b,
+            "\nAt N = 8 Sluice uses **{last:.2}×** the CPU of 8 independent pipelines (target ≤ 1/8 + small overhead ≈ 0.23: {}).",
+            verdict(target)
+        )?;
+        self.summary.push(format!("total CPU at N = 8: Sluice uses {last:.2}× the CPU of 8 independent pipelines (target ≈ ≤ 0.23: {})", verdict(target)));
+        self.image(
+            plots,
+            img,
+            "bench-fanout.png",
+            "per-consumer rows/s against N",
+            |p| {
+                plot::lines(
+                    p,
+                    "Rows/s per consumer against N",
+                    "N (consumers)",
+                    "million rows/s per consumer",
+                    XAxis::Log2,
+                    &[
+                        Series {
+                            name: "Sluice subscriber (1 shared producer)".into(),
+                            points: per_sub,
+                        },
+                        Series {
+                            name: "independent pipeline (each runs the plan)".into(),
+                            points: per_ind,
+                        },
+                    ],
+                )
+            },
+        )?;
+        self.image(
+            plots,
+            img,
+            "bench-cpu.png",
+            "total CPU-seconds against N",
+            |p| {
+                plot::lines(
+                    p,
+                    "Total CPU-seconds against N",
+                    "N (consumers)",
+                    "CPU-seconds (user + system)",
+                    XAxis::Log2,
+                    &[
+                        Series {
+                            name: "Sluice: 1 producer + N subscribers".into(),
+                            points: cpu_s,
+                        },
+                        Series {
+                            name: "N independent pipelines".into(),
+                            points: cpu_i,
+                        },
+                    ],
+                )
+            },
+        )?;
+        Ok(())
+    }
+
+    fn flight(
+        &mut self,
+        runs: &[Vec<(f64, f64)>],
+        bytes_per_row: f64,
+        img: &Path,
+        plots: bool,
+    ) -> Result<()> {
+        let b = &mut self.body;
+        writeln!(b, "\n## 3. Sluice against Arrow Flight over loopback\n")?;
+        writeln!(
+            b,
+            "The same batches (the plan's output, computed once, {bytes_per_row:.0} bytes per row as Arrow IPC) \
+             to N consumers. Sluice: a topic publisher encodes each batch and writes it once into shared memory, \
+             N subscribers decode it in place. Flight: an arrow-flight 59 server (tonic, 127.0.0.1, HTTP/2 \
+             windows of 8 MiB) answers each client's `do_get` with the batches; N `FlightClient`s decode them. \
+             Baseline: Flight at the same N in the same repetition. Target: ≥ 10×.\n"
+        )?;
+        writeln!(
+            b,
+            "| N | Sluice rows/s per subscriber | Flight rows/s per client | Sluice / Flight | Sluice GB/s per subscriber | Flight GB/s per client |"
+        )?;
+        writeln!(b, "|---:|---:|---:|---:|---:|---:|")?;
+        let mut ps = Vec::new();
+        let mut pf = Vec::new();
+        let mut worst = f64::INFINITY;
+        for (i, &n) in NS.iter().enumerate() {
+            let s = Summary::of(&runs[i].iter().map(|r| r.0).collect::<Vec<_>>());
+            let f = Summary::of(&runs[i].iter().map(|r| r.1).collect::<Vec<_>>());
+            let ratio = ratio_summary(runs[i].iter().copied());
+            writeln!(
+                b,
+                "| {n} | {} | {} | **{}** | {:.2} | {:.2} |",
+                s.show_count(),
+                f.show_count(),
+                ratio.show(1),
+                s.median * bytes_per_row / 1e9,
+                f.median * bytes_per_row / 1e9
+            )?;
+            ps.push((
+                n as f64,
+                Summary::of(&runs[i].iter().map(|r| r.0 / 1e6).collect::<Vec<_>>()),
+            ));
+            pf.push((
+                n as f64,
+                Summary::of(&runs[i].iter().map(|r| r.1 / 1e6).collect::<Vec<_>>()),
+            ));
+            worst = worst.min(ratio.median);
+        }
+        writeln!(
+            b,
+            "\nSluice / Flight is at least **{worst:.1}×** at every N (target ≥ 10×: {}).",
+            verdict(worst >= 10.0)
+        )?;
+        self.summary.push(format!("Sluice against Arrow Flight over loopback: ≥ {worst:.1}× per consumer at every N (target ≥ 10×: {})", verdict(worst >= 10.0)));
+        self.image(
+            plots,
+            img,
+            "bench-flight.png",
+            "Sluice against Arrow Flight",
+            |p| {
+                plot::lines(
+                    p,
+                    "Same batches to N consumers: Sluice against Arrow Flight",
+                    "N (consumers)",
+                    "million rows/s per consumer",
+                    XAxis::Log2,
+                    &[
+                        Series {
+                            name: "Sluice (shared memory)".into(),
+                            points: ps,
+                        },
+                        Series {
+                            name: "Arrow Flight (loopback gRPC)".into(),
+                            points: pf,
+                        },
+                    ],
+                )
+            },
+        )
+    }
+
+    fn latency(
+        &mut self,
+        lat: &[(usize, Repetitions, Repetitions)],
+        img: &Path,
+        plots: bool,
+    ) -> Result<()> {
+        let b = &mut self.body;
+        writeln!(b, "\n## 4. Transport floor: small-batch latency\n")?;
+        writeln!(
+            b,
+            "One batch at a time (the next once the last was received): the time from just before the \
+             publisher encodes a batch to the subscriber's `next_event` returning it, for slices of 1, 16 and \
+             64 rows of the dataset. Baseline: the same batch handed to another thread over a channel \
+             (`std::sync::mpsc`), the cost of waking a thread in one process. Percentiles are per \
+             repetition; the table gives their median (min–max).\n"
+        )?;
+        writeln!(
+            b,
+            "| rows | Sluice p50 µs | p90 µs | p99 µs | hand-off p50 µs | hand-off p99 µs | Sluice / hand-off (p50) |"
+        )?;
+        writeln!(b, "|---:|---:|---:|---:|---:|---:|---:|")?;
+        let pct = |runs: &Repetitions, p: f64| -> Vec<f64> {
+            runs.iter()
+                .map(|r| {
+                    let mut v = r.clone();
+                    v.sort_by(f64::total_cmp);
+                    percentile(&v, p)
+                })
+                .collect()
+        };
+        let mut hist = Vec::new();
+        let mut p50_64 = f64::NAN;
+        for (rows, s, h) in lat {
+            let (s50, s90, s99) = (pct(s, 50.0), pct(s, 90.0), pct(s, 99.0));
+            let (h50, h99) = (pct(h, 50.0), pct(h, 99.0));
+            let ratio = ratio_summary(s50.iter().copied().zip(h50.iter().copied()));
+            writeln!(
+                b,
+                "| {rows} | {} | {} | {} | {} | {} | {} |",
+                Summary::of(&s50).show(1),
+                Summary::of(&s90).show(1),
+                Summary::of(&s99).show(1),
+                Summary::of(&h50).show(1),
+                Summary::of(&h99).show(1),
+                ratio.show(1)
+            )?;
+            hist.push((format!("Sluice, {rows}-row batches"), s.concat()));
+            p50_64 = Summary::of(&s50).median;
+            if *rows == SMALL_ROWS[SMALL_ROWS.len() - 1] {
+                hist.push((
+                    format!("thread hand-off, {rows} rows (baseline)"),
+                    h.concat(),
+                ));
+            }
+        }
+        self.summary.push(format!(
+            "small-batch latency: p50 {p50_64:.1} µs publish→receive for 64-row batches"
+        ));
+        self.image(
+            plots,
+            img,
+            "bench-latency.png",
+            "small-batch latency distribution",
+            |p| plot::histogram(p, "Publish → receive latency of small batches", &hist),
+        )
+    }
+
+    fn large(&mut self, runs: &[(usize, Vec<(f64, f64)>)], img: &Path, plots: bool) -> Result<()> {
+        let b = &mut self.body;
+        writeln!(b, "\n## 5. Transport floor: large batches against memcpy\n")?;
+        writeln!(
+            b,
+            "Batches of one float32 column, published (encoded and written once into shared memory) and \
+             received (decoded in place, not read further) by one subscriber, after 8 warm-up batches that \
+             fault in the topic's memory; timed from the first publish to the last receipt. Baseline: a single-threaded `memcpy` of the same bytes into 8 \
+             destinations already written once. Target: ≥ 80% of memcpy.\n"
+        )?;
+        writeln!(b, "| batch | Sluice GB/s | memcpy GB/s | Sluice / memcpy |")?;
+        writeln!(b, "|---:|---:|---:|---:|")?;
+        let mut ps = Vec::new();
+        let mut pm = Vec::new();
+        let mut worst = f64::INFINITY;
+        for (mib, r) in runs {
+            let s = Summary::of(&r.iter().map(|x| x.0).collect::<Vec<_>>());
+            let m = Summary::of(&r.iter().map(|x| x.1).collect::<Vec<_>>());
+            let ratio = ratio_summary(r.iter().copied());
+            writeln!(
+                b,
+                "| {mib} MiB | {} | {} | **{}** |",
+                s.show(2),
+                m.show(2),
+                ratio.show(2)
+            )?;
+            ps.push((*mib as f64, s));
+            pm.push((*mib as f64, m));
+            worst = worst.min(ratio.median);
+        }
+        writeln!(
+            b,
+            "\nSluice reaches at least **{:.0}%** of memcpy (target ≥ 80%: {}).",
+            worst * 100.0,
+            verdict(worst >= 0.8)
+        )?;
+        self.summary.push(format!(
+            "large batches: at least {:.0}% of memcpy (target ≥ 80%: {})",
+            worst * 100.0,
+            verdict(worst >= 0.8)
+        ));
+        self.image(
+            plots,
+            img,
+            "bench-large.png",
+            "large-batch GB/s against memcpy",
+            |p| {
+                plot::lines(
+                    p,
+                    "Large batches: Sluice against memcpy",
+                    "batch size (MiB)",
+                    "GB/s",
+                    XAxis::Log2,
+                    &[
+                        Series {
+                            name: "Sluice publish → receive".into(),
+                            points: ps,
+                        },
+                        Series {
+                            name: "memcpy of the same bytes".into(),
+                            points: pm,
+                        },
+                    ],
+                )
+            },
+        )
+    }
+
+    fn s3(&mut self, server: &str, runs: &[(f64, f64)], img: &Path, plots: bool) -> Result<()> {
+        let b = &mut self.body;
+        writeln!(b, "\n## 6. S3 against local files\n")?;
+        writeln!(
+            b,
+            "The dataset streamed once per pass through the producer's pipeline without shared memory (plan, \
+             DataFusion scan, re-batching), from local disk and from {server} (the same files, uploaded). \
+             Baseline: local disk in the same repetition. More detail (requests, bytes, memory): \
+             `cargo bench -p sluice-cli --bench object_store`.\n"
+        )?;
+        let l = Summary::of(&runs.iter().map(|r| r.0).collect::<Vec<_>>());
+        let s = Summary::of(&runs.iter().map(|r| r.1).collect::<Vec<_>>());
+        let ratio = ratio_summary(runs.iter().map(|r| (r.1, r.0)));
+        writeln!(b, "| source | rows/s | vs local |")?;
+        writeln!(b, "|---|---:|---:|")?;
+        writeln!(b, "| local disk | {} | 1.00 |", l.show_count())?;
+        writeln!(
+            b,
+            "| S3 (loopback) | {} | **{}** |",
+            s.show_count(),
+            ratio.show(2)
+        )?;
+        self.summary.push(format!(
+            "S3 (loopback) streams at {:.2} of local disk",
+            ratio.median
+        ));
+        let mb = |v: Summary| Summary {
+            median: v.median / 1e6,
+            min: v.min / 1e6,
+            max: v.max / 1e6,
+            n: v.n,
+        };
+        self.image(plots, img, "bench-s3.png", "S3 against local files", |p| {
+            plot::bars(
+                p,
+                "Scan rate: S3 (loopback) against local disk",
+                "million rows/s",
+                &[
+                    ("local disk".into(), mb(l)),
+                    ("S3 (loopback)".into(), mb(s)),
+                ],
+            )
+        })
+    }
+
+    fn gpu(&mut self, device: &str, json: &str) {
+        let _ = writeln!(
+            self.body,
+            "\n## 7. GPU ({device})\n\nOutput of `benches/gpu.py`:\n\n```json\n{}\n```",
+            json.trim()
+        );
+        self.summary
+            .push(format!("GPU: ran on {device} (see section 7)"));
+    }
+
+    fn finish(mut self, elapsed: f64) -> String {
+        let mut out = self.head;
+        let _ = writeln!(out, "* Dataset: {}", self.dataset);
+        let _ = writeln!(out, "* Wall time of the whole command: {elapsed:.0} s\n");
+        let _ = writeln!(out, "## Summary\n");
+        for s in &self.summary {
+            let _ = writeln!(out, "* {s}");
+        }
+        for n in self.notes.drain(..) {
+            let _ = writeln!(out, "\n{n}");
+        }
+        out.push_str(&self.body);
+        out
+    }
+}

@@ -1,0 +1,184 @@
+//! Comparison 6: the same Parquet dataset streamed from a loopback S3 server and from
+//! local disk.
+//!
+//! The server is the one the test command uses: the `SLUICE_TEST_S3_*` variables of
+//! `scripts/s3-server.sh` when set, or else `.tools/bin/s3s-fs` (which that script
+//! installs), started here on 127.0.0.1 and stopped at the end. Without either the
+//! comparison is skipped, and the report says why.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use object_store::ObjectStoreExt;
+use object_store::aws::AmazonS3Builder;
+use sluice::core::Shaper;
+use sluice::prelude::*;
+
+use crate::data::{Dataset, plan_sql};
+
+/// An S3-compatible server to read from.
+pub struct S3Server {
+    endpoint: String,
+    access_key: String,
+    secret_key: String,
+    root: PathBuf,
+    /// What it is, for the report.
+    pub description: String,
+    child: Option<Child>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl S3Server {
+    /// The server of `scripts/s3-server.sh`, or one started from `.tools/bin/s3s-fs`
+    /// under `repo`; `Err` says why there is none.
+    pub fn find(repo: &Path) -> Result<Self, String> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        if let (Some(endpoint), Some(access_key), Some(secret_key), Some(root)) = (
+            var("SLUICE_TEST_S3_ENDPOINT"),
+            var("SLUICE_TEST_S3_ACCESS_KEY"),
+            var("SLUICE_TEST_S3_SECRET_KEY"),
+            var("SLUICE_TEST_S3_ROOT"),
+        ) {
+            return Ok(Self {
+                description: format!("the server of scripts/s3-server.sh at {endpoint}"),
+                endpoint,
+                access_key,
+                secret_key,
+                root: root.into(),
+                child: None,
+                _dir: None,
+            });
+        }
+        let bin = repo.join(".tools/bin/s3s-fs");
+        if !bin.exists() {
+            return Err(format!(
+                "no S3 server: {} is not installed (`bash scripts/test.sh` or `scripts/s3-server.sh true` installs it) \
+                 and SLUICE_TEST_S3_ENDPOINT is not set",
+                bin.display()
+            ));
+        }
+        Self::spawn(&bin).map_err(|e| format!("s3s-fs did not start: {e:#}"))
+    }
+
+    fn spawn(bin: &Path) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let mut random = [0u8; 16];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut random))
+            .context("cannot read /dev/urandom")?;
+        let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let access_key = format!("sluice-bench-{}", &hex[..8]);
+        let secret_key = format!("sluice-bench-secret-{hex}");
+        for _ in 0..5 {
+            let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+            let mut child = Command::new(bin)
+                .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--access-key", &access_key, "--secret-key", &secret_key])
+                .arg(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .with_context(|| format!("cannot run {}", bin.display()))?;
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if child.try_wait()?.is_some() {
+                    break;
+                }
+                if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                    return Ok(Self {
+                        endpoint: format!("http://{addr}"),
+                        access_key,
+                        secret_key,
+                        root: dir.path().to_path_buf(),
+                        description: format!(
+                            "s3s-fs ({}) on {addr}, started by the benchmark",
+                            bin.display()
+                        ),
+                        child: Some(child),
+                        _dir: Some(dir),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            // The port was taken in between, or the server failed: try another port.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        bail!("no port worked")
+    }
+
+    /// Uploads the dataset's files under `bucket/prefix/`; returns the table location
+    /// and its `OPTIONS` clause.
+    pub fn upload(&self, data: &Dataset, prefix: &str) -> Result<(String, String)> {
+        let bucket = "bench";
+        let bucket_dir = self.root.join(bucket);
+        std::fs::create_dir_all(&bucket_dir)
+            .with_context(|| format!("cannot create the bucket {}", bucket_dir.display()))?;
+        let store = AmazonS3Builder::new()
+            .with_endpoint(&self.endpoint)
+            .with_allow_http(true)
+            .with_region("us-east-1")
+            .with_bucket_name(bucket)
+            .with_access_key_id(&self.access_key)
+            .with_secret_access_key(&self.secret_key)
+            .build()
+            .context("S3 client")?;
+        let rt = tokio::runtime::Runtime::new()?;
+        for f in &data.files {
+            let name = f
+                .file_name()
+                .and_then(|n| n.to_str())
+                .context("file name")?;
+            let bytes = std::fs::read(f)?;
+            rt.block_on(store.put(&format!("{prefix}/{name}").as_str().into(), bytes.into()))
+                .with_context(|| format!("cannot upload {name}"))?;
+        }
+        let options = format!(
+            " OPTIONS ('aws.endpoint' '{}', 'aws.allow_http' 'true', 'aws.region' 'us-east-1', \
+             'aws.access_key_id' '{}', 'aws.secret_access_key' '{}')",
+            self.endpoint, self.access_key, self.secret_key
+        );
+        Ok((format!("s3://{bucket}/{prefix}/"), options))
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Streams one epoch of the table at `location` through the producer's pipeline without
+/// shared memory (plan, DataFusion scan, re-batching); returns rows/s of the scan.
+pub fn pass(location: &str, options: &str, batch_rows: usize, expected_rows: u64) -> Result<f64> {
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let sql = plan_sql("unused", location, options, batch_rows, 1);
+        let plan = Plan::from_sql("bench.sql", &sql).await?;
+        let opts = plan.options().clone();
+        let start = Instant::now();
+        let mut shaper = Shaper::new(opts.batch_rows, 0, opts.shuffle())?;
+        let mut stream = plan.execute_epoch(0).await?;
+        let mut rows = 0u64;
+        while let Some(batch) = stream.next().await {
+            for b in shaper.push(batch?)? {
+                rows += b.num_rows() as u64;
+            }
+        }
+        for b in shaper.finish()? {
+            rows += b.num_rows() as u64;
+        }
+        if rows != expected_rows {
+            bail!("read {rows} rows from {location}, not {expected_rows}");
+        }
+        Ok::<_, anyhow::Error>(rows as f64 / start.elapsed().as_secs_f64())
+    })
+}

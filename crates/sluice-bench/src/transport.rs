@@ -1,0 +1,250 @@
+//! Comparison 4 and 5: the transport floor. Publish→receive latency of small batches
+//! against a hand-off of the same batch between two threads, and the rate of large
+//! batches against `memcpy` of the same bytes.
+//!
+//! The publisher is a bare topic publisher (no plan): each batch is encoded and written
+//! once into shared memory, and a `Subscriber` on another thread of this process
+//! receives it (decoded in place, not touched further).
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use arrow::array::{ArrayRef, Float32Array};
+use arrow::record_batch::RecordBatch;
+use sluice::core::{TopicName, wire};
+use sluice::prelude::*;
+use sluice::shm::{TopicConfig, TopicPublisher};
+
+const ACK_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn subscribe(ns: &Namespace, topic: &str) -> Result<Subscriber> {
+    Ok(Subscriber::connect(
+        topic,
+        SubscribeOptions {
+            timeout: Some(Duration::from_secs(60)),
+            namespace: Some(ns.clone()),
+            ..SubscribeOptions::default()
+        },
+    )?)
+}
+
+fn open_topic(
+    ns: &Namespace,
+    topic: &str,
+    window: usize,
+    max_message_bytes: usize,
+) -> Result<(TopicPublisher, Arc<AtomicBool>)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let config = TopicConfig {
+        topic: TopicName::new(topic)?,
+        window,
+        max_subscribers: 1,
+        max_held: 2,
+        max_message_bytes,
+        lag_limit: None,
+    };
+    Ok((TopicPublisher::create(ns, config, stop.clone())?, stop))
+}
+
+/// Publish→receive latencies in microseconds of `samples` batches (after `warmup`),
+/// one at a time: the next is published once the subscriber has received the last.
+pub fn sluice_latency(
+    ns: &Namespace,
+    batch: &RecordBatch,
+    warmup: usize,
+    samples: usize,
+    topic: &str,
+) -> Result<Vec<f64>> {
+    let (mut publisher, stop) = open_topic(ns, topic, 4, wire::encode(batch)?.len())?;
+    let (sent_tx, sent_rx) = mpsc::channel::<Instant>();
+    let (ack_tx, ack_rx) = mpsc::channel::<()>();
+    let sub = {
+        let ns = ns.clone();
+        let topic = topic.to_string();
+        std::thread::spawn(move || -> Result<Vec<f64>> {
+            let mut sub = subscribe(&ns, &topic)?;
+            let mut lat = Vec::with_capacity(samples);
+            let mut seen = 0;
+            loop {
+                match sub.next_event()? {
+                    Event::Batch { batch, .. } => {
+                        let now = Instant::now();
+                        std::hint::black_box(batch.num_rows());
+                        let sent = sent_rx.recv_timeout(ACK_TIMEOUT)?;
+                        if seen >= warmup {
+                            lat.push(now.duration_since(sent).as_secs_f64() * 1e6);
+                        }
+                        seen += 1;
+                        drop(batch);
+                        ack_tx.send(())?;
+                    }
+                    Event::EpochEnd(_) => {}
+                    Event::End => break,
+                }
+            }
+            Ok(lat)
+        })
+    };
+    let published = (|| -> Result<()> {
+        publisher.wait_for_subscribers(1, Some(Duration::from_secs(60)), &stop)?;
+        for i in 0..warmup + samples {
+            let sent = Instant::now();
+            sent_tx.send(sent)?;
+            let enc = wire::encode(batch)?;
+            publisher.publish_batch(0, i as u64, batch.num_rows() as u64, &enc)?;
+            ack_rx
+                .recv_timeout(ACK_TIMEOUT)
+                .context("the subscriber did not answer")?;
+        }
+        let n = (warmup + samples) as u64;
+        publisher.publish_end_of_epoch(0, n, n * batch.num_rows() as u64)?;
+        publisher.publish_end_of_stream(1)?;
+        publisher.drain(Duration::from_secs(10));
+        Ok(())
+    })();
+    if published.is_err() {
+        let _ = publisher.publish_error("the benchmark's publisher failed");
+    }
+    let lat = sub
+        .join()
+        .map_err(|_| anyhow!("the subscriber thread panicked"))?;
+    published?;
+    let lat = lat.context("the subscriber failed")?;
+    if lat.len() != samples {
+        bail!("the subscriber timed {} batches, not {samples}", lat.len());
+    }
+    Ok(lat)
+}
+
+/// The baseline: the same batch handed to another thread over a channel, one at a time.
+pub fn handoff_latency(batch: &RecordBatch, warmup: usize, samples: usize) -> Result<Vec<f64>> {
+    let (tx, rx) = mpsc::sync_channel::<(Instant, RecordBatch)>(1);
+    let (ack_tx, ack_rx) = mpsc::channel::<()>();
+    let receiver = std::thread::spawn(move || -> Result<Vec<f64>> {
+        let mut lat = Vec::with_capacity(samples);
+        for (i, (sent, batch)) in rx.iter().enumerate() {
+            let now = Instant::now();
+            std::hint::black_box(batch.num_rows());
+            if i >= warmup {
+                lat.push(now.duration_since(sent).as_secs_f64() * 1e6);
+            }
+            drop(batch);
+            ack_tx.send(())?;
+        }
+        Ok(lat)
+    });
+    for _ in 0..warmup + samples {
+        tx.send((Instant::now(), batch.clone()))?;
+        ack_rx
+            .recv_timeout(ACK_TIMEOUT)
+            .context("the receiver did not answer")?;
+    }
+    drop(tx);
+    receiver
+        .join()
+        .map_err(|_| anyhow!("the receiver thread panicked"))?
+}
+
+/// A batch of one float32 column of `bytes` bytes.
+pub fn large_batch(bytes: usize) -> Result<RecordBatch> {
+    let values = Float32Array::from_iter_values((0..bytes / 4).map(|i| (i % 1000) as f32));
+    Ok(RecordBatch::try_from_iter([(
+        "x",
+        Arc::new(values) as ArrayRef,
+    )])?)
+}
+
+/// GB/s of `messages` large batches published and received, after `warmup` batches
+/// that fault in the topic's memory: from the start of the first timed publish (once the
+/// subscriber has received every warm-up batch) to the subscriber's receipt of the last.
+pub fn sluice_gbps(
+    ns: &Namespace,
+    batch: &RecordBatch,
+    warmup: usize,
+    messages: usize,
+    topic: &str,
+) -> Result<f64> {
+    let enc = wire::encode(batch)?;
+    let len = enc.len();
+    let (mut publisher, stop) = open_topic(ns, topic, 2, len)?;
+    let total = warmup + messages;
+    let (warm_tx, warm_rx) = mpsc::channel::<()>();
+    let sub = {
+        let ns = ns.clone();
+        let topic = topic.to_string();
+        std::thread::spawn(move || -> Result<Vec<Instant>> {
+            let mut sub = subscribe(&ns, &topic)?;
+            let mut times = Vec::with_capacity(total);
+            loop {
+                match sub.next_event()? {
+                    Event::Batch { batch, .. } => {
+                        std::hint::black_box(batch.num_rows());
+                        drop(batch);
+                        times.push(Instant::now());
+                        if times.len() == warmup {
+                            warm_tx.send(())?;
+                        }
+                    }
+                    Event::EpochEnd(_) => {}
+                    Event::End => break,
+                }
+            }
+            Ok(times)
+        })
+    };
+    let published = (|| -> Result<Instant> {
+        publisher.wait_for_subscribers(1, Some(Duration::from_secs(60)), &stop)?;
+        let mut start = Instant::now();
+        for i in 0..total {
+            if i == warmup {
+                warm_rx
+                    .recv_timeout(ACK_TIMEOUT)
+                    .context("the subscriber did not receive the warm-up")?;
+                start = Instant::now();
+            }
+            let enc = wire::encode(batch)?;
+            publisher.publish_batch(0, i as u64, batch.num_rows() as u64, &enc)?;
+        }
+        publisher.publish_end_of_epoch(0, total as u64, (total * batch.num_rows()) as u64)?;
+        publisher.publish_end_of_stream(1)?;
+        publisher.drain(Duration::from_secs(30));
+        Ok(start)
+    })();
+    if published.is_err() {
+        let _ = publisher.publish_error("the benchmark's publisher failed");
+    }
+    let times = sub
+        .join()
+        .map_err(|_| anyhow!("the subscriber thread panicked"))?;
+    let start = published?;
+    let times = times.context("the subscriber failed")?;
+    if times.len() != total || warmup == 0 {
+        bail!("the subscriber received {} of {total} batches", times.len());
+    }
+    let secs = times[total - 1].duration_since(start).as_secs_f64();
+    Ok((messages * len) as f64 / secs / 1e9)
+}
+
+/// GB/s of a plain `memcpy` of the same bytes, `messages` times, into 8 destinations
+/// already written once (as the topic's shared memory is after the warm-up).
+pub fn memcpy_gbps(batch: &RecordBatch, messages: usize) -> Result<f64> {
+    let src = batch
+        .column(0)
+        .to_data()
+        .buffers()
+        .first()
+        .cloned()
+        .context("the batch has no buffer")?;
+    let src = src.as_slice();
+    let mut dst = vec![vec![1u8; src.len()]; 8];
+    let start = Instant::now();
+    for i in 0..messages {
+        let d = &mut dst[i % 8];
+        d.copy_from_slice(src);
+        std::hint::black_box(d.as_ptr());
+    }
+    Ok((messages * src.len()) as f64 / start.elapsed().as_secs_f64() / 1e9)
+}
