@@ -71,6 +71,8 @@ def ns() -> Iterator[str]:
         for p in _shm_files(name):
             p.unlink(missing_ok=True)
         shutil.rmtree(_service_root(name), ignore_errors=True)
+        # Checkpoints and `sluice status` reports (Namespace::state_dir).
+        shutil.rmtree(_service_root(name).with_name(f"sluice-{name}.state"), ignore_errors=True)
         if previous is None:
             os.environ.pop("SLUICE_NAMESPACE", None)
         else:
