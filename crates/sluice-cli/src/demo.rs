@@ -11,18 +11,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use arrow::array::{
-    ArrayRef, BinaryArray, FixedSizeListArray, Float32Array, Int32Array, Int64Array, StringArray,
-};
-use arrow::datatypes::{DataType, Field};
+use arrow::array::{ArrayRef, BinaryArray, Int32Array, Int64Array};
 use arrow::record_batch::RecordBatch;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
+use sluice::demo::{demo_batch, mix};
 use sluice::{Plan, RunOptions};
 
 /// Width of the demo's feature vectors.
-const FEATURES: i32 = 16;
 const DEMO_PLAN: &str = include_str!("../../../pipelines/demo.sql");
 const IMAGES_PLAN: &str = include_str!("../../../pipelines/images.sql");
 
@@ -284,14 +281,6 @@ pub(crate) fn write_dataset(dir: &Path, rows: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// SplitMix64: deterministic and dependency-free.
-fn mix(x: i64) -> u64 {
-    let mut z = (x as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Writes `rows` deterministic JPEGs (48 to 127 pixels a side, a label from 0 to 9) as two
 /// Parquet files: columns `id`, `label`, `image` (the encoded bytes).
 pub(crate) fn write_images(dir: &Path, rows: usize) -> anyhow::Result<()> {
@@ -359,36 +348,4 @@ fn demo_jpeg(i: i64) -> anyhow::Result<Vec<u8>> {
     let mut out = std::io::Cursor::new(Vec::new());
     img.write_to(&mut out, image::ImageFormat::Jpeg)?;
     Ok(out.into_inner())
-}
-
-fn demo_batch(start: i64, end: i64) -> anyhow::Result<RecordBatch> {
-    const WORDS: [&str; 8] = ["cat", "dog", "owl", "fox", "elk", "yak", "emu", "bee"];
-    let ids = Int64Array::from_iter_values(start..end);
-    let labels: Int32Array = (start..end)
-        .map(|i| (i % 97 != 13).then_some((mix(i) % 10) as i32))
-        .collect();
-    let text = StringArray::from_iter_values((start..end).map(|i| {
-        let h = mix(i ^ 0x5555);
-        format!(
-            "sample {i}: {} {} {}",
-            WORDS[(h % 8) as usize],
-            WORDS[((h >> 8) % 8) as usize],
-            WORDS[((h >> 16) % 8) as usize]
-        )
-    }));
-    let values = Float32Array::from_iter_values((start..end).flat_map(|i| {
-        (0..FEATURES).map(move |j| (mix(i * 64 + j as i64) % 10_000) as f32 / 10_000.0)
-    }));
-    let features = FixedSizeListArray::try_new(
-        Arc::new(Field::new("item", DataType::Float32, false)),
-        FEATURES,
-        Arc::new(values),
-        None,
-    )?;
-    Ok(RecordBatch::try_from_iter([
-        ("id", Arc::new(ids) as ArrayRef),
-        ("label", Arc::new(labels) as ArrayRef),
-        ("text", Arc::new(text) as ArrayRef),
-        ("features", Arc::new(features) as ArrayRef),
-    ])?)
 }

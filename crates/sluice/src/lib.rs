@@ -38,6 +38,7 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod demo;
 mod gpu;
 mod producer;
 pub mod status;
