@@ -30,15 +30,7 @@ fn three_subscriber_processes_receive_every_row_exactly_once() {
     let subs: Vec<_> = (0..3)
         .map(|_| h.spawn(&["subscribe", "three", "--json", "--timeout", "60"]))
         .collect();
-    let producer = h.spawn(&[
-        "run",
-        "p.sql",
-        "--quiet",
-        "--min-subscribers",
-        "3",
-        "--wait-timeout",
-        "60",
-    ]);
+    let producer = h.spawn_producer(3, &[]);
     for sub in subs {
         assert_exactly_once(&sub.wait(LIMIT), 2, rows, &sum);
     }
@@ -58,15 +50,7 @@ fn eight_late_subscribers_and_private_shared_memory() {
         &plan_sql("eight", "SET sluice.batch_rows = 333;", QUERY),
     );
     let (rows, sum) = h.source_checksum(&plan);
-    let producer = h.spawn(&[
-        "run",
-        "p.sql",
-        "--quiet",
-        "--min-subscribers",
-        "8",
-        "--wait-timeout",
-        "60",
-    ]);
+    let producer = h.spawn_producer(8, &[]);
     h.wait_for_topic(LIMIT);
     let loose = h.ns.loose_permissions();
     assert!(loose.is_empty(), "writable by others: {loose:?}");
@@ -110,15 +94,7 @@ fn a_query_that_fails_at_run_time_fails_its_subscribers() {
     let subs: Vec<_> = (0..2)
         .map(|_| h.spawn(&["subscribe", "fails", "--json", "--timeout", "60"]))
         .collect();
-    let producer = h.spawn(&[
-        "run",
-        "p.sql",
-        "--quiet",
-        "--min-subscribers",
-        "2",
-        "--wait-timeout",
-        "60",
-    ]);
+    let producer = h.spawn_producer(2, &[]);
     let out = producer.wait(LIMIT);
     assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
     assert!(out.stderr.contains("not a number"), "{}", out.stderr);
@@ -235,15 +211,7 @@ fn a_killed_producer_makes_subscribers_fail_fast() {
     let subs: Vec<_> = (0..2)
         .map(|_| h.spawn(&["subscribe", "killed", "--json", "--timeout", "60"]))
         .collect();
-    let producer = h.spawn(&[
-        "run",
-        "p.sql",
-        "--quiet",
-        "--min-subscribers",
-        "2",
-        "--wait-timeout",
-        "60",
-    ]);
+    let producer = h.spawn_producer(2, &[]);
     let start = Instant::now();
     while subs[0].stdout_so_far().lines().count() < 2 {
         assert!(start.elapsed() < LIMIT, "no epoch arrived");
@@ -271,15 +239,7 @@ fn one_producer_per_topic_and_a_dead_ones_topic_is_reclaimed() {
     h.dataset(3_000);
     let plan = h.plan("p.sql", &plan_sql("solo", "", QUERY));
     let (rows, sum) = h.source_checksum(&plan);
-    let first = h.spawn(&[
-        "run",
-        "p.sql",
-        "--quiet",
-        "--min-subscribers",
-        "1",
-        "--wait-timeout",
-        "60",
-    ]);
+    let first = h.spawn_producer(1, &[]);
     h.wait_for_topic(LIMIT);
     let second = h.run(&["run", "p.sql", "--quiet"]);
     assert_eq!(second.status.code(), Some(1), "{}", second.stderr);
@@ -292,15 +252,7 @@ fn one_producer_per_topic_and_a_dead_ones_topic_is_reclaimed() {
     first.kill9();
     first.wait(LIMIT);
     let sub = h.spawn(&["subscribe", "solo", "--json", "--timeout", "60"]);
-    let third = h.spawn(&[
-        "run",
-        "p.sql",
-        "--quiet",
-        "--min-subscribers",
-        "1",
-        "--wait-timeout",
-        "60",
-    ]);
+    let third = h.spawn_producer(1, &[]);
     assert_exactly_once(&sub.wait(LIMIT), 1, rows, &sum);
     let out = third.wait(LIMIT);
     assert!(out.status.success(), "{}", out.stderr);
@@ -368,15 +320,7 @@ fn a_killed_subscriber_does_not_stall_the_others() {
         .map(|_| h.spawn(&["subscribe", "victim", "--json", "--timeout", "60"]))
         .collect();
     let victim = h.spawn(&["subscribe", "victim", "--json", "--timeout", "60"]);
-    let producer = h.spawn(&[
-        "run",
-        "p.sql",
-        "--quiet",
-        "--min-subscribers",
-        "3",
-        "--wait-timeout",
-        "60",
-    ]);
+    let producer = h.spawn_producer(3, &[]);
     let start = Instant::now();
     while victim.stdout_so_far().lines().count() < 1 {
         assert!(start.elapsed() < LIMIT, "no epoch arrived");
@@ -430,17 +374,7 @@ fn a_lag_limit_detaches_or_skips_a_slow_subscriber() {
         // After the stream, the producer waits (up to the linger) for the stopped
         // subscriber to read its queued batches once continued; a loaded CI machine
         // running a debug build may need more than the default 10 s for that.
-        let producer = h.spawn(&[
-            "run",
-            "p.sql",
-            "--quiet",
-            "--min-subscribers",
-            "2",
-            "--wait-timeout",
-            "60",
-            "--linger",
-            "30",
-        ]);
+        let producer = h.spawn_producer(2, &["--linger", "30"]);
         let name = sluice::core::TopicName::new(topic.as_str()).unwrap();
         let start = Instant::now();
         while sluice::shm::subscriber_count(&h.ns, &name).unwrap() != Some(1) {
@@ -523,15 +457,7 @@ fn a_producer_killed_at_random_moments_resumes_without_duplicates_or_gaps() {
                 "5",
             ]),
         ];
-        let first = h.spawn(&[
-            "run",
-            "p.sql",
-            "--quiet",
-            "--min-subscribers",
-            "2",
-            "--wait-timeout",
-            "60",
-        ]);
+        let first = h.spawn_producer(2, &[]);
         // Kill somewhere in the stream: after 0-2 epochs reached the subscribers, plus
         // a random delay.
         let epochs_first = rng.below(2);
@@ -595,15 +521,7 @@ fn subscribers_killed_at_random_moments_do_not_disturb_the_others() {
                 ])
             })
             .collect();
-        let producer = h.spawn(&[
-            "run",
-            "p.sql",
-            "--quiet",
-            "--min-subscribers",
-            "3",
-            "--wait-timeout",
-            "60",
-        ]);
+        let producer = h.spawn_producer(3, &[]);
         for victim in victims {
             std::thread::sleep(Duration::from_millis(50 + rng.below(400) as u64));
             victim.kill9();
@@ -644,15 +562,7 @@ fn status_shows_producers_and_subscribers_with_their_lag() {
         "--delay-ms",
         "20",
     ]);
-    let producer = h.spawn(&[
-        "run",
-        "p.sql",
-        "--quiet",
-        "--min-subscribers",
-        "1",
-        "--wait-timeout",
-        "60",
-    ]);
+    let producer = h.spawn_producer(1, &[]);
     let start = Instant::now();
     let topic = loop {
         let out = h.run(&["status", "--json"]);

@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -25,7 +25,7 @@ struct S3 {
     endpoint: String,
     access_key: String,
     secret_key: String,
-    root: std::path::PathBuf,
+    root: PathBuf,
 }
 
 impl S3 {
@@ -97,6 +97,16 @@ impl S3 {
             .unwrap_or_else(|e| panic!("cannot delete {path}: {e}"));
     }
 
+    /// A harness with a local dataset of `rows` rows, uploaded under `train/` of a new
+    /// bucket (returned with the harness); the local copy is in the harness's `data/`.
+    fn harness_with_train(&self, rows: usize) -> (Harness, String) {
+        let mut h = Harness::new();
+        let data = h.dataset(rows);
+        let bucket = self.bucket();
+        self.upload_dir(&bucket, &data, "train");
+        (h, bucket)
+    }
+
     /// Uploads every file of the local directory `dir` under `prefix/`.
     fn upload_dir(&self, bucket: &str, dir: &Path, prefix: &str) {
         let mut files = Vec::new();
@@ -158,10 +168,7 @@ fn rows_streamed_from_s3_arrive_exactly_once() {
     let Some(s3) = S3::server("rows_streamed_from_s3_arrive_exactly_once") else {
         return;
     };
-    let mut h = Harness::new();
-    let data = h.dataset(30_000);
-    let bucket = s3.bucket();
-    s3.upload_dir(&bucket, &data, "train");
+    let (mut h, bucket) = s3.harness_with_train(30_000);
     h.env = s3.env(&s3.secret_key);
     let local = h.plan("local.sql", &plan_sql("s3-local", "", "data/", ""));
     let remote = h.plan(
@@ -179,15 +186,7 @@ fn rows_streamed_from_s3_arrive_exactly_once() {
     let subs: Vec<_> = (0..3)
         .map(|_| h.spawn(&["subscribe", "s3-once", "--json", "--timeout", "60"]))
         .collect();
-    let producer = h.spawn(&[
-        "run",
-        "p.sql",
-        "--quiet",
-        "--min-subscribers",
-        "3",
-        "--wait-timeout",
-        "60",
-    ]);
+    let producer = h.spawn_producer(3, &[]);
     for sub in subs {
         assert_exactly_once(&sub.wait(LIMIT), 2, rows, &sum);
     }
@@ -203,10 +202,7 @@ fn credentials_from_table_options_work_and_secrets_never_show() {
     let Some(s3) = S3::server("credentials_from_table_options_work_and_secrets_never_show") else {
         return;
     };
-    let mut h = Harness::new();
-    let data = h.dataset(5_000);
-    let bucket = s3.bucket();
-    s3.upload_dir(&bucket, &data, "train");
+    let (mut h, bucket) = s3.harness_with_train(5_000);
     let options = |secret: &str| {
         format!(
             " OPTIONS ('aws.access_key_id' '{}', 'aws.secret_access_key' '{secret}', \
@@ -274,11 +270,8 @@ fn store_failures_name_the_object_and_reach_subscribers() {
     let Some(s3) = S3::server("store_failures_name_the_object_and_reach_subscribers") else {
         return;
     };
-    let mut h = Harness::new();
-    let data = h.dataset(3_000);
-    let bucket = s3.bucket();
-    s3.upload_dir(&bucket, &data, "train");
-    s3.upload_dir(&bucket, &data, "mixed");
+    let (mut h, bucket) = s3.harness_with_train(3_000);
+    s3.upload_dir(&bucket, &h.path("data"), "mixed");
     s3.put(
         &bucket,
         &[(
@@ -325,17 +318,7 @@ fn store_failures_name_the_object_and_reach_subscribers() {
         let subs: Vec<_> = (0..2)
             .map(|_| h.spawn(&["subscribe", topic, "--json", "--timeout", "60"]))
             .collect();
-        let out = h
-            .spawn(&[
-                "run",
-                "p.sql",
-                "--quiet",
-                "--min-subscribers",
-                "2",
-                "--wait-timeout",
-                "60",
-            ])
-            .wait(LIMIT);
+        let out = h.spawn_producer(2, &[]).wait(LIMIT);
         assert_ne!(out.status.code(), Some(0), "{topic}: {}", out.stderr);
         assert!(out.stderr.contains("p.sql:4:1"), "{topic}: {}", out.stderr);
         for needle in &needles {
@@ -373,10 +356,7 @@ fn an_object_lost_mid_stream_fails_the_subscribers_with_its_name() {
     else {
         return;
     };
-    let mut h = Harness::new();
-    let data = h.dataset(200_000);
-    let bucket = s3.bucket();
-    s3.upload_dir(&bucket, &data, "train");
+    let (mut h, bucket) = s3.harness_with_train(200_000);
     h.env = s3.env(&s3.secret_key);
     // Two partitions, [part-00, part-01] and [part-02, part-03]; the producer runs at most
     // a window ahead of a slow subscriber, so part-03 is still unread when it is deleted.
@@ -402,15 +382,7 @@ fn an_object_lost_mid_stream_fails_the_subscribers_with_its_name() {
             ])
         })
         .collect();
-    let producer = h.spawn(&[
-        "run",
-        "p.sql",
-        "--quiet",
-        "--min-subscribers",
-        "2",
-        "--wait-timeout",
-        "60",
-    ]);
+    let producer = h.spawn_producer(2, &[]);
     h.wait_for_topic(LIMIT);
     s3.delete(&bucket, "train/part-03.parquet");
     let out = producer.wait(LIMIT);
@@ -495,10 +467,7 @@ fn shards_over_s3_are_disjoint_and_complete() {
     let Some(s3) = S3::server("shards_over_s3_are_disjoint_and_complete") else {
         return;
     };
-    let mut h = Harness::new();
-    let data = h.dataset(120_000);
-    let bucket = s3.bucket();
-    s3.upload_dir(&bucket, &data, "train");
+    let (mut h, bucket) = s3.harness_with_train(120_000);
     h.env = s3.env(&s3.secret_key);
     h.plan("local.sql", &plan_sql("x", "", "data/", ""));
     h.plan(

@@ -204,6 +204,23 @@ impl Harness {
         )
     }
 
+    /// `sluice run p.sql --quiet --min-subscribers N --wait-timeout 60`, then `extra`: the
+    /// producer of most tests, started before or after its subscribers.
+    pub fn spawn_producer(&mut self, min_subscribers: usize, extra: &[&str]) -> Proc {
+        let n = min_subscribers.to_string();
+        let mut args = vec![
+            "run",
+            "p.sql",
+            "--quiet",
+            "--min-subscribers",
+            n.as_str(),
+            "--wait-timeout",
+            "60",
+        ];
+        args.extend_from_slice(extra);
+        self.spawn(&args)
+    }
+
     /// Waits until the topic's data segment exists (the producer created the topic).
     pub fn wait_for_topic(&self, limit: Duration) {
         let start = Instant::now();
