@@ -10,28 +10,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=${PYTHON:-python3}
 VENV=.venv
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 WHEELS=$CARGO_TARGET_DIR/wheels
 
-# Versions checked on PyPI; pyarrow 26 and numpy 2.4 need Python >= 3.11.
-PACKAGES=(
-  "maturin==1.16.0"
-  "pyarrow==26.0.1"
-  "numpy==2.4.6"
-  "polars==2.1.0"
-  "pytest==9.2.0"
-  "pytest-timeout==2.4.0"
-  "pillow==12.3.0"
-)
-
 echo "== Python: virtualenv ($VENV)"
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PYTHON" -m venv "$VENV"
-fi
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PACKAGES[@]}"
+VENV=$VENV scripts/python-env.sh
+# The same interpreter as scripts/test.sh's lint and test steps, so that pyo3's build
+# script sees the same environment and nothing below it is compiled again.
+export PYO3_PYTHON="$PWD/$VENV/bin/python"
 
 if [ "${SLUICE_PY_SKIP_CLIPPY:-0}" != 1 ]; then
   echo "== Python: lints (sluice-python)"
@@ -41,7 +29,8 @@ fi
 echo "== Python: build the wheel"
 mkdir -p "$WHEELS"
 rm -f "$WHEELS"/sluice-*.whl
-# A debug build is enough for the tests (and much faster to compile than --release).
+# The dev profile of the tests: DataFusion, arrow and the rest come from the test build
+# (one feature set, tools/workspace-hack); only pyo3 and the extension are compiled here.
 "$VENV/bin/maturin" build --locked -m crates/sluice-python/Cargo.toml --out "$WHEELS" \
   --interpreter "$VENV/bin/python"
 wheels=("$WHEELS"/sluice-*-abi3-*.whl)

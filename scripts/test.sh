@@ -1,23 +1,65 @@
 #!/usr/bin/env bash
 # Runs every test of Sluice: the Rust workspace (unit, in-process and cross-process
-# tests) and the Python package (built into a local virtualenv). Installs what it needs.
+# tests, against a real S3-compatible server) and the Python package (an abi3 wheel in a
+# local virtualenv). Installs what it needs; idempotent. CI runs exactly this.
+#
+# Everything is compiled once per mode: tools/workspace-hack gives every member one
+# feature set, so the lint pass checks DataFusion once, the test build compiles it once,
+# and the S3 server and the Python wheel reuse that build (see docs/building.md).
+#
+# Environment: SLUICE_SKIP_HAKARI_CHECK=1 skips the workspace-hack check (it installs
+# cargo-hakari into .tools/ on first use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The default workspace members are the Rust crates; the Python extension is built
-# and linted by scripts/test-python.sh.
 # Tests spawn real processes and share /dev/shm; keep them bounded and tidy.
 export RUST_BACKTRACE=${RUST_BACKTRACE:-1}
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 
-echo "== Rust: format and lints"
-cargo fmt --all -- --check
-cargo clippy --all-targets --locked -- -D warnings
+started=$SECONDS
+step_started=$SECONDS
+step() {
+  if [ -n "${step_name:-}" ]; then
+    echo "== done: $step_name in $((SECONDS - step_started)) s"
+  fi
+  step_name=$1
+  step_started=$SECONDS
+  echo "== $step_name"
+}
 
-echo "== Rust: tests (with a real S3-compatible server on 127.0.0.1)"
+step "Python: virtualenv"
+# The Python crate's build script (pyo3) must see the same interpreter in every step,
+# or pyo3 and everything above it would be compiled again.
+scripts/python-env.sh
+export PYO3_PYTHON="$PWD/.venv/bin/python"
+
+step "Rust: format"
+cargo fmt --all -- --check
+
+if [ "${SLUICE_SKIP_HAKARI_CHECK:-0}" != 1 ]; then
+  step "Rust: one feature set (cargo hakari)"
+  HAKARI_VERSION=0.9.39
+  if ! .tools/bin/cargo-hakari --version 2>/dev/null | grep -q " $HAKARI_VERSION\$"; then
+    # Its own target directory, removed afterwards: it shares nothing with the workspace.
+    CARGO_TARGET_DIR="$PWD/.tools/build" cargo install --locked --quiet --root .tools \
+      "cargo-hakari@$HAKARI_VERSION"
+    rm -rf .tools/build
+  fi
+  # Fails when a dependency or feature changed and the workspace-hack was not
+  # regenerated (`cargo hakari generate && cargo hakari manage-deps`).
+  .tools/bin/cargo-hakari hakari generate --diff --color never
+  .tools/bin/cargo-hakari hakari manage-deps --dry-run --color never
+fi
+
+step "Rust: lints (every member, the Python extension included)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "Rust: tests (with a real S3-compatible server on 127.0.0.1)"
+cargo build --locked --tests
 scripts/s3-server.sh cargo test --locked
 
-if [ -x scripts/test-python.sh ]; then
-  echo "== Python: tests"
-  scripts/test-python.sh
-fi
+step "Python: wheel and tests"
+SLUICE_PY_SKIP_CLIPPY=1 scripts/test-python.sh
+
+step "finished"
+echo "== all tests passed in $((SECONDS - started)) s"

@@ -222,3 +222,54 @@ def test_a_subscriber_is_an_arrow_stream(plans):
     assert sorted(table.column("id").to_pylist()) == sorted(list(range(200)) * 2)
     del table
     producer.wait(timeout=30)
+
+
+@pytest.mark.parametrize("consumer", ["pyarrow", "polars", "copy"])
+def test_copies_of_dictionary_and_view_columns_leave_shared_memory(plans, consumer):
+    """A whole stream read with ``pa.table(sub)`` or ``pl.from_arrow(sub)``, or batches
+    kept with ``Batch.copy()``, hold no shared memory, also with dictionary and string
+    view columns (issue 13: the copies kept their dictionary values in the sample and
+    failed with "holds too many batches" after ``max_held`` batches)."""
+    select = ("SELECT id, arrow_cast(text, 'Dictionary(Int32, Utf8)') AS d, "
+              "arrow_cast(text, 'Utf8View') AS v FROM t")
+    producer = sluice.Producer(plans.plan(rows=10_007, batch_rows=500, select=select),
+                               min_subscribers=1)
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        if consumer == "pyarrow":
+            table = pa.table(sub)
+        elif consumer == "polars":
+            table = pl.from_arrow(sub).to_arrow()
+        else:
+            kept = []
+            for b in sub:
+                shm = b.shm_range
+                c = b.copy()
+                del b
+                for column in pa.record_batch(c).columns:
+                    for span in _all_buffers(column):
+                        assert shm is None or not overlaps(span, shm), \
+                            f"a copy of {column.type} points into shared memory"
+                kept.append(c)
+            table = pa.Table.from_batches([pa.record_batch(b) for b in kept])
+    assert table.num_rows == 10_007
+    assert sorted(table.column("id").to_pylist()) == list(range(10_007))
+    d = table.column("d").cast(pa.string()).to_pylist()
+    assert d == table.column("v").cast(pa.string()).to_pylist()
+    assert sorted(d) == sorted(f"row{i}" for i in range(10_007))
+    del table
+    producer.wait(timeout=30)
+
+
+def _all_buffers(array: pa.Array) -> list[tuple[int, int]]:
+    """(address, size) of every buffer of ``array``, its children and its dictionary."""
+    out = [(b.address, b.size) for b in array.buffers() if b is not None and b.size > 0]
+    if pa.types.is_dictionary(array.type):
+        out += _all_buffers(array.dictionary)
+    return out
+
+
+def overlaps(span: tuple[int, int], shm_range: tuple[int, int]) -> bool:
+    """Whether the (address, size) span shares a byte with the [start, end) range."""
+    address, size = span
+    start, end = shm_range
+    return address < end and start < address + size

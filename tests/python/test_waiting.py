@@ -4,9 +4,12 @@ background of the calling process."""
 from __future__ import annotations
 
 import signal
+import tempfile
 import threading
 import time
+from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 import sluice
@@ -122,3 +125,44 @@ def test_producer_wait_times_out_while_the_run_goes_on(plans):
         producer.wait(timeout=0.2)
     assert producer.running
     producer.close()
+
+
+def _waiting_subscribers(ns: str, topic: str) -> int:
+    """Subscribers that declared their interest in ``topic`` (docs/protocol.md)."""
+    interest = Path(tempfile.gettempdir()) / f"sluice-{ns}.state" / "interest" / topic
+    return sum(1 for p in interest.glob("*") if not p.name.startswith("."))
+
+
+def test_subscribers_waiting_in_threads_get_a_producer_started_after_them_whole(plans, ns):
+    """Three threads wait in ``sluice.subscribe`` before a ``Producer`` of the same
+    process starts, with no ``min_subscribers``: each gets every row (issue 13: the run
+    used to finish before any of them attached)."""
+    rows = 20_011
+    plan = plans.plan(rows=rows, batch_rows=500)
+    received: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def consume(i: int) -> None:
+        try:
+            with sluice.subscribe(plans.topic, timeout=20) as sub:
+                received[i] = [v for b in sub for v in pa.record_batch(b).column("id").to_pylist()]
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 20
+    while _waiting_subscribers(ns, plans.topic) < 3:
+        assert time.monotonic() < deadline, "the subscribers did not start waiting"
+        time.sleep(0.01)
+    producer = sluice.Producer(plan)
+    stats = producer.wait()
+    producer.close()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive()
+    assert not errors, errors
+    assert stats.rows == rows
+    for i in range(3):
+        assert sorted(received[i]) == list(range(rows)), f"subscriber {i}"

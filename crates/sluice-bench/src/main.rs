@@ -219,7 +219,7 @@ fn run(args: &Args) -> Result<()> {
     report.large(&large, &img, font.is_ok())?;
 
     step(start, "6. S3 against local files");
-    match s3::S3Server::find(&repo) {
+    match s3::S3Server::find() {
         Ok(server) => {
             let (location, options) = server.upload(&data, "data")?;
             let local = format!("{}/", data.dir.display());

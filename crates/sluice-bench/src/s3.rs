@@ -2,14 +2,14 @@
 //! local disk.
 //!
 //! The server is the one the test command uses: the `SLUICE_TEST_S3_*` variables of
-//! `scripts/s3-server.sh` when set, or else `.tools/bin/s3s-fs` (which that script
-//! installs), started here on 127.0.0.1 and stopped at the end. Without either the
-//! comparison is skipped, and the report says why.
+//! `scripts/s3-server.sh` when set, or else `sluice-s3-test-server` (s3s-fs, a member of
+//! this workspace) from the directory of this executable, started here on 127.0.0.1 and
+//! stopped at the end. Without either the comparison is skipped, and the report says why.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
@@ -33,9 +33,10 @@ pub struct S3Server {
 }
 
 impl S3Server {
-    /// The server of `scripts/s3-server.sh`, or one started from `.tools/bin/s3s-fs`
-    /// under `repo`; `Err` says why there is none.
-    pub fn find(repo: &Path) -> Result<Self, String> {
+    /// The server of `scripts/s3-server.sh`, or one started from the
+    /// `sluice-s3-test-server` built next to this executable; `Err` says why there is
+    /// none.
+    pub fn find() -> Result<Self, String> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         if let (Some(endpoint), Some(access_key), Some(secret_key), Some(root)) = (
             var("SLUICE_TEST_S3_ENDPOINT"),
@@ -53,15 +54,17 @@ impl S3Server {
                 _dir: None,
             });
         }
-        let bin = repo.join(".tools/bin/s3s-fs");
+        let bin = std::env::current_exe()
+            .map_err(|e| format!("cannot locate this executable: {e}"))?
+            .with_file_name("sluice-s3-test-server");
         if !bin.exists() {
             return Err(format!(
-                "no S3 server: {} is not installed (`bash scripts/test.sh` or `scripts/s3-server.sh true` installs it) \
-                 and SLUICE_TEST_S3_ENDPOINT is not set",
+                "no S3 server: {} is not built (`cargo build --release -p sluice-s3-test-server` \
+                 builds it) and SLUICE_TEST_S3_ENDPOINT is not set",
                 bin.display()
             ));
         }
-        Self::spawn(&bin).map_err(|e| format!("s3s-fs did not start: {e:#}"))
+        Self::spawn(&bin).map_err(|e| format!("the S3 test server did not start: {e:#}"))
     }
 
     fn spawn(bin: &Path) -> Result<Self> {
@@ -73,43 +76,39 @@ impl S3Server {
         let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
         let access_key = format!("sluice-bench-{}", &hex[..8]);
         let secret_key = format!("sluice-bench-secret-{hex}");
-        for _ in 0..5 {
-            let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-            let mut child = Command::new(bin)
-                .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-                .args(["--access-key", &access_key, "--secret-key", &secret_key])
-                .arg(dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .with_context(|| format!("cannot run {}", bin.display()))?;
-            let addr = SocketAddr::from(([127, 0, 0, 1], port));
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if child.try_wait()?.is_some() {
-                    break;
-                }
-                if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-                    return Ok(Self {
-                        endpoint: format!("http://{addr}"),
-                        access_key,
-                        secret_key,
-                        root: dir.path().to_path_buf(),
-                        description: format!(
-                            "s3s-fs ({}) on {addr}, started by the benchmark",
-                            bin.display()
-                        ),
-                        child: Some(child),
-                        _dir: Some(dir),
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            // The port was taken in between, or the server failed: try another port.
+        // The server picks a free port and prints it; its standard input is a pipe that
+        // closes when this process exits, so it cannot outlive the benchmark.
+        let mut child = Command::new(bin)
+            .args(["--host", "127.0.0.1", "--port", "0", "--exit-on-stdin-eof"])
+            .args(["--access-key", &access_key, "--secret-key", &secret_key])
+            .arg(dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot run {}", bin.display()))?;
+        let stdout = child.stdout.take().context("the server's stdout")?;
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .context("reading the server's address")?;
+        let Some(endpoint) = line.trim().strip_prefix("listening on ") else {
             let _ = child.kill();
             let _ = child.wait();
-        }
-        bail!("no port worked")
+            bail!("it printed {line:?} instead of its address");
+        };
+        Ok(Self {
+            endpoint: endpoint.to_string(),
+            access_key,
+            secret_key,
+            root: dir.path().to_path_buf(),
+            description: format!(
+                "s3s-fs ({}) on {endpoint}, started by the benchmark",
+                bin.display()
+            ),
+            child: Some(child),
+            _dir: Some(dir),
+        })
     }
 
     /// Uploads the dataset's files under `bucket/prefix/`; returns the table location

@@ -228,9 +228,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// Loads the plan of `sluice run`. When an object store fails (missing bucket or
-/// object, refused credentials, corrupt object), the subscribers waiting for the plan's
-/// topic are told why, rather than left waiting for a topic that never comes.
+/// Loads the plan of `sluice run`. When it cannot be loaded, the subscribers waiting for
+/// the plan's topic are told why, rather than left waiting for a topic that never comes.
 fn load_for_run(
     rt: &tokio::runtime::Runtime,
     path: &std::path::Path,
@@ -239,16 +238,6 @@ fn load_for_run(
     wait_timeout: Option<f64>,
     linger: f64,
 ) -> anyhow::Result<Plan> {
-    let error = match rt.block_on(Plan::load(path)) {
-        Ok(plan) => return Ok(plan),
-        Err(e @ SluiceError::Storage { .. }) => e,
-        Err(e) => return Err(e.into()),
-    };
-    let sql = std::fs::read_to_string(path).unwrap_or_default();
-    let mut declared = rt.block_on(Plan::declared_options(&sql));
-    if let Some(t) = topic {
-        declared.topic = t.clone();
-    }
     let options = RunOptions {
         min_subscribers,
         subscriber_timeout: wait_timeout.map(Duration::from_secs_f64),
@@ -256,12 +245,14 @@ fn load_for_run(
         stop: stop_flag(rt),
         ..RunOptions::default()
     };
-    if let Err(e) = Namespace::from_env()
-        .and_then(|ns| Producer::fail_before_start(&ns, &declared, &options, &error))
-    {
-        tracing::warn!("could not tell subscribers about the failure: {e}");
-    }
-    Err(error.into())
+    let namespace = Namespace::from_env()?;
+    Ok(Producer::load_for_run(
+        rt.handle(),
+        path,
+        topic.as_deref(),
+        &namespace,
+        &options,
+    )?)
 }
 
 /// Applies `--shard RANK/WORLD`.

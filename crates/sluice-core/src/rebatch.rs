@@ -11,6 +11,7 @@
 
 use std::collections::VecDeque;
 
+use arrow::array::{ArrayData, MutableArrayData};
 use arrow::compute::concat_batches;
 use arrow::record_batch::RecordBatch;
 
@@ -139,25 +140,76 @@ impl Rebatcher {
 }
 
 /// A copy of `batch` in process memory that shares no buffer with it (so the memory it
-/// came from, a shared-memory sample say, can be released).
+/// came from, a shared-memory sample say, can be released), compacted to the rows the
+/// batch covers.
+///
+/// `MutableArrayData` alone is not enough: for a single input it keeps a dictionary's
+/// values and a view array's data buffers by reference, so a "copy" of a batch with a
+/// dictionary or string-view column would still pin the sample (and count against the
+/// subscriber's `max_held`). [`own`] copies those too, at every nesting level.
 pub fn deep_copy(batch: &RecordBatch) -> Result<RecordBatch, arrow::error::ArrowError> {
-    use arrow::array::{MutableArrayData, make_array};
+    use arrow::array::make_array;
     use arrow::record_batch::RecordBatchOptions;
     let columns = batch
         .columns()
         .iter()
-        .map(|column| {
-            let data = column.to_data();
-            let mut copy = MutableArrayData::new(vec![&data], false, data.len());
-            copy.try_extend(0, 0, data.len())?;
-            Ok(make_array(copy.freeze()))
-        })
+        .map(|column| Ok(make_array(copy_data(&column.to_data())?)))
         .collect::<Result<Vec<_>, arrow::error::ArrowError>>()?;
     RecordBatch::try_new_with_options(
         batch.schema(),
         columns,
         &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
     )
+}
+
+/// The rows of `data` in new memory: compacted by `MutableArrayData`, then [`own`]ed.
+fn copy_data(data: &ArrayData) -> Result<ArrayData, arrow::error::ArrowError> {
+    let mut copy = MutableArrayData::new(vec![data], false, data.len());
+    copy.try_extend(0, 0, data.len())?;
+    own(copy.freeze())
+}
+
+/// Replaces the buffers that `MutableArrayData` carried over by reference (dictionary
+/// values, view arrays' data buffers), here and in every child, with copies.
+fn own(data: ArrayData) -> Result<ArrayData, arrow::error::ArrowError> {
+    use arrow::buffer::Buffer;
+    use arrow::datatypes::DataType;
+    let data_type = data.data_type().clone();
+    let buffers: Vec<Buffer> = match data_type {
+        // Buffer 0 holds the views, written by MutableArrayData; the rest are the data
+        // buffers the views point into, shared with the input.
+        DataType::Utf8View | DataType::BinaryView => data
+            .buffers()
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                if i == 0 {
+                    b.clone()
+                } else {
+                    Buffer::from_slice_ref(b.as_slice())
+                }
+            })
+            .collect(),
+        _ => data.buffers().to_vec(),
+    };
+    let children = match data_type {
+        // The values are the input's own: copy them (compacted to their own range).
+        DataType::Dictionary(..) => data
+            .child_data()
+            .iter()
+            .map(copy_data)
+            .collect::<Result<Vec<_>, _>>()?,
+        _ => data
+            .child_data()
+            .iter()
+            .cloned()
+            .map(own)
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    data.into_builder()
+        .buffers(buffers)
+        .child_data(children)
+        .build()
 }
 
 #[cfg(test)]
@@ -173,6 +225,93 @@ mod tests {
 
     use super::*;
     use crate::Checksum;
+
+    /// Every buffer of `data` and of its children, dictionaries and null masks.
+    fn all_buffers(data: &ArrayData, out: &mut Vec<(usize, usize)>) {
+        for b in data.buffers() {
+            out.push((b.as_ptr() as usize, b.len()));
+        }
+        if let Some(n) = data.nulls() {
+            out.push((n.buffer().as_ptr() as usize, n.buffer().len()));
+        }
+        for c in data.child_data() {
+            all_buffers(c, out);
+        }
+    }
+
+    /// `deep_copy` of a batch decoded in place from a message copies every buffer out of
+    /// the message, dictionary values and view data buffers included (issue 13: the copy
+    /// used to keep them inside the shared-memory sample), and keeps the values.
+    #[test]
+    fn a_deep_copy_shares_no_buffer_with_the_message_it_came_from() {
+        use arrow::array::{FixedSizeListArray, StringViewArray, StructArray};
+        use arrow::buffer::MutableBuffer;
+        use arrow::datatypes::{DataType, Field, Float32Type};
+
+        let n = 40usize;
+        let dict: DictionaryArray<Int8Type> =
+            (0..n).map(|v| ["cat", "dog", "owl"][v % 3]).collect();
+        let view = StringViewArray::from_iter(
+            (0..n).map(|v| (v % 5 != 0).then(|| format!("a string longer than twelve bytes {v}"))),
+        );
+        let list = ListArray::from_iter_primitive::<Int32Type, _, _>(
+            (0..n).map(|v| (v % 4 != 0).then(|| (0..(v % 3) as i32).map(Some).collect::<Vec<_>>())),
+        );
+        let structs = StructArray::from(vec![
+            (
+                Arc::new(Field::new("a", DataType::Int64, true)),
+                Arc::new(Int64Array::from_iter(
+                    (0..n as i64).map(|v| (v % 6 != 0).then_some(v)),
+                )) as ArrayRef,
+            ),
+            (
+                Arc::new(Field::new("b", DataType::Utf8, true)),
+                Arc::new(StringArray::from_iter(
+                    (0..n).map(|v| Some(format!("s{v}"))),
+                )) as ArrayRef,
+            ),
+        ]);
+        let fixed = FixedSizeListArray::from_iter_primitive::<Float32Type, _, _>(
+            (0..n).map(|v| Some((0..3).map(|k| Some((v * 3 + k) as f32)).collect::<Vec<_>>())),
+            3,
+        );
+        let batch = RecordBatch::try_from_iter([
+            ("dict", Arc::new(dict) as ArrayRef),
+            ("view", Arc::new(view) as ArrayRef),
+            ("list", Arc::new(list) as ArrayRef),
+            ("struct", Arc::new(structs) as ArrayRef),
+            ("fixed", Arc::new(fixed) as ArrayRef),
+        ])
+        .unwrap();
+        let encoded = crate::wire::encode(&batch).unwrap();
+        let mut message = MutableBuffer::new(encoded.len());
+        message.extend_from_slice(&encoded.to_vec());
+        let message: arrow::buffer::Buffer = message.into();
+        let (lo, hi) = (
+            message.as_ptr() as usize,
+            message.as_ptr() as usize + message.len(),
+        );
+        let decoded = crate::wire::decode(message).unwrap();
+        for (offset, len) in [(0, n), (7, 20), (n - 1, 1)] {
+            let part = decoded.slice(offset, len);
+            let copy = deep_copy(&part).unwrap();
+            assert_eq!(copy, part);
+            for (column, name) in copy
+                .columns()
+                .iter()
+                .zip(["dict", "view", "list", "struct", "fixed"])
+            {
+                let mut buffers = Vec::new();
+                all_buffers(&column.to_data(), &mut buffers);
+                for (p, len) in buffers {
+                    assert!(
+                        p + len <= lo || p >= hi,
+                        "column {name}: a buffer of the copy lies in the message"
+                    );
+                }
+            }
+        }
+    }
 
     fn ints(start: i64, n: usize) -> RecordBatch {
         let values: Int64Array = (start..start + n as i64)

@@ -24,6 +24,8 @@ extensions_options! {
         pub max_subscribers: usize, default = 16
         /// Subscribers to wait for before publishing the first batch (0: start at once).
         pub min_subscribers: usize, default = 0
+        /// Seconds the producer waits, before its first batch, for subscribers that were already waiting for the topic to attach (they declare their interest; dead ones never count).
+        pub attach_grace_s: f64, default = 10.0
         /// Batches a subscriber may hold (borrowed, not yet dropped) at once.
         pub max_held: usize, default = 4
         /// 0: the slowest subscriber sets the pace. Otherwise the producer waits for no one: a subscriber this many batches behind misses batches (and is detached, unless it asked to skip).
@@ -93,6 +95,13 @@ impl SluiceOptions {
             return Err(SluiceError::Config(
                 "sluice.epochs must be at least 1".into(),
             ));
+        }
+        // Duration::from_secs_f64 panics on a negative, infinite or huge value.
+        if !(self.attach_grace_s.is_finite() && (0.0..=86_400.0).contains(&self.attach_grace_s)) {
+            return Err(SluiceError::Config(format!(
+                "sluice.attach_grace_s must be between 0 and 86400 seconds, not {}",
+                self.attach_grace_s
+            )));
         }
         if self.min_subscribers > self.max_subscribers {
             return Err(SluiceError::Config(format!(

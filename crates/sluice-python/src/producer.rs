@@ -16,7 +16,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use sluice::core::TopicName;
-use sluice::{Namespace, Plan, Producer, Progress, RunOptions, RunStats, SluiceError};
+use sluice::{Namespace, Producer, Progress, RunOptions, RunStats, SluiceError};
 
 use crate::errors::to_py;
 use crate::subscriber::{parse_count, parse_timeout};
@@ -203,8 +203,18 @@ impl PyProducer {
             .thread_name("sluice-producer-rt")
             .build()
             .map_err(|e| to_py(&SluiceError::io("cannot start the async runtime", e)))?;
+        let namespace = Namespace::from_env().map_err(|e| to_py(&e))?;
+        // A plan that cannot load tells the subscribers waiting for its topic why.
+        let told = RunOptions {
+            min_subscribers,
+            subscriber_timeout,
+            linger,
+            ..RunOptions::default()
+        };
         let mut plan = py
-            .detach(|| runtime.block_on(Plan::load(&plan)))
+            .detach(|| {
+                Producer::load_for_run(runtime.handle(), &plan, topic.as_deref(), &namespace, &told)
+            })
             .map_err(|e| to_py(&e))?;
         let options = plan.options_mut();
         if let Some(t) = topic {
@@ -221,7 +231,6 @@ impl PyProducer {
             options.min_subscribers = m;
         }
         options.validate().map_err(|e| to_py(&e))?;
-        let namespace = Namespace::from_env().map_err(|e| to_py(&e))?;
         let topic = options.topic.clone();
         let epochs = options.epochs;
         let plan_file = plan.file().to_string();

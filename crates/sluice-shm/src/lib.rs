@@ -25,6 +25,7 @@
 #![warn(missing_docs)]
 
 mod header;
+mod interest;
 mod namespace;
 mod publisher;
 mod subscriber;
@@ -32,6 +33,7 @@ mod subscriber;
 mod tests;
 
 pub use header::FrameHeader;
+pub use interest::{Interest, pending_interest};
 pub use namespace::{Namespace, shm_available};
 pub use publisher::{TopicConfig, TopicPublisher};
 pub use subscriber::{Frame, TopicSubscriber, subscriber_count};
@@ -42,4 +44,20 @@ pub(crate) type Ipc = iceoryx2::service::ipc_threadsafe::Service;
 
 fn transport<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> sluice_core::SluiceError + '_ {
     move |e| sluice_core::SluiceError::Transport(format!("{what}: {e:?}"))
+}
+
+/// The error for a topic whose shared memory or service files this user may not use.
+pub(crate) fn permission_denied(
+    namespace: &Namespace,
+    topic: &sluice_core::TopicName,
+) -> sluice_core::SluiceError {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    sluice_core::SluiceError::Transport(format!(
+        "permission denied on topic '{topic}': its shared memory (/dev/shm/{}*) or service files \
+         ({}) belong to another user than uid {uid}; run as that user, or choose a namespace \
+         of your own with SLUICE_NAMESPACE",
+        namespace.shm_prefix(),
+        namespace.root().display()
+    ))
 }

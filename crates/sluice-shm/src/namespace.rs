@@ -192,10 +192,56 @@ impl Namespace {
                 cleaned += 1;
             }
         }
+        cleaned += self.sweep_unmonitored_nodes();
         self.sweep_orphan_listeners();
         // A process killed between creating the node counter and narrowing it.
         self.narrow_global_segment();
         cleaned
+    }
+
+    /// Removes node directories that no monitor accounts for and that hold nothing but
+    /// the node's details, once they are older than iceoryx2's creation timeout.
+    ///
+    /// A process killed while creating its node (after writing its details, before its
+    /// monitor) leaves such a directory, and iceoryx2 finds nodes through their monitors,
+    /// so it would never clean it. A live node always has its monitor, except during the
+    /// microseconds of its creation; the age check covers those.
+    fn sweep_unmonitored_nodes(&self) -> usize {
+        let nodes = self
+            .root()
+            .join(self.config.global.node.directory.to_string());
+        let prefix = self.shm_prefix();
+        let details = self.config.global.node.static_config_suffix.to_string();
+        let timeout = self.config.global.creation_timeout;
+        let mut removed = 0;
+        for entry in std::fs::read_dir(&nodes).into_iter().flatten().flatten() {
+            let id = entry.file_name().to_string_lossy().to_string();
+            if !entry.path().is_dir() || !id.bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            let stem = format!("{prefix}{id}.");
+            let monitored = std::fs::read_dir(&nodes)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with(&stem));
+            let only_details = std::fs::read_dir(entry.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .all(|e| e.file_name().to_string_lossy().ends_with(&details));
+            let old = entry
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > timeout);
+            if !monitored && only_details && old && std::fs::remove_dir_all(entry.path()).is_ok() {
+                tracing::debug!(node = %id, "removed a node directory without a monitor");
+                removed += 1;
+            }
+        }
+        removed
     }
 
     /// Removes event-listener files that no port tag accounts for.
@@ -285,6 +331,39 @@ impl Namespace {
         }
         tracing::debug!(node = %id, files = monitor.len(), "removed the files of a dead node without details");
         !monitor.is_empty()
+    }
+
+    /// How long the static configuration of `name` has been left half-created: it still
+    /// has iceoryx2's initial permissions (owner read-write; creating a service ends by
+    /// making it read-only). `None` when there is no such file or it was finalized.
+    pub(crate) fn half_created_for(
+        &self,
+        name: &iceoryx2::prelude::ServiceName,
+        pattern: iceoryx2::prelude::MessagingPattern,
+    ) -> Option<(PathBuf, std::time::Duration)> {
+        let hash = iceoryx2::service::service_hash::ServiceHash::new::<
+            <Ipc as iceoryx2::service::Service>::ServiceNameHasher,
+        >(name, pattern);
+        let service = &self.config.global.service;
+        let file = self
+            .root()
+            .join(service.directory.to_string())
+            .join(format!(
+                "{}{}{}",
+                self.config.global.prefix,
+                hash.as_str(),
+                service.static_config_storage_suffix
+            ));
+        let meta = std::fs::symlink_metadata(&file).ok()?;
+        if !meta.is_file() || meta.mode() & 0o777 != 0o600 {
+            return None;
+        }
+        let age = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .unwrap_or_default();
+        Some((file, age))
     }
 
     /// Files of this namespace that are still present: shared-memory segments (except

@@ -9,16 +9,22 @@ use iceoryx2::port::notifier::Notifier;
 use iceoryx2::port::publisher::Publisher;
 use iceoryx2::port::{BackpressureAction, BackpressureInfo};
 use iceoryx2::prelude::*;
+use iceoryx2::service::builder::event::EventCreateError;
+use iceoryx2::service::builder::publish_subscribe::PublishSubscribeCreateError;
 use iceoryx2::service::port_factory::publish_subscribe::PortFactory as PubSubFactory;
 use sluice_core::wire::{ALIGNMENT, Encoded};
 use sluice_core::{FrameKind, Result, SluiceError, TopicName};
 
 use crate::header::FrameHeader;
+use crate::interest::pending_interest;
 use crate::namespace::{Namespace, SHM_DIR, shm_available};
-use crate::{Ipc, transport};
+use crate::{Ipc, permission_denied, transport};
 
 pub(crate) type DataService = PubSubFactory<Ipc, [u8], FrameHeader>;
 
+/// How often a producer waiting for declared subscribers looks at their registrations
+/// when no attach wakes it.
+const INTEREST_POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// How long a waiting producer sleeps on the `released` event before it looks for dead
 /// subscribers again; bounds the stall a killed subscriber causes.
 const DEAD_CHECK_INTERVAL: Duration = Duration::from_millis(50);
@@ -133,41 +139,59 @@ impl TopicPublisher {
         wait_for_dead_topic(namespace, &node, topic, &stop)?;
         let subscribers_plus_producer = config.max_subscribers + 1;
 
-        let ready_service = node
-            .service_builder(&service_name(topic, "ready")?)
-            .event()
-            .max_notifiers(1)
-            .max_listeners(config.max_subscribers)
-            .max_nodes(subscribers_plus_producer)
-            .create();
-        let ready_service = match ready_service {
-            Ok(s) => s,
-            Err(e) => return Err(busy_or(topic, e)),
-        };
-        let released_service = node
-            .service_builder(&service_name(topic, "released")?)
-            .event()
-            .max_notifiers(config.max_subscribers)
-            .max_listeners(1)
-            .max_nodes(subscribers_plus_producer)
-            .create()
-            .map_err(|e| busy_or(topic, e))?;
+        let ready_name = service_name(topic, "ready")?;
+        let ready_service = create_or_rescue(
+            namespace,
+            topic,
+            &ready_name,
+            MessagingPattern::Event,
+            || {
+                node.service_builder(&ready_name)
+                    .event()
+                    .max_notifiers(1)
+                    .max_listeners(config.max_subscribers)
+                    .max_nodes(subscribers_plus_producer)
+                    .create()
+            },
+        )?;
+        let released_name = service_name(topic, "released")?;
+        let released_service = create_or_rescue(
+            namespace,
+            topic,
+            &released_name,
+            MessagingPattern::Event,
+            || {
+                node.service_builder(&released_name)
+                    .event()
+                    .max_notifiers(config.max_subscribers)
+                    .max_listeners(1)
+                    .max_nodes(subscribers_plus_producer)
+                    .create()
+            },
+        )?;
         let alignment = Alignment::new(ALIGNMENT)
             .ok_or_else(|| SluiceError::Internal("invalid alignment".into()))?;
-        let data = node
-            .service_builder(&service_name(topic, "data")?)
-            .publish_subscribe::<[u8]>()
-            .user_header::<FrameHeader>()
-            .payload_alignment(alignment)
-            .enable_safe_overflow(false)
-            .history_size(config.history())
-            .subscriber_max_buffer_size(config.queue_depth())
-            .subscriber_max_borrowed_samples(config.max_held)
-            .max_subscribers(config.max_subscribers)
-            .max_publishers(1)
-            .max_nodes(subscribers_plus_producer)
-            .create()
-            .map_err(|e| busy_or(topic, e))?;
+        let data_name = service_name(topic, "data")?;
+        let data = create_or_rescue(
+            namespace,
+            topic,
+            &data_name,
+            MessagingPattern::PublishSubscribe,
+            || {
+                node.service_builder(&data_name)
+                    .publish_subscribe::<[u8]>()
+                    .user_header::<FrameHeader>()
+                    .payload_alignment(alignment)
+                    .enable_safe_overflow(false)
+                    .history_size(config.history())
+                    .subscriber_max_buffer_size(config.queue_depth())
+                    .subscriber_max_borrowed_samples(config.max_held)
+                    .max_subscribers(config.max_subscribers)
+                    .max_publishers(1)
+                    .max_nodes(subscribers_plus_producer)
+                    .create()
+            },
+        )?;
 
         let ready = ready_service
             .notifier_builder()
@@ -270,6 +294,31 @@ impl TopicPublisher {
             self.namespace.reclaim_dead();
         }
         Ok(())
+    }
+
+    /// Waits until every subscriber that declared interest in the topic (one waiting
+    /// for it, see [`crate::Interest`]) has attached, for at most `grace`, so that
+    /// subscribers started before their producer receive the stream from its first
+    /// batch. Registrations of dead processes never count. Returns how many live
+    /// subscribers had still not attached when `grace` ran out (0: all did).
+    pub fn wait_for_interested(&self, grace: Duration, stop: &AtomicBool) -> Result<usize> {
+        let start = Instant::now();
+        loop {
+            let pending = pending_interest(&self.namespace, &self.config.topic);
+            if pending == 0 {
+                return Ok(0);
+            }
+            if stop.load(Ordering::Relaxed) {
+                return Err(SluiceError::Execution(
+                    "interrupted while waiting for subscribers".into(),
+                ));
+            }
+            if start.elapsed() >= grace {
+                return Ok(pending);
+            }
+            // Subscribers announce themselves on `released` once connected.
+            let _ = self.released.timed_wait(|_| {}, INTEREST_POLL_INTERVAL);
+        }
     }
 
     /// Publishes one record batch, already encoded.
@@ -418,12 +467,21 @@ fn wait_for_dead_topic(
             .publish_subscribe::<[u8]>()
             .user_header::<FrameHeader>()
             .open();
-        if let Ok(service) = &service
-            && producer_alive(namespace, service)
-        {
+        // Only a producer known to be alive makes the topic busy. A publisher whose node
+        // cannot be read right now (another process is removing the dead node, or it
+        // was killed while creating it) is looked at again.
+        let state = match &service {
+            Ok(service) => producer_state(namespace, service),
+            Err(_) => ProducerState::Gone,
+        };
+        if state == ProducerState::Alive {
+            tracing::debug!(topic = %topic, "the topic's producer is alive");
             return Err(SluiceError::TopicBusy(topic.to_string()));
         }
         drop(service);
+        if state == ProducerState::Unknown && start.elapsed() >= TAKEOVER_WAIT {
+            return Err(SluiceError::TopicBusy(topic.to_string()));
+        }
         if start.elapsed() >= TAKEOVER_WAIT || stop.load(Ordering::Relaxed) {
             return Err(SluiceError::Transport(format!(
                 "topic '{topic}' is still held by subscribers of a producer that is gone; \
@@ -448,32 +506,124 @@ fn event_exists(namespace: &Namespace, topic: &TopicName, part: &str) -> bool {
     })
 }
 
-/// Whether the data service has a publisher whose process is alive (or may be).
-pub(crate) fn producer_alive(namespace: &Namespace, data: &DataService) -> bool {
+/// What is known of the process behind a data service's publisher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProducerState {
+    /// Its node's monitor says it is alive.
+    Alive,
+    /// There is no publisher, or its node is dead (its stale resources were removed).
+    Gone,
+    /// Its node cannot be read right now: being created, or being removed by a
+    /// reclaimer in another process, or not readable by this user.
+    Unknown,
+}
+
+/// The state of the data service's publisher's process.
+pub(crate) fn producer_state(namespace: &Namespace, data: &DataService) -> ProducerState {
     let mut producer = None;
     data.dynamic_config().list_publishers(|details| {
         producer = Some(details.node_id);
         CallbackProgression::Stop
     });
     let Some(node_id) = producer else {
-        return false;
+        return ProducerState::Gone;
     };
     match Node::<Ipc>::state_of(namespace.config(), node_id) {
         Ok(Some(NodeState::Dead(view))) => {
             let _ = view.try_remove_stale_resources();
-            false
+            ProducerState::Gone
         }
-        Ok(None) => false,
-        Ok(Some(_)) | Err(_) => true,
+        Ok(None) => ProducerState::Gone,
+        Ok(Some(NodeState::Alive(_))) => ProducerState::Alive,
+        Ok(Some(_)) | Err(_) => ProducerState::Unknown,
     }
 }
 
-fn busy_or<E: std::fmt::Debug>(topic: &TopicName, e: E) -> SluiceError {
-    let text = format!("{e:?}");
-    if text.contains("AlreadyExists") {
+/// Whether the data service has a publisher whose process is alive (or may be).
+pub(crate) fn producer_alive(namespace: &Namespace, data: &DataService) -> bool {
+    producer_state(namespace, data) != ProducerState::Gone
+}
+
+/// How creating one of a topic's services failed, read from iceoryx2's error enums.
+trait CreateFailure: std::fmt::Debug {
+    /// Another producer has the topic, or is creating it right now.
+    fn busy(&self) -> bool;
+    /// The namespace's files belong to someone else.
+    fn denied(&self) -> bool;
+}
+
+impl CreateFailure for EventCreateError {
+    fn busy(&self) -> bool {
+        matches!(
+            self,
+            Self::AlreadyExists | Self::IsBeingCreatedByAnotherInstance
+        )
+    }
+    fn denied(&self) -> bool {
+        matches!(self, Self::InsufficientPermissions)
+    }
+}
+
+impl CreateFailure for PublishSubscribeCreateError {
+    fn busy(&self) -> bool {
+        matches!(
+            self,
+            Self::AlreadyExists | Self::IsBeingCreatedByAnotherInstance
+        )
+    }
+    fn denied(&self) -> bool {
+        matches!(self, Self::InsufficientPermissions)
+    }
+}
+
+/// Creates one of the topic's services. A service that "already exists" although no
+/// live producer has the topic (`wait_for_dead_topic` made sure) may be one a producer
+/// was killed while creating: iceoryx2 then reports it as existing to creators and as
+/// hanging in creation to openers, forever. Once it is older than iceoryx2's creation
+/// timeout, such a leftover is removed and the service created again.
+fn create_or_rescue<T, E: CreateFailure>(
+    namespace: &Namespace,
+    topic: &TopicName,
+    name: &ServiceName,
+    pattern: MessagingPattern,
+    mut create: impl FnMut() -> std::result::Result<T, E>,
+) -> Result<T> {
+    let e = match create() {
+        Ok(service) => return Ok(service),
+        Err(e) if e.busy() => e,
+        Err(e) => return Err(busy_or(namespace, topic, e)),
+    };
+    // A creator has `creation_timeout` to finish; one that takes longer died.
+    let timeout = namespace.config().global.creation_timeout;
+    let deadline = Instant::now() + timeout + Duration::from_millis(500);
+    loop {
+        match namespace.half_created_for(name, pattern) {
+            None => return Err(busy_or(namespace, topic, e)),
+            Some((file, age)) if age > timeout => {
+                if std::fs::remove_file(&file).is_err() {
+                    return Err(busy_or(namespace, topic, e));
+                }
+                tracing::warn!(
+                    topic = %topic,
+                    "removed the remains of '{}', which a killed producer left half-created",
+                    name.as_str()
+                );
+                return create().map_err(|e| busy_or(namespace, topic, e));
+            }
+            Some(_) if Instant::now() >= deadline => return Err(busy_or(namespace, topic, e)),
+            Some(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+fn busy_or(namespace: &Namespace, topic: &TopicName, e: impl CreateFailure) -> SluiceError {
+    if e.busy() {
+        tracing::debug!(topic = %topic, "creating the topic failed: {e:?}");
         SluiceError::TopicBusy(topic.to_string())
+    } else if e.denied() {
+        permission_denied(namespace, topic)
     } else {
-        SluiceError::Transport(format!("cannot create topic '{topic}': {text}"))
+        SluiceError::Transport(format!("cannot create topic '{topic}': {e:?}"))
     }
 }
 

@@ -16,16 +16,22 @@ use iceoryx2::sample::Sample;
 use iceoryx2::service::port_factory::publish_subscribe::PortFactory as DataService;
 use sluice_core::{FrameKind, Result, SluiceError, TopicName, wire};
 
+use iceoryx2::service::builder::publish_subscribe::PublishSubscribeOpenError as OpenError;
+
 use crate::header::FrameHeader;
+use crate::interest::Interest;
 use crate::namespace::Namespace;
 use crate::publisher::{events, producer_alive, service_name};
-use crate::{Ipc, transport};
+use crate::{Ipc, permission_denied, transport};
 
 /// How often a waiting subscriber checks that its producer is alive; bounds the time
 /// to [`SluiceError::ProducerLost`].
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(100);
 /// How often a subscriber looks for a topic that does not exist yet.
 const TOPIC_POLL_INTERVAL: Duration = Duration::from_millis(25);
+/// How long a topic may refuse access before the refusal is taken as final: a service
+/// being created is briefly unreadable to its openers.
+const PERMISSION_GRACE: Duration = Duration::from_secs(1);
 
 /// A message received from a topic.
 #[derive(Debug)]
@@ -127,6 +133,14 @@ impl TopicSubscriber {
         let start = Instant::now();
         let node = namespace.node("subscriber")?;
         let name = service_name(topic, "data")?;
+        // Declared before the first look, so that a producer creating the topic from now
+        // on waits for this subscriber before its first batch (see `crate::interest`).
+        let interest = Interest::declare(namespace, topic)?;
+        let timed_out = |what: String| SluiceError::Timeout {
+            what,
+            seconds: start.elapsed().as_secs_f64(),
+        };
+        let mut refused_since: Option<Instant> = None;
         let (data, ready, released) = loop {
             let opened = node
                 .service_builder(&name)
@@ -136,30 +150,37 @@ impl TopicSubscriber {
             let data = match opened {
                 Ok(service) => service,
                 Err(e) => {
-                    let text = format!("{e:?}");
-                    if text.contains("DoesNotExist")
-                        || text.contains("InsufficientPermissions")
-                        || text.contains("IsMarkedForDestruction")
-                        || text.contains("InProgress")
-                        || text.contains("HangsInCreation")
-                    {
-                        if timeout.is_some_and(|t| start.elapsed() >= t) {
-                            return Err(SluiceError::Timeout {
-                                what: format!("a producer to create topic '{topic}'"),
-                                seconds: start.elapsed().as_secs_f64(),
-                            });
+                    match e {
+                        // Not there yet, being removed after its producer left, or being
+                        // created right now: look again.
+                        OpenError::DoesNotExist
+                        | OpenError::IsMarkedForDestruction
+                        | OpenError::HangsInCreation
+                        | OpenError::Interrupt => {}
+                        // A service being created is briefly unreadable; one that stays
+                        // so belongs to someone else.
+                        OpenError::InsufficientPermissions => {
+                            let since = *refused_since.get_or_insert_with(Instant::now);
+                            if since.elapsed() >= PERMISSION_GRACE {
+                                return Err(permission_denied(namespace, topic));
+                            }
                         }
-                        std::thread::sleep(TOPIC_POLL_INTERVAL);
-                        continue;
+                        OpenError::ExceedsMaxNumberOfNodes => {
+                            return Err(SluiceError::Transport(format!(
+                                "topic '{topic}' has no room for another subscriber; raise sluice.max_subscribers ({e:?})"
+                            )));
+                        }
+                        other => {
+                            return Err(SluiceError::Transport(format!(
+                                "cannot open topic '{topic}': {other:?}"
+                            )));
+                        }
                     }
-                    if text.contains("ExceedsMaxNumberOfNodes") || text.contains("ExceedsMax") {
-                        return Err(SluiceError::Transport(format!(
-                            "topic '{topic}' has no room for another subscriber; raise sluice.max_subscribers ({text})"
-                        )));
+                    if timeout.is_some_and(|t| start.elapsed() >= t) {
+                        return Err(timed_out(format!("a producer to create topic '{topic}'")));
                     }
-                    return Err(SluiceError::Transport(format!(
-                        "cannot open topic '{topic}': {text}"
-                    )));
+                    std::thread::sleep(TOPIC_POLL_INTERVAL);
+                    continue;
                 }
             };
             // A topic whose producer is gone (being cleaned up, or not yet taken over by a
@@ -192,10 +213,9 @@ impl TopicSubscriber {
                 Err(e) => {
                     drop(data);
                     if timeout.is_some_and(|t| start.elapsed() >= t) {
-                        return Err(SluiceError::Timeout {
-                            what: format!("a live producer on topic '{topic}' ({e})"),
-                            seconds: start.elapsed().as_secs_f64(),
-                        });
+                        return Err(timed_out(format!(
+                            "a live producer on topic '{topic}' ({e})"
+                        )));
                     }
                     std::thread::sleep(TOPIC_POLL_INTERVAL);
                     continue;
@@ -215,7 +235,9 @@ impl TopicSubscriber {
             .map_err(|e| SluiceError::Transport(format!(
                 "cannot subscribe to topic '{topic}' (is it full? raise sluice.max_subscribers): {e:?}"
             )))?;
-        // Let a producer waiting for subscribers know that one arrived.
+        // Attached: withdraw the declaration, then let a producer waiting for subscribers
+        // know that one arrived.
+        drop(interest);
         let _ = released.notify_with_custom_event_id(EventId::new(events::RELEASED));
         Ok(Self {
             topic: topic.clone(),

@@ -214,6 +214,9 @@ impl Producer {
 
         let result = (|| -> Result<RunStats> {
             let min = options.min_subscribers.unwrap_or(opts.min_subscribers);
+            // Subscribers that were waiting for the topic get it from the first batch (or
+            // hear why there is none).
+            wait_for_interested(&publisher, &opts, &options.stop)?;
             if let Some(e) = first_error.take() {
                 // The subscribers this run waits for must hear why no data comes, not
                 // time out on a topic that came and went before they attached; the wait
@@ -384,7 +387,58 @@ impl<'a> EpochSource<'a> {
     }
 }
 
+/// Waits, bounded by `sluice.attach_grace_s`, until the subscribers that declared
+/// interest in the topic have attached; logs those that did not.
+fn wait_for_interested(
+    publisher: &TopicPublisher,
+    opts: &sluice_plan::SluiceOptions,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<()> {
+    let grace = Duration::from_secs_f64(opts.attach_grace_s);
+    let late = publisher.wait_for_interested(grace, stop)?;
+    if late > 0 {
+        tracing::warn!(
+            topic = %publisher.config().topic,
+            "{late} waiting subscriber(s) did not attach within sluice.attach_grace_s = {} s; \
+             starting without them (they join late)",
+            opts.attach_grace_s
+        );
+    }
+    Ok(())
+}
+
 impl Producer {
+    /// Loads the plan at `path` for a run on `topic` (else the plan's own). A plan that
+    /// cannot be loaded (a syntax error, a bad option, a file DataFusion cannot read, a
+    /// missing bucket) fails its run before the first batch: the subscribers waiting for
+    /// its topic are told why (see [`Producer::fail_before_start`]) before the error is
+    /// returned, instead of waiting for a topic that never comes. Must not be called
+    /// from inside the runtime behind `handle`.
+    pub fn load_for_run(
+        handle: &Handle,
+        path: &std::path::Path,
+        topic: Option<&str>,
+        namespace: &Namespace,
+        options: &RunOptions,
+    ) -> Result<Plan> {
+        let error = match handle.block_on(Plan::load(path)) {
+            Ok(plan) => return Ok(plan),
+            Err(e) => e,
+        };
+        // An unreadable plan file names no topic: nobody to tell.
+        let Ok(sql) = std::fs::read_to_string(path) else {
+            return Err(error);
+        };
+        let mut declared = handle.block_on(Plan::declared_options(&sql));
+        if let Some(t) = topic {
+            declared.topic = t.to_string();
+        }
+        if let Err(e) = Self::fail_before_start(namespace, &declared, options, &error) {
+            tracing::warn!("could not tell subscribers about the failure: {e}");
+        }
+        Err(error)
+    }
+
     /// Tells the subscribers of a producer whose plan failed to load (say, a missing
     /// bucket or refused credentials) why no data will come, instead of leaving them
     /// waiting for a topic that never appears.
@@ -412,13 +466,15 @@ impl Producer {
                 .next_multiple_of(wire::ALIGNMENT),
         };
         let mut publisher = TopicPublisher::create(namespace, config, options.stop.clone())?;
-        let min = options
-            .min_subscribers
-            .unwrap_or(declared.min_subscribers)
-            .max(1);
-        let wait = options.subscriber_timeout.unwrap_or(options.linger);
-        // Nobody attached in time: nobody to tell.
-        let _ = publisher.wait_for_subscribers(min, Some(wait), &options.stop);
+        // Those waiting for the topic attach within the grace period; those the run was
+        // told to wait for, within the subscriber timeout (else the linger). Nobody
+        // attached in time: nobody to tell.
+        let _ = wait_for_interested(&publisher, declared, &options.stop);
+        let min = options.min_subscribers.unwrap_or(declared.min_subscribers);
+        if min > 0 {
+            let wait = options.subscriber_timeout.unwrap_or(options.linger);
+            let _ = publisher.wait_for_subscribers(min, Some(wait), &options.stop);
+        }
         publisher.publish_error(&message)?;
         publisher.drain(options.linger.min(Duration::from_secs(2)));
         Ok(())

@@ -440,6 +440,9 @@ impl Subscriber {
             rebatcher.release_inputs(0)?;
         }
         self.ranges.clear();
+        // Declared before letting go of the old topic: the successor can create the topic
+        // only once every subscriber has let go, and must then find this one waiting.
+        let _interest = sluice_shm::Interest::declare(&self.namespace, &topic)?;
         // Every port and service handle of the old topic goes before waiting.
         self.inner = None;
         // Replay: the successor may have published a few messages before this

@@ -239,6 +239,10 @@ def subscribe(
 ) -> Subscriber:
     """Attaches to ``topic``, waiting for its producer (up to ``timeout`` seconds).
 
+    A subscriber that is waiting when its producer starts receives the stream from its
+    first batch: it declares its interest, and the producer waits (at most
+    ``sluice.attach_grace_s``) for it to attach before publishing.
+
     ``batch_size``: rows per batch for this subscriber (default: the producer's batches).
     ``join``: ``"now"`` (the current epoch is then flagged partial), ``"next_epoch"``, or
     ``"replay"`` (start with the oldest message the producer still holds, up to
@@ -269,8 +273,10 @@ class RunStats:
 class Producer:
     """Runs a plan file on a background thread of this process and publishes its batches.
 
-    The plan is loaded in the constructor (``PlanError`` with file:line:column); the run
-    starts at once. Leaving a ``with`` block waits for the run and raises its error; an
+    The plan is loaded in the constructor (``PlanError`` with file:line:column; the
+    subscribers waiting for its topic get ``ProducerFailed`` with the same message); the
+    run starts at once, after the subscribers already waiting for the topic (in this
+    process or others) have attached. Leaving a ``with`` block waits for the run and raises its error; an
     exception in the block stops the run instead.
     """
 

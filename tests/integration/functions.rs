@@ -1,11 +1,9 @@
 //! The shipped preprocessing pipelines, run by real `sluice` processes: the image demo
 //! (`sluice demo --images`) and `pipelines/text.sql`.
 
-mod common;
-
 use std::path::Path;
 
-use common::Harness;
+use crate::common::Harness;
 
 /// `sluice demo --images` generates JPEGs of mixed sizes, runs pipelines/images.sql
 /// (random crops and flips, two epochs) and checks that every subscriber received every

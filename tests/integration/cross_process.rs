@@ -1,10 +1,8 @@
 //! Cross-process tests: real producer and subscriber processes over real shared memory.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{Harness, assert_exactly_once};
+use crate::common::{CpuHogs, Harness, assert_exactly_once, exclusive, parquet_oracle};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -17,6 +15,42 @@ fn plan_sql(topic: &str, extra: &str, query: &str) -> String {
 
 const QUERY: &str = "SELECT id, label, text, features FROM train WHERE label IS NOT NULL";
 
+/// Subscribers started before their producer, the usual launch order, receive the whole
+/// stream from batch 0 of epoch 0 with no option set (no `--min-subscribers`), while
+/// other processes saturate every CPU: 8 subscriber processes, 20 rounds, every row of
+/// every epoch exactly once, checked against an oracle that shares nothing with the
+/// producer (issue 13: they used to miss most of the first epoch).
+#[test]
+fn subscribers_started_before_their_producer_receive_everything_under_load() {
+    const SUBSCRIBERS: usize = 8;
+    let mut h = Harness::new();
+    h.dataset(5_003);
+    let (rows, sum) = parquet_oracle(&h.path("data"));
+    let _exclusive = exclusive();
+    let _hogs = CpuHogs::saturate();
+    for round in 0..20 {
+        let topic = format!("early{round}");
+        h.plan(
+            "p.sql",
+            &format!(
+                "SET sluice.topic = '{topic}';\nSET sluice.batch_rows = 977;\nSET sluice.epochs = 2;\n\
+                 CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION 'data/';\n{QUERY};\n"
+            ),
+        );
+        let subs: Vec<_> = (0..SUBSCRIBERS)
+            .map(|_| h.spawn(&["subscribe", &topic, "--json", "--timeout", "120"]))
+            .collect();
+        // Started before the producer means waiting for it when it starts.
+        h.wait_for_interest(&topic, SUBSCRIBERS, LIMIT);
+        let producer = h.spawn(&["run", "p.sql", "--quiet"]);
+        for sub in subs {
+            assert_exactly_once(&sub.wait(LIMIT), 2, rows, &sum);
+        }
+        let out = producer.wait(LIMIT);
+        assert!(out.status.success(), "round {round}: {}", out.stderr);
+    }
+}
+
 /// Three subscriber processes started before the producer each receive every row of
 /// every epoch exactly once (checked against DataFusion reading the same source), the
 /// final partial batch included.
@@ -26,7 +60,9 @@ fn three_subscriber_processes_receive_every_row_exactly_once() {
     h.dataset(30_000);
     let plan = h.plan("p.sql", &plan_sql("three", "SET sluice.epochs = 2;", QUERY));
     let (rows, sum) = h.source_checksum(&plan);
-    assert!(rows > 29_000 && rows % 1000 != 0, "{rows}");
+    // The plan's own checksum agrees with an oracle that shares nothing with it.
+    assert_eq!((rows, sum.clone()), parquet_oracle(&h.path("data")));
+    assert_ne!(rows % 1000, 0, "the last batch must be partial: {rows}");
     let subs: Vec<_> = (0..3)
         .map(|_| h.spawn(&["subscribe", "three", "--json", "--timeout", "60"]))
         .collect();
@@ -198,6 +234,7 @@ fn bad_inputs_fail_clearly() {
 /// "producer is gone" promptly, and its shared memory is reclaimed.
 #[test]
 fn a_killed_producer_makes_subscribers_fail_fast() {
+    let _exclusive = exclusive();
     let mut h = Harness::new();
     h.dataset(5_000);
     h.plan(
@@ -224,9 +261,13 @@ fn a_killed_producer_makes_subscribers_fail_fast() {
         assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
         assert!(out.stderr.contains("is gone"), "{}", out.stderr);
     }
-    eprintln!(
-        "subscribers noticed the SIGKILL within {:?}",
-        killed.elapsed()
+    let noticed = killed.elapsed();
+    eprintln!("subscribers noticed the SIGKILL within {noticed:?}");
+    // The README's promise, with room for a loaded CI machine: ProducerLost within 5 s
+    // (figures in docs/benchmarks.md).
+    assert!(
+        noticed < Duration::from_secs(5),
+        "ProducerLost took {noticed:?}"
     );
     producer.wait(LIMIT);
 }
@@ -305,6 +346,7 @@ fn a_dead_node_without_details_is_reclaimed() {
 /// stall) is reported.
 #[test]
 fn a_killed_subscriber_does_not_stall_the_others() {
+    let _exclusive = exclusive();
     let mut h = Harness::new();
     h.dataset(20_000);
     let plan = h.plan(
@@ -337,6 +379,8 @@ fn a_killed_subscriber_does_not_stall_the_others() {
         }
     }
     eprintln!("worst stall seen by the other subscribers: {worst:.1} ms");
+    // The README's promise: a killed subscriber stalls the others for well under 2 s.
+    assert!(worst < 2_000.0, "a survivor stalled {worst:.1} ms");
     let out = producer.wait(LIMIT);
     assert!(out.status.success(), "{}", out.stderr);
 }
@@ -415,8 +459,9 @@ fn moments(seed: u64) -> sluice::core::shuffle::SplitMix64 {
 
 /// A producer killed with SIGKILL at random moments and restarted with `--resume`:
 /// subscribers that reconnect (one in the producer's batches, one in its own batch
-/// size) receive every epoch exactly once, with no duplicate and no missing row.
-/// Repeated with a fixed seed so that a failure reproduces.
+/// size) receive every epoch exactly once, with no duplicate and no missing row, with no
+/// option telling the restarted producer to wait for them. Repeated with a fixed seed so
+/// that a failure reproduces.
 #[test]
 fn a_producer_killed_at_random_moments_resumes_without_duplicates_or_gaps() {
     let mut h = Harness::new();
@@ -469,16 +514,9 @@ fn a_producer_killed_at_random_moments_resumes_without_duplicates_or_gaps() {
         std::thread::sleep(Duration::from_millis(rng.below(150) as u64));
         first.kill9();
         first.wait(LIMIT);
-        let second = h.spawn(&[
-            "run",
-            "p.sql",
-            "--quiet",
-            "--resume",
-            "--min-subscribers",
-            "2",
-            "--wait-timeout",
-            "20",
-        ]);
+        // No --min-subscribers: the reconnecting subscribers declared their interest
+        // before letting go of the dead topic, so the successor waits for them.
+        let second = h.spawn(&["run", "p.sql", "--quiet", "--resume"]);
         for sub in subs {
             let out = sub.wait(LIMIT);
             assert_exactly_once(&out, 3, rows, &sum);
@@ -493,6 +531,7 @@ fn a_producer_killed_at_random_moments_resumes_without_duplicates_or_gaps() {
 /// their batches (the stall a death causes) is reported. Repeated with a fixed seed.
 #[test]
 fn subscribers_killed_at_random_moments_do_not_disturb_the_others() {
+    let _exclusive = exclusive();
     let mut h = Harness::new();
     h.dataset(6_000);
     let plan = h.plan(
@@ -536,6 +575,7 @@ fn subscribers_killed_at_random_moments_do_not_disturb_the_others() {
         assert!(out.status.success(), "round {round}: {}", out.stderr);
     }
     eprintln!("worst stall seen by a survivor over 4 rounds: {worst:.1} ms");
+    assert!(worst < 2_000.0, "a survivor stalled {worst:.1} ms");
 }
 
 /// `sluice status --json` shows a running topic: its producer's state and position,
@@ -612,4 +652,27 @@ fn status_shows_producers_and_subscribers_with_their_lag() {
         "{}",
         out.stdout
     );
+}
+
+/// A plan that fails while it is planned (here its query names a column the table does
+/// not have) reaches the subscribers already waiting for its topic: they fail at once
+/// with the producer's error instead of waiting until their timeout (issue 13).
+#[test]
+fn a_plan_that_cannot_start_fails_its_waiting_subscribers() {
+    let mut h = Harness::new();
+    h.dataset(1_000);
+    h.plan(
+        "p.sql",
+        &plan_sql("badplan", "", "SELECT no_such_column FROM train"),
+    );
+    let sub = h.spawn(&["subscribe", "badplan", "--json", "--timeout", "120"]);
+    h.wait_for_interest("badplan", 1, LIMIT);
+    let started = Instant::now();
+    let out = h.spawn(&["run", "p.sql", "--quiet"]).wait(LIMIT);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    let out = sub.wait(LIMIT);
+    assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
+    assert!(out.stderr.contains("no_such_column"), "{}", out.stderr);
+    // Told, not timed out: far below the subscriber's 120 s.
+    assert!(started.elapsed() < Duration::from_secs(60));
 }

@@ -1,9 +1,7 @@
 //! `sluice.device` at the command line: CPU plans are unchanged, and a GPU plan on a
 //! machine without a CUDA driver fails at `sluice run` with a clear error.
 
-mod common;
-
-use common::Harness;
+use crate::common::Harness;
 
 fn plan(topic: &str, device: &str) -> String {
     format!(

@@ -5,13 +5,11 @@
 //! `scripts/test.sh` always runs them that way. Run alone, they print that they were
 //! skipped and why. The sharding tests over local files always run.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use common::{Finished, Harness, assert_exactly_once};
+use crate::common::{Finished, Harness, assert_exactly_once};
 use object_store::ObjectStoreExt;
 use object_store::aws::AmazonS3Builder;
 
@@ -47,7 +45,7 @@ impl S3 {
             _ => {
                 eprintln!(
                     "SKIPPED {test}: no S3 server (SLUICE_TEST_S3_ENDPOINT is not set). \
-                     Run it through `scripts/s3-server.sh cargo test --test object_store` \
+                     Run it through `scripts/s3-server.sh cargo test --test integration object_storage::` \
                      (scripts/test.sh does)."
                 );
                 None

@@ -222,6 +222,23 @@ impl Harness {
     }
 
     /// Waits until the topic's data segment exists (the producer created the topic).
+    /// Waits until `n` subscribers wait for `topic` (have declared their interest).
+    pub fn wait_for_interest(&self, topic: &str, n: usize, limit: Duration) {
+        let topic = sluice::core::TopicName::new(topic.to_string()).unwrap();
+        let start = Instant::now();
+        loop {
+            let pending = sluice::shm::pending_interest(&self.ns, &topic);
+            if pending >= n {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "only {pending} of {n} subscribers are waiting for topic '{topic}'"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn wait_for_topic(&self, limit: Duration) {
         let start = Instant::now();
         while self
@@ -248,7 +265,16 @@ impl Drop for Harness {
                 let _ = child.wait();
             }
         }
-        let left = self.ns.leftovers();
+        let mut left = self.ns.leftovers();
+        // Some remains of a process killed at a bad moment can only be told from a node
+        // being created once iceoryx2's creation timeout (1 s) has passed; the next Sluice
+        // process in the namespace reclaims them then. Do what it would do.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while !left.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+            self.ns.reclaim_dead();
+            left = self.ns.leftovers();
+        }
         let loose = self.ns.loose_permissions();
         self.ns.purge();
         if !std::thread::panicking() {
@@ -260,6 +286,81 @@ impl Drop for Harness {
             assert!(loose.is_empty(), "writable by others: {loose:?}");
         }
     }
+}
+
+/// Held by tests that load the machine on purpose and by tests that assert liveness
+/// bounds, so that one never runs beside the other in this binary's parallel test threads.
+pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    // A test that failed while holding it poisons it; the next one may still run.
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Busy processes that keep every CPU of the machine saturated until dropped, as training
+/// processes do: launch-order and liveness guarantees must hold under load.
+pub struct CpuHogs(Vec<Child>);
+
+impl CpuHogs {
+    pub fn saturate() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Self(
+            (0..cpus)
+                .map(|_| {
+                    Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .stdin(Stdio::null())
+                        .spawn()
+                        .expect("cannot start a busy process")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for CpuHogs {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// An oracle that shares nothing with the producer's path (no plan file, no DataFusion,
+/// no partitions, no re-batching): the rows of the demo dataset's Parquet files under
+/// `dir` whose `label` is not null, read with the plain Parquet reader and projected to
+/// `id, label, text, features`. Returns (rows, order-independent checksum).
+pub fn parquet_oracle(dir: &Path) -> (u64, String) {
+    use arrow::compute::{filter_record_batch, is_not_null};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no Parquet files in {}", dir.display());
+    let mut sum = sluice::Checksum::default();
+    for file in files {
+        let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&file).unwrap())
+            .unwrap()
+            .build()
+            .unwrap();
+        for batch in reader {
+            let batch = batch.unwrap();
+            let keep = is_not_null(batch.column_by_name("label").unwrap()).unwrap();
+            let batch = filter_record_batch(&batch, &keep).unwrap();
+            let schema = batch.schema();
+            let columns: Vec<usize> = ["id", "label", "text", "features"]
+                .iter()
+                .map(|c| schema.index_of(c).unwrap())
+                .collect();
+            sum.update(&batch.project(&columns).unwrap()).unwrap();
+        }
+    }
+    (sum.rows(), sum.hex())
 }
 
 /// Checks that a subscriber received every epoch whole, with the source's checksum.

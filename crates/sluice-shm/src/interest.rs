@@ -1,0 +1,141 @@
+//! Declared interest: subscribers that wait for a topic say so where its producer looks.
+//!
+//! Trainers usually start before their producer. Without a declaration, a producer that
+//! creates its topic and publishes at once can be through its first batches (or its
+//! whole run) before the waiting subscribers, polling for the topic, manage to attach:
+//! the PUB/SUB join race. So a subscriber that waits for a topic first registers under
+//! `<state dir>/interest/<topic>/`, and a producer that has just created the topic waits
+//! until every live registration is gone (each subscriber removes its own once it is
+//! attached) before it publishes, bounded by a grace period (`sluice.attach_grace_s`).
+//!
+//! # Liveness
+//! A registration is a file on which its subscriber holds an exclusive `flock` for as
+//! long as it waits. The kernel releases the lock when the process dies, however it
+//! dies, so a producer that can take the lock knows the registration is stale and
+//! removes it: a SIGKILLed subscriber never holds a producer back. Locks rather than
+//! PIDs, because a lock cannot be kept alive by a reused PID and works across PID
+//! namespaces. A registration is created under a temporary name, locked, then renamed
+//! into place, so a producer never sees an unlocked live registration.
+//!
+//! # Limits
+//! A subscriber that is alive but not running (stopped with SIGSTOP, or starved for
+//! longer than the grace period) holds the producer back for the grace period only; the
+//! producer then logs how many did not attach and starts without them, and they join
+//! late (and are told so, as any late subscriber is).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use sluice_core::{Result, SluiceError, TopicName};
+
+use crate::Namespace;
+
+/// A temporary registration older than this whose lock can be taken was left by a
+/// process that died between creating and renaming it.
+const STALE_TEMPORARY: Duration = Duration::from_secs(60);
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// A subscriber's declared interest in a topic, held while it waits to attach. Dropping
+/// it withdraws the declaration.
+#[derive(Debug)]
+pub struct Interest {
+    path: PathBuf,
+    // Holds the lock; closing the file releases it.
+    _file: File,
+}
+
+impl Interest {
+    /// Declares that this process waits for `topic` in `namespace`.
+    pub fn declare(namespace: &Namespace, topic: &TopicName) -> Result<Self> {
+        let dir = interest_dir(namespace, topic);
+        create_private_dir(&dir)?;
+        let name = format!(
+            "{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let path = dir.join(&name);
+        let file = File::create(&tmp).map_err(|e| {
+            SluiceError::io(format!("cannot declare interest in {}", tmp.display()), e)
+        })?;
+        // A fresh file nobody else has opened: the lock is free, so this cannot block.
+        if let Err(e) = file.lock() {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(SluiceError::io(format!("cannot lock {}", tmp.display()), e));
+        }
+        if let Err(e) = std::fs::rename(&tmp, &path) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(SluiceError::io(
+                format!("cannot declare interest in {}", path.display()),
+                e,
+            ));
+        }
+        Ok(Self { path, _file: file })
+    }
+}
+
+impl Drop for Interest {
+    fn drop(&mut self) {
+        // Removed while still locked, so a producer never mistakes it for a dead one's.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The live registrations for `topic`: subscribers that wait to attach to it. Removes
+/// the registrations of processes that died.
+pub fn pending_interest(namespace: &Namespace, topic: &TopicName) -> usize {
+    let dir = interest_dir(namespace, topic);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return 0;
+    };
+    let mut live = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let temporary = entry.file_name().to_string_lossy().starts_with('.');
+        let Ok(file) = File::open(&path) else {
+            // Removed in between: its subscriber attached or gave up.
+            continue;
+        };
+        match file.try_lock() {
+            Ok(()) => {
+                // Nobody holds it: its process is gone (or, for a temporary, it may be
+                // between creating and locking it, so only an old one is stale).
+                if !temporary || older_than(&path, STALE_TEMPORARY) {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                if !temporary {
+                    live += 1;
+                }
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                tracing::debug!("cannot check {}: {e}", path.display());
+            }
+        }
+    }
+    live
+}
+
+fn interest_dir(namespace: &Namespace, topic: &TopicName) -> PathBuf {
+    namespace.state_dir().join("interest").join(topic.as_str())
+}
+
+fn older_than(path: &Path, age: Duration) -> bool {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| SystemTime::now().duration_since(t).unwrap_or_default() > age)
+}
+
+fn create_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| SluiceError::io(format!("cannot create {}", dir.display()), e))
+}

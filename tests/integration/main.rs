@@ -1,0 +1,10 @@
+//! Sluice's integration tests, in one binary: every module links the whole stack
+//! (DataFusion, iceoryx2, object_store), so one binary links it once instead of once per
+//! file. Run one part with a filter, e.g. `cargo test --test integration cross_process::`.
+
+mod common;
+mod cross_process;
+mod functions;
+mod gpu_cli;
+mod in_process;
+mod object_storage;
