@@ -18,6 +18,9 @@ PACKAGES=(
   "pytest==9.2.0"
   "pytest-timeout==2.4.0"
   "pillow==12.3.0"
+  # JAX's CPU wheels: the zero-copy and immutability tests of JAX consumers.
+  "jax==0.10.2"
+  "jaxlib==0.10.2"
 )
 
 if [ ! -x "$VENV/bin/python" ]; then

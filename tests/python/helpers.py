@@ -39,3 +39,33 @@ def inside(span: tuple[int, int], shm_range: tuple[int, int]) -> bool:
     address, size = span
     start, end = shm_range
     return start <= address and address + size <= end
+
+
+def shm_backing(address: int) -> tuple[str, int] | None:
+    """(file, offset in it) of the /dev/shm file mapping that holds ``address`` in this
+    process, from /proc/self/maps; ``None`` for process memory."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(v, 16) for v in fields[0].split("-"))
+            if start <= address < end:
+                path = fields[5].strip() if len(fields) == 6 else ""
+                # A segment removed since it was mapped: the same file for this purpose.
+                path = path.removesuffix(" (deleted)")
+                if not path.startswith("/dev/shm/"):
+                    return None
+                return path, int(fields[2], 16) + (address - start)
+    return None
+
+
+def in_batch_memory(array, shm_range: tuple[int, int]) -> bool:
+    """Whether numpy ``array`` reads the batch's own bytes in shared memory: at the batch's
+    address, or in a private mapping of the same pages (what DLPack exports hand out, so
+    that a consumer writing in place changes its own copy only)."""
+    start, end = shm_range
+    address, size = array.ctypes.data, array.nbytes
+    if start <= address and address + size <= end:
+        return True
+    mine, batch = shm_backing(address), shm_backing(start)
+    return (mine is not None and batch is not None and mine[0] == batch[0]
+            and batch[1] <= mine[1] and mine[1] + size <= batch[1] + (end - start))

@@ -219,3 +219,44 @@ def test_sluice_torch_imports_without_torch_and_says_what_is_missing(ns):
 
     with pytest.raises(ImportError, match="sluice.torch needs PyTorch"):
         sluice.torch.IterableDataset("t")
+
+
+def test_a_plan_that_cannot_load_fails_the_subscribers_waiting_for_it(plans, ns):
+    """``sluice.Producer`` on a plan that fails while it is planned raises ``PlanError``,
+    and the subscriber already waiting for its topic gets ``ProducerFailed`` with the same
+    message instead of waiting until its timeout (issue 13)."""
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    plans.data(10)
+    bad = plans.dir / "bad.sql"
+    bad.write_text(
+        f"SET sluice.topic = '{plans.topic}';\n"
+        f"CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION '{plans.dir / 'data'}/';\n"
+        "SELECT no_such_column FROM t;\n"
+    )
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            with sluice.subscribe(plans.topic, timeout=60) as sub:
+                next(iter(sub))
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    interest = Path(tempfile.gettempdir()) / f"sluice-{ns}.state" / "interest" / plans.topic
+    deadline = time.monotonic() + 20
+    while not any(not p.name.startswith(".") for p in interest.glob("*")):
+        assert time.monotonic() < deadline, "the subscriber did not start waiting"
+        time.sleep(0.01)
+    started = time.monotonic()
+    with pytest.raises(sluice.PlanError, match="no_such_column"):
+        sluice.Producer(bad)
+    waiter.join(30)
+    assert not waiter.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], sluice.ProducerFailed), errors
+    assert "no_such_column" in str(errors[0])
+    assert time.monotonic() - started < 30  # told, not timed out

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pytest
 
 import sluice
-from helpers import arrow_buffers, capsule_name, capsule_pointer, inside
+from helpers import arrow_buffers, capsule_name, capsule_pointer, in_batch_memory, inside
 
 
 def first_batch(plans, **plan_args) -> tuple[sluice.Producer, sluice.Subscriber, sluice.Batch]:
@@ -107,13 +107,13 @@ def test_numpy_reads_columns_through_dlpack_without_copying(plans):
     x = np.from_dlpack(batch["x"])
     assert x.dtype == np.float64 and x.shape == (50,)
     assert np.array_equal(x, np.arange(50) * 0.5)
-    assert start <= x.ctypes.data and x.ctypes.data + x.nbytes <= end
+    assert in_batch_memory(x, (start, end))
     assert not x.flags.writeable
 
     vec = np.from_dlpack(batch["vec"])
     assert vec.dtype == np.float32 and vec.shape == (50, 4) == tuple(batch["vec"].shape)
     assert np.array_equal(vec[7], [7, 8, 9, 10])
-    assert start <= vec.ctypes.data and vec.ctypes.data + vec.nbytes <= end
+    assert in_batch_memory(vec, (start, end))
 
     ids = batch["id"].to_numpy()
     assert ids.dtype == np.int64 and np.array_equal(ids, np.arange(50))
@@ -121,12 +121,12 @@ def test_numpy_reads_columns_through_dlpack_without_copying(plans):
 
     copied = np.from_dlpack(batch["x"], copy=True)
     assert copied.flags.writeable and np.array_equal(copied, x)
-    assert not (start <= copied.ctypes.data < end)
+    assert not in_batch_memory(copied, (start, end))
 
     view = np.asarray(batch["vec"])  # the array protocol: the same zero-copy view
-    assert view.shape == (50, 4) and start <= view.ctypes.data < end
+    assert view.shape == (50, 4) and in_batch_memory(view, (start, end))
     owned = np.array(batch["vec"])  # np.array copies
-    assert owned.flags.writeable and not (start <= owned.ctypes.data < end)
+    assert owned.flags.writeable and not in_batch_memory(owned, (start, end))
     assert np.asarray(batch["id"], dtype=np.float64)[3] == 3.0
     del x, vec, ids, copied, view, owned, batch
     finish(producer, sub)

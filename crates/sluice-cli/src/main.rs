@@ -82,6 +82,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    sluice::core::panics::install_quiet_hook();
     tracing_subscriber::fmt()
         .with_env_filter(
             // The topic's shared-memory footprint is worth seeing by default.
@@ -133,6 +134,9 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // Panics on these threads are caught where their task is joined and reported as
+        // errors: the quiet panic hook keeps them off stderr (sluice::core::panics).
+        .thread_name(sluice::core::panics::RUNTIME_THREAD_PREFIX)
         .build()
         .context("cannot start the async runtime")
 }

@@ -19,12 +19,14 @@
 //!   producer's stream onto what it already received (no duplicates, no gaps).
 //! * [`device`] names where batches are materialized (CPU shared memory or a GPU).
 //! * [`error`] is the one error type of Sluice.
+//! * [`panics`] keeps the panics Sluice catches (and reports as errors) off stderr.
 #![warn(missing_docs)]
 
 pub mod checksum;
 pub mod device;
 pub mod error;
 pub mod frame;
+pub mod panics;
 pub mod position;
 pub mod rebatch;
 pub mod shaper;

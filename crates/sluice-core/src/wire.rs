@@ -17,7 +17,6 @@
 //! turned into [`SluiceError::Corrupt`].
 
 use std::mem::MaybeUninit;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use std::sync::Arc;
 
@@ -146,16 +145,9 @@ pub fn decode(buffer: Buffer) -> Result<RecordBatch> {
     }
     // A panic inside the IPC decoder on hostile input is a bug there, but a subscriber
     // must survive it: report it as a corrupt message.
-    match catch_unwind(AssertUnwindSafe(|| decode_inner(buffer))) {
+    match crate::panics::catch(|| decode_inner(buffer)) {
         Ok(result) => result,
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("decoder panicked");
-            Err(SluiceError::Corrupt(format!("undecodable message: {what}")))
-        }
+        Err(what) => Err(SluiceError::Corrupt(format!("undecodable message: {what}"))),
     }
 }
 

@@ -519,11 +519,7 @@ async fn guarded<T>(fut: impl Future<Output = datafusion::error::Result<T>>) -> 
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "panic".into())
+    sluice_core::panics::describe(panic.as_ref())
 }
 
 /// DataFusion's message without its wrapper noise.

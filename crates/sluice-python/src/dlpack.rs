@@ -28,6 +28,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
+use crate::private_map::{Backing, PrivateMapping};
+
 /// `kDLCPU`.
 pub const KDL_CPU: i32 = 1;
 const KDL_INT: u8 = 0;
@@ -103,7 +105,10 @@ struct DLManagedTensorVersioned {
 struct Owner {
     shape: Vec<i64>,
     strides: Vec<i64>,
-    /// Keeps the values in memory (for shared memory: the sample mapped).
+    /// The private mapping the tensor points into, for values in shared memory; unmapped
+    /// before the sample below goes back.
+    _private: Option<PrivateMapping>,
+    /// Keeps the values in memory (for shared memory: the sample mapped and borrowed).
     _buffer: Buffer,
 }
 
@@ -337,6 +342,7 @@ impl TensorView {
         let mut owner = Owner {
             shape: self.shape,
             strides: self.strides,
+            _private: None,
             _buffer: self.buffer,
         };
         let tensor = DLTensor {
@@ -423,12 +429,23 @@ pub fn to_capsule<'py>(
     versioned: bool,
     copy: bool,
 ) -> PyResult<Bound<'py, PyCapsule>> {
-    let (view, flags) = if copy {
-        (view.copied(), FLAG_IS_COPIED)
+    // Consumers that ignore the read-only flag (torch) write through the pointer: values
+    // in shared memory are handed out in a private copy-on-write mapping, so such a write
+    // changes this tensor only (see `private_map`), or copied where that cannot be made.
+    let (view, flags, private) = if copy {
+        (view.copied(), FLAG_IS_COPIED, None)
     } else {
-        (view, FLAG_READ_ONLY)
+        match PrivateMapping::of(view.bytes()) {
+            Backing::NotShared => (view, FLAG_READ_ONLY, None),
+            Backing::Private(mapping, data) => (view, FLAG_READ_ONLY, Some((mapping, data))),
+            Backing::Unavailable => (view.copied(), FLAG_IS_COPIED, None),
+        }
     };
-    let (owner, dl_tensor) = view.into_owner();
+    let (mut owner, mut dl_tensor) = view.into_owner();
+    if let Some((mapping, data)) = private {
+        dl_tensor.data = data.cast();
+        owner._private = Some(mapping);
+    }
     if versioned {
         let leaked = NonNull::from(Box::leak(Box::new(Versioned {
             managed: DLManagedTensorVersioned {

@@ -85,9 +85,3 @@ pub fn to_py(err: &RustError) -> PyErr {
         _ => SluiceError::new_err(message),
     }
 }
-
-/// Whether `err` only says that a wait was interrupted by a signal (EINTR): nothing was
-/// received, so the wait can be resumed after Python has run its signal handlers.
-pub fn is_interrupted_wait(err: &RustError) -> bool {
-    matches!(err, RustError::Transport(m) if m.contains("InterruptSignal"))
-}

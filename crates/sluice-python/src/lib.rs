@@ -33,6 +33,7 @@ mod batch;
 mod device;
 mod dlpack;
 mod errors;
+mod private_map;
 mod producer;
 mod subscriber;
 
@@ -42,6 +43,8 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    // Panics Sluice catches (a reader on a corrupt file) are reported once, as errors.
+    sluice::core::panics::install_quiet_hook();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<subscriber::PySubscriber>()?;
     m.add_class::<subscriber::PyEpochs>()?;

@@ -200,7 +200,10 @@ impl PyProducer {
 
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
-            .thread_name("sluice-producer-rt")
+            .thread_name(format!(
+                "{}-producer",
+                sluice::core::panics::RUNTIME_THREAD_PREFIX
+            ))
             .build()
             .map_err(|e| to_py(&SluiceError::io("cannot start the async runtime", e)))?;
         let namespace = Namespace::from_env().map_err(|e| to_py(&e))?;

@@ -24,7 +24,7 @@ use sluice::core::TopicName;
 use sluice::{EpochSummary, Event, Join, OnLag, SluiceError, SubscribeOptions, Subscriber};
 
 use crate::batch::{PyBatch, deep_copy};
-use crate::errors::{is_interrupted_wait, to_py};
+use crate::errors::to_py;
 
 /// Longest wait without a chance to run Python's signal handlers.
 const SLICE: Duration = Duration::from_millis(50);
@@ -215,7 +215,6 @@ impl PySubscriber {
             match result {
                 Ok(event) => return Ok(event),
                 Err(SluiceError::Timeout { .. }) => {}
-                Err(e) if is_interrupted_wait(&e) => {}
                 Err(e) => {
                     py.check_signals()?;
                     return Err(to_py(&e));
@@ -307,7 +306,6 @@ impl PySubscriber {
             match py.detach(|| Subscriber::connect(topic, options)) {
                 Ok(sub) => break sub,
                 Err(SluiceError::Timeout { .. }) => {}
-                Err(e) if is_interrupted_wait(&e) => {}
                 Err(e) => {
                     py.check_signals()?;
                     return Err(to_py(&e));
@@ -526,7 +524,6 @@ impl Iterator for StreamReader {
                         return Some(Err(ArrowError::ExternalError(Box::new(e))));
                     }
                 }
-                Err(e) if is_interrupted_wait(&e) => {}
                 Err(e) => return Some(Err(ArrowError::ExternalError(Box::new(e)))),
             }
         }

@@ -394,7 +394,11 @@ fn wait_for_interested(
     opts: &sluice_plan::SluiceOptions,
     stop: &std::sync::atomic::AtomicBool,
 ) -> Result<()> {
-    let grace = Duration::from_secs_f64(opts.attach_grace_s);
+    // Validated with the options, except for a plan that failed to load: a bad value
+    // then falls back to the default rather than panicking.
+    let grace = Duration::try_from_secs_f64(opts.attach_grace_s)
+        .unwrap_or(Duration::from_secs(10))
+        .min(Duration::from_secs(86_400));
     let late = publisher.wait_for_interested(grace, stop)?;
     if late > 0 {
         tracing::warn!(

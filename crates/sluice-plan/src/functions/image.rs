@@ -88,11 +88,9 @@ const MAX_IMAGE_BYTES: usize = 512 << 20;
 /// The decoders are written not to panic on bad input; should one do so anyway, the
 /// panic becomes this row's error rather than the query's end.
 fn decode_into(bytes: &[u8], channels: usize, out: &mut [u8]) -> Result<(), String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        decode_unchecked(bytes, channels, out)
-    }))
-    .map_err(|_| "the image decoder failed (panicked) on this input".to_string())?
-    .map_err(|e| e.to_string())
+    sluice_core::panics::catch(|| decode_unchecked(bytes, channels, out))
+        .map_err(|p| format!("the image decoder failed (panicked) on this input: {p}"))?
+        .map_err(|e| e.to_string())
 }
 
 fn decode_unchecked(bytes: &[u8], channels: usize, out: &mut [u8]) -> image::ImageResult<()> {
@@ -114,8 +112,8 @@ fn decode_unchecked(bytes: &[u8], channels: usize, out: &mut [u8]) -> image::Ima
 
 /// The size of an encoded image, from its header.
 fn header(bytes: &[u8], channels: usize) -> std::result::Result<(u32, u32), String> {
-    std::panic::catch_unwind(|| header_unchecked(bytes, channels))
-        .map_err(|_| "the image decoder failed (panicked) on this header".to_string())?
+    sluice_core::panics::catch(|| header_unchecked(bytes, channels))
+        .map_err(|p| format!("the image decoder failed (panicked) on this header: {p}"))?
 }
 
 fn header_unchecked(bytes: &[u8], channels: usize) -> std::result::Result<(u32, u32), String> {

@@ -1,0 +1,138 @@
+"""No consumer can write into the shared memory every subscriber reads (issue 13).
+
+A write through a zero-copy view either raises a clear Python error or goes to a private
+copy; it never kills the trainer with SIGSEGV and never changes what another view or
+another subscriber sees. docs/python.md lists what each consumer does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import sluice
+
+# torch has no read-only tensors and ignores DLPack's read-only flag: `x.mul_(2)` on
+# `torch.from_dlpack(batch["x"])` stores through the capsule's data pointer. This does
+# exactly that, with ctypes, in a child process (a regression would be a SIGSEGV).
+WRITE_THROUGH_DLPACK = """
+import ctypes, sys
+import pyarrow as pa
+import sluice
+
+plan, topic = sys.argv[1], sys.argv[2]
+producer = sluice.Producer(plan, min_subscribers=2)
+a = sluice.subscribe(topic, timeout=30)
+b = sluice.subscribe(topic, timeout=30)
+batch_a, batch_b = next(a), next(b)
+assert batch_a.shm_range is not None, "the batch must be zero-copy for this test"
+api = ctypes.pythonapi
+api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+for legacy in (True, False):
+    capsule = (batch_a["x"].__dlpack__() if legacy
+               else batch_a["x"].__dlpack__(max_version=(1, 0)))
+    name = b"dltensor" if legacy else b"dltensor_versioned"
+    managed = api.PyCapsule_GetPointer(capsule, name)
+    # DLManagedTensor starts with DLTensor (data first); the versioned struct has its
+    # version, manager_ctx, deleter and flags (32 bytes) before it.
+    data = ctypes.c_void_p.from_address(managed + (0 if legacy else 32)).value
+    values = (ctypes.c_double * len(batch_a)).from_address(data)
+    before = list(values)
+    for i in range(len(batch_a)):
+        values[i] = -1.0
+    assert list(values) == [-1.0] * len(batch_a), "the writer sees its own write"
+    assert pa.record_batch(batch_a).column("x").to_pylist() == before, "its other views do not"
+    assert pa.record_batch(batch_b).column("x").to_pylist() == before, "other subscribers do not"
+    del values, capsule
+print("ok", flush=True)
+del batch_a, batch_b
+a.close()
+b.close()
+producer.close()
+"""
+
+
+def test_a_write_through_a_dlpack_pointer_changes_a_private_copy_only(plans, run_python):
+    plan = plans.plan(rows=400, batch_rows=100)
+    child = run_python(WRITE_THROUGH_DLPACK, str(plan), plans.topic)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, f"exit {child.returncode} (-11 is SIGSEGV): {err}"
+    assert out.strip() == "ok", err
+
+
+def test_numpy_views_are_read_only_and_a_write_raises(plans):
+    producer = sluice.Producer(plans.plan(rows=200), min_subscribers=1)
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        batch = next(sub)
+        for x in (np.from_dlpack(batch["x"]), np.asarray(batch["x"]), batch["x"].to_numpy()):
+            assert not x.flags.writeable
+            with pytest.raises(ValueError, match="read-only"):
+                x *= 2
+            with pytest.raises(ValueError):
+                x.flags.writeable = True
+        copy = np.array(batch["x"])  # a private, writable copy
+        copy *= 2
+        assert pa.record_batch(batch).column("x").to_pylist() == [i * 0.5 for i in range(50)]
+        del batch, x, copy
+    producer.wait(timeout=30)
+
+
+def test_pyarrow_and_polars_views_cannot_be_written(plans):
+    """pyarrow arrays are immutable; polars copies on write."""
+    import polars as pl
+
+    producer = sluice.Producer(plans.plan(rows=200), min_subscribers=1)
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        batch = next(sub)
+        rb = pa.record_batch(batch)
+        with pytest.raises(TypeError):
+            rb.column("x")[0] = 1.0  # type: ignore[index]
+        df = pl.DataFrame(batch)
+        df[0, "x"] = 123.0  # copy on write: the frame's own copy
+        assert df["x"][0] == 123.0
+        assert rb.column("x")[0].as_py() == 0.0
+        del batch, rb, df
+    producer.wait(timeout=30)
+
+
+def test_torch_in_place_ops_change_a_private_copy_only(plans):
+    torch = pytest.importorskip("torch", reason="torch is not installed (~3 GB); "
+                                "test_a_write_through_a_dlpack_pointer_… covers its writes")
+    import sluice.torch
+
+    producer = sluice.Producer(plans.plan(rows=200), min_subscribers=2)
+    a = sluice.subscribe(plans.topic, timeout=30)
+    b = sluice.subscribe(plans.topic, timeout=30)
+    batch_a, batch_b = next(a), next(b)
+    x = torch.from_dlpack(batch_a["x"])
+    x.mul_(2)
+    y = sluice.torch.batch_to_tensors(batch_a)["x"]
+    y.sub_(1)
+    expected = [i * 0.5 for i in range(50)]
+    assert x.tolist() == [v * 2 for v in expected]
+    assert pa.record_batch(batch_a).column("x").to_pylist() == expected
+    assert pa.record_batch(batch_b).column("x").to_pylist() == expected
+    del x, y, batch_a, batch_b
+    a.close()
+    b.close()
+    producer.wait(timeout=30)
+
+
+def test_jax_arrays_from_dlpack_are_immutable(plans):
+    jax = pytest.importorskip("jax", reason="jax is not installed")
+
+    producer = sluice.Producer(plans.plan(rows=200), min_subscribers=1)
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        batch = next(sub)
+        x = jax.dlpack.from_dlpack(batch["x"])
+        expected = [i * 0.5 for i in range(50)]
+        assert x.tolist() == expected
+        with pytest.raises(TypeError):
+            x[0] = 1.0  # JAX arrays are immutable
+        y = x.at[0].set(5.0)  # a new array
+        assert float(y[0]) == 5.0 and x.tolist() == expected
+        assert pa.record_batch(batch).column("x").to_pylist() == expected
+        del batch, x, y
+    producer.wait(timeout=30)
