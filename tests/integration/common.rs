@@ -114,8 +114,62 @@ impl Proc {
     }
 }
 
+/// Removes what test runs that were killed outright (SIGKILL of the whole run, a
+/// machine stopped mid-test) left in their namespaces. Each run's namespaces are its own
+/// (`cp<pid>x<n>`) and no later process ever opens them, so nobody else would reclaim
+/// them: the first harness of every run does, for runs whose process is gone and whose
+/// namespace has no live process left.
+fn sweep_namespaces_of_dead_runs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut names = std::collections::BTreeSet::new();
+        let shm = std::fs::read_dir("/dev/shm")
+            .into_iter()
+            .flatten()
+            .flatten();
+        let tmp = std::fs::read_dir(std::env::temp_dir())
+            .into_iter()
+            .flatten()
+            .flatten();
+        for entry in shm.chain(tmp) {
+            let file = entry.file_name().to_string_lossy().to_string();
+            let rest = file
+                .strip_prefix("iox2_sluice_cp")
+                .or_else(|| file.strip_prefix("sluice-cp"));
+            let Some(rest) = rest else { continue };
+            let id: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .collect();
+            let Some((pid, _)) = id.split_once('x') else {
+                continue;
+            };
+            let Ok(pid) = pid.parse::<i32>() else {
+                continue;
+            };
+            // SAFETY: kill(2) with signal 0 sends nothing; it checks whether the process
+            // exists.
+            let gone = unsafe { libc::kill(pid, 0) } != 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            if gone && pid != std::process::id() as i32 {
+                names.insert(format!("cp{id}"));
+            }
+        }
+        for name in names {
+            let Ok(ns) = Namespace::new(&name) else {
+                continue;
+            };
+            ns.reclaim_dead();
+            if !ns.has_live_nodes() {
+                ns.purge();
+            }
+        }
+    });
+}
+
 impl Harness {
     pub fn new() -> Self {
+        sweep_namespaces_of_dead_runs();
         let name = format!(
             "cp{}x{}",
             std::process::id(),

@@ -24,8 +24,8 @@ pub const RUNTIME_THREAD_PREFIX: &str = "sluice-rt";
 thread_local! {
     /// How many [`catch`] calls this thread is inside.
     static CATCHING: Cell<u32> = const { Cell::new(0) };
-    /// Where the last quiet panic of this thread happened.
-    static LAST_LOCATION: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// The message and location of the last quiet panic of this thread.
+    static LAST: RefCell<Option<(String, String)>> = const { RefCell::new(None) };
 }
 
 /// Installs the quiet hook (once per process; later calls do nothing).
@@ -36,10 +36,13 @@ pub fn install_quiet_hook() {
         let verbose = std::env::var("SLUICE_LOG").is_ok_and(|v| v.contains("debug"));
         std::panic::set_hook(Box::new(move |info: &PanicHookInfo<'_>| {
             if is_quiet() && !verbose {
-                let location = info
-                    .location()
-                    .map(|l| format!("{}:{}", l.file(), l.line()));
-                LAST_LOCATION.with(|last| *last.borrow_mut() = location);
+                let last = info.location().map(|l| {
+                    (
+                        message(info.payload()),
+                        format!("{}:{}", l.file(), l.line()),
+                    )
+                });
+                LAST.with(|cell| *cell.borrow_mut() = last);
             } else {
                 previous(info);
             }
@@ -63,17 +66,23 @@ pub fn catch<R>(f: impl FnOnce() -> R) -> Result<R, String> {
     result.map_err(|panic| describe(panic.as_ref()))
 }
 
-/// The message of a caught panic, with where it happened when the quiet hook saw it.
+/// The message of a caught panic, with where it happened when the quiet hook saw it
+/// on this thread (a panic caught on another thread than it happened keeps no
+/// location: the one recorded here would be another panic's).
 pub fn describe(panic: &(dyn Any + Send)) -> String {
-    let message = panic
+    let message = message(panic);
+    match LAST.with(|cell| cell.borrow_mut().take()) {
+        Some((seen, location)) if seen == message => format!("{message} (at {location})"),
+        _ => message,
+    }
+}
+
+fn message(payload: &(dyn Any + Send)) -> String {
+    payload
         .downcast_ref::<String>()
         .cloned()
-        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "panic".into());
-    match LAST_LOCATION.with(|last| last.borrow_mut().take()) {
-        Some(location) => format!("{message} (at {location})"),
-        None => message,
-    }
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic".into())
 }
 
 #[cfg(test)]

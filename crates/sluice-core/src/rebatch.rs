@@ -170,46 +170,55 @@ fn copy_data(data: &ArrayData) -> Result<ArrayData, arrow::error::ArrowError> {
 }
 
 /// Replaces the buffers that `MutableArrayData` carried over by reference (dictionary
-/// values, view arrays' data buffers), here and in every child, with copies.
+/// values, view arrays' data buffers), here and in every child, with copies. Arrays
+/// without such buffers anywhere (the common case) are returned as they are.
 fn own(data: ArrayData) -> Result<ArrayData, arrow::error::ArrowError> {
-    use arrow::buffer::Buffer;
+    use arrow::array::{Array, BinaryViewArray, StringViewArray};
     use arrow::datatypes::DataType;
-    let data_type = data.data_type().clone();
-    let buffers: Vec<Buffer> = match data_type {
-        // Buffer 0 holds the views, written by MutableArrayData; the rest are the data
-        // buffers the views point into, shared with the input.
-        DataType::Utf8View | DataType::BinaryView => data
-            .buffers()
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                if i == 0 {
-                    b.clone()
-                } else {
-                    Buffer::from_slice_ref(b.as_slice())
-                }
-            })
-            .collect(),
-        _ => data.buffers().to_vec(),
-    };
-    let children = match data_type {
+    match data.data_type() {
+        dt if !kept_by_reference(dt) => return Ok(data),
+        // `gc` writes the views and the bytes they reference into new buffers.
+        DataType::Utf8View => return Ok(StringViewArray::from(data).gc().into_data()),
+        DataType::BinaryView => return Ok(BinaryViewArray::from(data).gc().into_data()),
+        _ => {}
+    }
+    let children = if matches!(data.data_type(), DataType::Dictionary(..)) {
         // The values are the input's own: copy them (compacted to their own range).
-        DataType::Dictionary(..) => data
-            .child_data()
+        data.child_data()
             .iter()
             .map(copy_data)
-            .collect::<Result<Vec<_>, _>>()?,
-        _ => data
-            .child_data()
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        data.child_data()
             .iter()
             .cloned()
             .map(own)
-            .collect::<Result<Vec<_>, _>>()?,
+            .collect::<Result<Vec<_>, _>>()?
     };
-    data.into_builder()
-        .buffers(buffers)
-        .child_data(children)
-        .build()
+    let builder = data.into_builder().child_data(children);
+    // SAFETY: `data` was valid, and each new child is a copy of the child it replaces:
+    // the same type, length and values (`copy_data` and `own` change where the bytes
+    // live, never what they are), so the array is as valid as before. Validating again
+    // would re-check every string's UTF-8 on each copy.
+    Ok(unsafe { builder.build_unchecked() })
+}
+
+/// Whether `MutableArrayData` keeps some buffer of an array of this type by reference.
+fn kept_by_reference(data_type: &arrow::datatypes::DataType) -> bool {
+    use arrow::datatypes::DataType;
+    match data_type {
+        DataType::Utf8View | DataType::BinaryView | DataType::Dictionary(..) => true,
+        DataType::List(f)
+        | DataType::LargeList(f)
+        | DataType::ListView(f)
+        | DataType::LargeListView(f)
+        | DataType::FixedSizeList(f, _)
+        | DataType::Map(f, _) => kept_by_reference(f.data_type()),
+        DataType::Struct(fields) => fields.iter().any(|f| kept_by_reference(f.data_type())),
+        DataType::Union(fields, _) => fields.iter().any(|(_, f)| kept_by_reference(f.data_type())),
+        DataType::RunEndEncoded(_, values) => kept_by_reference(values.data_type()),
+        _ => false,
+    }
 }
 
 #[cfg(test)]

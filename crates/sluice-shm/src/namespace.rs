@@ -418,6 +418,20 @@ impl Namespace {
         out
     }
 
+    /// Whether a process of this namespace is alive (its iceoryx2 node's monitor says
+    /// so, or cannot tell).
+    pub fn has_live_nodes(&self) -> bool {
+        let mut live = false;
+        let _ = Node::<Ipc>::list(&self.config, |state| {
+            if !matches!(state, NodeState::Dead(_)) {
+                live = true;
+                return CallbackProgression::Stop;
+            }
+            CallbackProgression::Continue
+        });
+        live
+    }
+
     /// Removes the namespace entirely: its node counter and service directory. Only for
     /// when no process uses the namespace any more (the end of a test).
     pub fn purge(&self) {

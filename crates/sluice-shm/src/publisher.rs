@@ -552,29 +552,20 @@ trait CreateFailure: std::fmt::Debug {
     fn denied(&self) -> bool;
 }
 
-impl CreateFailure for EventCreateError {
-    fn busy(&self) -> bool {
-        matches!(
-            self,
-            Self::AlreadyExists | Self::IsBeingCreatedByAnotherInstance
-        )
-    }
-    fn denied(&self) -> bool {
-        matches!(self, Self::InsufficientPermissions)
-    }
+/// iceoryx2's create errors of both service kinds have the same variants for this.
+macro_rules! create_failure {
+    ($($error:ty),*) => {$(
+        impl CreateFailure for $error {
+            fn busy(&self) -> bool {
+                matches!(self, Self::AlreadyExists | Self::IsBeingCreatedByAnotherInstance)
+            }
+            fn denied(&self) -> bool {
+                matches!(self, Self::InsufficientPermissions)
+            }
+        }
+    )*};
 }
-
-impl CreateFailure for PublishSubscribeCreateError {
-    fn busy(&self) -> bool {
-        matches!(
-            self,
-            Self::AlreadyExists | Self::IsBeingCreatedByAnotherInstance
-        )
-    }
-    fn denied(&self) -> bool {
-        matches!(self, Self::InsufficientPermissions)
-    }
-}
+create_failure!(EventCreateError, PublishSubscribeCreateError);
 
 /// Creates one of the topic's services. A service that "already exists" although no
 /// live producer has the topic (`wait_for_dead_topic` made sure) may be one a producer
