@@ -3,9 +3,9 @@
 # tests, against a real S3-compatible server) and the Python package (an abi3 wheel in a
 # local virtualenv). Installs what it needs; idempotent. CI runs exactly this.
 #
-# Everything is compiled once per mode: tools/workspace-hack gives every member one
-# feature set, so the lint pass checks DataFusion once, the test build compiles it once,
-# and the S3 server and the Python wheel reuse that build (see docs/building.md).
+# Everything is compiled once: tools/workspace-hack gives every member one feature set,
+# the lints run as the compiler of the test build, and the S3 server and the Python wheel
+# reuse that build (see docs/building.md).
 #
 # Environment: SLUICE_SKIP_HAKARI_CHECK=1 skips the workspace-hack check (it installs
 # cargo-hakari into .tools/ on first use).
@@ -27,29 +27,51 @@ step() {
   echo "== $step_name"
 }
 
-step "Python: virtualenv"
-# The Python crate's build script (pyo3) must see the same interpreter in every step,
-# or pyo3 and everything above it would be compiled again.
-scripts/python-env.sh
+step "setup: Python virtualenv and cargo-hakari, in the background"
+# Neither needs the CPU much or for long, and the build below has idle moments on 2 cores
+# (its long serial chain of DataFusion crates, then the links): both run beside it, and
+# cargo-hakari at the lowest priority so that it takes only time the build leaves idle.
+# The virtualenv itself is made now: pyo3's build script asks its interpreter for its
+# configuration, and must see the same one in every step or pyo3 and everything above it
+# would be compiled again.
+mkdir -p .tools
+if [ ! -x .venv/bin/python ]; then
+  "${PYTHON:-python3}" -m venv .venv
+fi
 export PYO3_PYTHON="$PWD/.venv/bin/python"
+scripts/python-env.sh > .tools/python-env.log 2>&1 &
+venv_pid=$!
+venv_started=$SECONDS
+
+HAKARI_VERSION=0.9.39
+hakari_pid=
+if [ "${SLUICE_SKIP_HAKARI_CHECK:-0}" != 1 ] &&
+  ! .tools/bin/cargo-hakari --version 2>/dev/null | grep -q " $HAKARI_VERSION\$"; then
+  # Its own target directory, removed afterwards: it shares nothing with the workspace.
+  (
+    CARGO_TARGET_DIR="$PWD/.tools/build" nice -n 19 cargo install --locked --quiet \
+      --root .tools "cargo-hakari@$HAKARI_VERSION" && rm -rf .tools/build
+  ) > .tools/cargo-hakari-install.log 2>&1 &
+  hakari_pid=$!
+fi
+hakari_started=$SECONDS
+
+# A failing step stops the script; the background jobs stop with it.
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+
+# Waits for a background job; on failure prints its log and stops.
+wait_for() {
+  local pid=$1 what=$2 log=$3 started=$4
+  if ! wait "$pid"; then
+    echo "$what failed:" >&2
+    cat "$log" >&2
+    exit 1
+  fi
+  echo "== $what finished $((SECONDS - started)) s after it started"
+}
 
 step "Rust: format"
 cargo fmt --all -- --check
-
-if [ "${SLUICE_SKIP_HAKARI_CHECK:-0}" != 1 ]; then
-  step "Rust: one feature set (cargo hakari)"
-  HAKARI_VERSION=0.9.39
-  if ! .tools/bin/cargo-hakari --version 2>/dev/null | grep -q " $HAKARI_VERSION\$"; then
-    # Its own target directory, removed afterwards: it shares nothing with the workspace.
-    CARGO_TARGET_DIR="$PWD/.tools/build" cargo install --locked --quiet --root .tools \
-      "cargo-hakari@$HAKARI_VERSION"
-    rm -rf .tools/build
-  fi
-  # Fails when a dependency or feature changed and the workspace-hack was not
-  # regenerated (`cargo hakari generate && cargo hakari manage-deps`).
-  .tools/bin/cargo-hakari hakari generate --diff --color never
-  .tools/bin/cargo-hakari hakari manage-deps --dry-run --color never
-fi
 
 step "Rust: lints and test build (every member, the Python extension included)"
 # `cargo clippy` is `cargo check` with clippy-driver as the compiler of the workspace's own
@@ -63,10 +85,22 @@ export RUSTC_WORKSPACE_WRAPPER
 export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 cargo build --workspace --all-targets --locked
 
+if [ "${SLUICE_SKIP_HAKARI_CHECK:-0}" != 1 ]; then
+  step "Rust: one feature set (cargo hakari)"
+  if [ -n "$hakari_pid" ]; then
+    wait_for "$hakari_pid" "cargo-hakari install" .tools/cargo-hakari-install.log "$hakari_started"
+  fi
+  # Fails when a dependency or feature changed and the workspace-hack was not
+  # regenerated (`cargo hakari generate && cargo hakari manage-deps`).
+  .tools/bin/cargo-hakari hakari generate --diff --color never
+  .tools/bin/cargo-hakari hakari manage-deps --dry-run --color never
+fi
+
 step "Rust: tests (with a real S3-compatible server on 127.0.0.1)"
 scripts/s3-server.sh cargo test --locked
 
 step "Python: wheel and tests"
+wait_for "$venv_pid" "Python virtualenv" .tools/python-env.log "$venv_started"
 SLUICE_PY_SKIP_CLIPPY=1 scripts/test-python.sh
 
 step "finished"

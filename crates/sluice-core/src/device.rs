@@ -69,6 +69,67 @@ impl fmt::Display for DeviceSpec {
     }
 }
 
+/// A size in bytes as plan files write it: `1073741824`, `512MiB`, `8GiB`, `2GB`, `64KiB`.
+///
+/// Binary (`KiB`, `MiB`, `GiB`, `TiB`) and decimal (`KB`, `MB`, `GB`, `TB`) units are
+/// both accepted, case-insensitively, with an optional space; a bare number is bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl FromStr for ByteSize {
+    type Err = SluiceError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || {
+            SluiceError::Config(format!(
+                "invalid size '{s}': use a number of bytes or a number with a unit, e.g. '512MiB', '8GiB' or '2GB'"
+            ))
+        };
+        let t = s.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (number, unit) = t.split_at(split);
+        let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kib" => 1 << 10,
+            "m" | "mib" => 1 << 20,
+            "g" | "gib" => 1 << 30,
+            "t" | "tib" => 1 << 40,
+            "kb" => 1_000,
+            "mb" => 1_000_000,
+            "gb" => 1_000_000_000,
+            "tb" => 1_000_000_000_000,
+            _ => return Err(bad()),
+        };
+        if number.is_empty() {
+            return Err(bad());
+        }
+        if let Ok(n) = number.parse::<u64>() {
+            return n.checked_mul(factor).map(Self).ok_or_else(bad);
+        }
+        // A fraction such as '1.5GiB': exact enough in f64 for any size a GPU has.
+        let x: f64 = number.parse().map_err(|_| bad())?;
+        let bytes = x * factor as f64;
+        if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
+            return Err(bad());
+        }
+        Ok(Self(bytes.round() as u64))
+    }
+}
+
+impl fmt::Display for ByteSize {
+    /// The largest binary unit that keeps the value exact, so it parses back the same.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+            if self.0 != 0 && self.0.trailing_zeros() >= shift {
+                return write!(f, "{}{unit}", self.0 >> shift);
+            }
+        }
+        write!(f, "{}", self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +171,41 @@ mod tests {
         assert!(!DeviceSpec::Cpu.needs_cuda());
         assert!(DeviceSpec::Cuda(0).needs_cuda());
         assert_eq!(DeviceSpec::CudaHost(2).ordinal(), Some(2));
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units_and_print_back() {
+        for (text, bytes) in [
+            ("1073741824", 1u64 << 30),
+            ("512MiB", 512 << 20),
+            ("8 GiB", 8 << 30),
+            ("8gib", 8 << 30),
+            ("2GB", 2_000_000_000),
+            ("64KiB", 64 << 10),
+            ("1.5GiB", 3 << 29),
+            ("0", 0),
+        ] {
+            let parsed: ByteSize = text.parse().unwrap();
+            assert_eq!(parsed, ByteSize(bytes), "{text}");
+            assert_eq!(parsed.to_string().parse::<ByteSize>().unwrap(), parsed);
+        }
+        assert_eq!(ByteSize(8 << 30).to_string(), "8GiB");
+        assert_eq!(ByteSize(1000).to_string(), "1000");
+    }
+
+    #[test]
+    fn malformed_and_overflowing_sizes_are_rejected_with_the_valid_forms() {
+        for text in [
+            "",
+            "GiB",
+            "-1GiB",
+            "12 parsecs",
+            "1.2.3MiB",
+            "99999999999TiB",
+            "nanGiB",
+        ] {
+            let err = text.parse::<ByteSize>().unwrap_err().to_string();
+            assert!(err.contains("'512MiB'"), "{text}: {err}");
+        }
     }
 }

@@ -34,7 +34,7 @@ pub mod shuffle;
 pub mod wire;
 
 pub use checksum::Checksum;
-pub use device::DeviceSpec;
+pub use device::{ByteSize, DeviceSpec};
 pub use error::{Result, SluiceError};
 pub use frame::{FrameKind, TopicName};
 pub use position::{Position, Resume, Verdict};

@@ -7,20 +7,22 @@
 //! ```text
 //! offset size
 //!      0    8  magic "SLCUDESC"
-//!      8    2  version (1), little endian like every integer below
+//!      8    2  version (2), little endian like every integer below
 //!     10    1  mode: 1 = CUDA IPC slot, 2 = pinned host (cuda_host)
-//!     11    1  reserved, 0
-//!     12    4  device ordinal
-//!     16    4  slot index
-//!     20    4  number of nodes
-//!     24    8  slot generation (how many times the slot was reused)
-//!     32    8  slot capacity in bytes
-//!     40    8  bytes of the slot in use
-//!     48    8  rows
-//!     56   64  CUipcMemHandle of the slot
-//!    120   64  CUipcEventHandle of the slot's event
-//!    184    4  schema length S
-//!    188    S  the Arrow schema, as an Arrow IPC stream with no batches
+//!     11    1  flags: bit 0 = the copy into the slot may still run (wait on its event);
+//!              other bits 0
+//!     12    4  the producer's device ordinal (for messages: ordinals differ per process)
+//!     16   16  the device's UUID: subscribers map it to their own ordinal
+//!     32    4  slot index
+//!     36    4  number of nodes
+//!     40    8  slot generation (how many times the slot was reused)
+//!     48    8  slot capacity in bytes
+//!     56    8  bytes of the slot in use
+//!     64    8  rows
+//!     72   64  CUipcMemHandle of the slot
+//!    136   64  CUipcEventHandle of the slot's event
+//!    200    4  schema length S
+//!    204    S  the Arrow schema, as an Arrow IPC stream with no batches
 //!      …       nodes, depth first: len u64, null_count u64, has_validity u8,
 //!              buffers u8, children u16, [validity offset u64, len u64], buffers × (offset u64, len u64)
 //!      …    8  xxh3-64 of every byte before it
@@ -34,15 +36,16 @@ use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::StreamWriter;
 
 use crate::error::{CudaError, Result};
+use crate::identity::DeviceUuid;
 use crate::layout::{ALIGN, BufferRef, NodeLayout};
 
 /// First bytes of every descriptor.
 pub const MAGIC: &[u8; 8] = b"SLCUDESC";
 /// The encoding version this build writes and reads.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Size of a CUDA IPC memory or event handle.
 pub const HANDLE_BYTES: usize = 64;
-const FIXED: usize = 188;
+const FIXED: usize = 204;
 const MAX_NODES: u32 = 1 << 16;
 const MAX_SCHEMA: u32 = 1 << 24;
 
@@ -61,8 +64,13 @@ pub enum Mode {
 pub struct DeviceDescriptor {
     /// How the bytes are reached.
     pub mode: Mode,
-    /// The producer's CUDA device.
+    /// The copy into the slot may still be running: wait on the slot's event before use.
+    /// `false` when the producer published after the copy completed.
+    pub pending_copy: bool,
+    /// The producer's ordinal of its device (meaningful in the producer only).
     pub device_ordinal: u32,
+    /// The device, as every process can name it.
+    pub device_uuid: DeviceUuid,
     /// The slot in the producer's ring.
     pub slot: u32,
     /// How many times the slot has been reused; subscribers cache mappings per slot.
@@ -99,8 +107,9 @@ impl DeviceDescriptor {
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
         out.push(self.mode as u8);
-        out.push(0);
+        out.push(u8::from(self.pending_copy));
         out.extend_from_slice(&self.device_ordinal.to_le_bytes());
+        out.extend_from_slice(&self.device_uuid.0);
         out.extend_from_slice(&self.slot.to_le_bytes());
         let nodes = u32::try_from(self.nodes.len())
             .ok()
@@ -181,10 +190,13 @@ impl DeviceDescriptor {
             2 => Mode::Host,
             m => return Err(corrupt(format!("unknown mode {m}"))),
         };
-        if r.u8()? != 0 {
-            return Err(corrupt("reserved byte is not zero".into()));
-        }
+        let pending_copy = match r.u8()? {
+            0 => false,
+            1 => true,
+            f => return Err(corrupt(format!("unknown flags {f:#04x}"))),
+        };
         let device_ordinal = r.u32()?;
+        let device_uuid = DeviceUuid(r.array()?);
         let slot = r.u32()?;
         let node_count = r.u32()?;
         if node_count > MAX_NODES {
@@ -254,7 +266,9 @@ impl DeviceDescriptor {
         }
         let d = Self {
             mode,
+            pending_copy,
             device_ordinal,
+            device_uuid,
             slot,
             generation,
             slot_bytes,
@@ -383,7 +397,9 @@ mod tests {
         let planned = Planned::new(&batch).unwrap();
         DeviceDescriptor {
             mode: Mode::Ipc,
+            pending_copy: true,
             device_ordinal: 1,
+            device_uuid: DeviceUuid([0x5b; 16]),
             slot: 7,
             generation: 3,
             slot_bytes: 1 << 20,
@@ -448,12 +464,12 @@ mod tests {
     fn another_version_is_rejected_with_a_clear_message() {
         let bytes = descriptor().encode().unwrap();
         let mut body = bytes[..bytes.len() - 8].to_vec();
-        body[8] = 2;
+        body[8] = 3;
         let err = DeviceDescriptor::decode(&reseal(body))
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("version 2") && err.contains("same Sluice"),
+            err.contains("version 3") && err.contains("same Sluice"),
             "{err}"
         );
     }

@@ -7,15 +7,27 @@
 //! a machine without a driver.
 //!
 //! Allocations use `cuMemAlloc` (not cudarc's stream-ordered `cuMemAllocAsync`, whose
-//! pools the legacy IPC API cannot export), and are made once per slot.
+//! pools the legacy IPC API cannot export), and are made when the ring is set up.
+//!
+//! **Contexts and threads.** Every object made from a [`Device`] holds the device's
+//! primary context (an `Arc`) and makes it current on the calling thread before each
+//! driver call, its drop included, as cudarc does: a Python deleter or a tokio worker
+//! that drops a mapping runs on a thread that never bound a context, and a call without
+//! one fails (`CUDA_ERROR_INVALID_CONTEXT`) or, worse, acts on another context. The
+//! primary context is released when the last object that needs it is gone, whatever the
+//! order in which they are dropped.
 
 use std::ffi::c_void;
 use std::ptr;
+use std::sync::Arc;
 
 use cudarc::driver::sys;
 
 use crate::descriptor::HANDLE_BYTES;
 use crate::error::{CudaError, Result, check};
+use crate::identity::DeviceUuid;
+use crate::retire::Completion;
+use crate::stream::ConsumerStream;
 
 /// Whether `libcuda.so` can be loaded on this machine.
 pub fn driver_present() -> bool {
@@ -24,29 +36,101 @@ pub fn driver_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
-/// A CUDA device with its primary context current on the calling thread.
+/// A device's retained primary context, shared by everything made from the device.
 #[derive(Debug)]
+struct Context {
+    device: sys::CUdevice,
+    raw: sys::CUcontext,
+}
+
+// SAFETY: a CUcontext is a process-wide handle that the driver lets any thread make
+// current; every use goes through `bind`, which makes it current on the calling thread.
+unsafe impl Send for Context {}
+// SAFETY: as above; `bind` only reads the handle.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Makes the context current on the calling thread (a no-op when it already is).
+    fn bind(&self) -> Result<()> {
+        let mut current = ptr::null_mut();
+        // SAFETY: valid out-pointer; the driver was initialized when the context was made.
+        check("cuCtxGetCurrent", unsafe {
+            sys::cuCtxGetCurrent(&mut current)
+        })?;
+        if current == self.raw {
+            return Ok(());
+        }
+        // SAFETY: `raw` is the primary context retained in `Device::open`, alive while
+        // `self` is.
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.raw) })
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: balances the retain in `Device::open`; every object made from the
+        // device holds this context, so none is left when it is released.
+        unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+    }
+}
+
+fn init_and_count() -> Result<i32> {
+    if !driver_present() {
+        return Err(CudaError::NoDriver);
+    }
+    // SAFETY: the driver library is loadable (checked above), so cudarc's lazy loader
+    // finds it; cuInit has no other precondition.
+    check("cuInit", unsafe { sys::cuInit(0) })?;
+    let mut count = 0;
+    // SAFETY: `count` is a valid out-pointer; the driver is initialized.
+    check("cuDeviceGetCount", unsafe {
+        sys::cuDeviceGetCount(&mut count)
+    })?;
+    Ok(count)
+}
+
+fn uuid_of(device: sys::CUdevice) -> Result<DeviceUuid> {
+    let mut u = sys::CUuuid { bytes: [0; 16] };
+    // SAFETY: valid out-pointer and device handle.
+    check("cuDeviceGetUuid", unsafe {
+        sys::cuDeviceGetUuid_v2(&mut u, device)
+    })?;
+    Ok(DeviceUuid(u.bytes.map(|c| c as u8)))
+}
+
+/// The UUIDs of the GPUs this process sees, in ordinal order (after
+/// `CUDA_VISIBLE_DEVICES`).
+pub fn visible_uuids() -> Result<Vec<DeviceUuid>> {
+    let count = init_and_count()?;
+    (0..count)
+        .map(|i| {
+            let mut device = 0;
+            // SAFETY: valid out-pointer; `i` < device count.
+            check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut device, i) })?;
+            uuid_of(device)
+        })
+        .collect()
+}
+
+/// A CUDA device and its primary context. Cloning it is cheap and shares the context.
+#[derive(Debug, Clone)]
 pub struct Device {
     ordinal: u32,
-    device: sys::CUdevice,
-    context: sys::CUcontext,
+    uuid: DeviceUuid,
     name: String,
+    ctx: Arc<Context>,
 }
 
 impl Device {
+    /// Opens the GPU this process knows as `uuid` (see [`crate::identity`]).
+    pub fn open_uuid(uuid: DeviceUuid) -> Result<Self> {
+        let ordinal = crate::identity::local_ordinal(uuid, &visible_uuids()?)?;
+        Self::open(ordinal)
+    }
+
     /// Opens GPU `ordinal`, or says clearly that there is no driver or no such GPU.
     pub fn open(ordinal: u32) -> Result<Self> {
-        if !driver_present() {
-            return Err(CudaError::NoDriver);
-        }
-        // SAFETY: the driver library is loadable (checked above), so cudarc's lazy loader
-        // finds it; cuInit has no other precondition.
-        check("cuInit", unsafe { sys::cuInit(0) })?;
-        let mut count = 0;
-        // SAFETY: `count` is a valid out-pointer; the driver is initialized.
-        check("cuDeviceGetCount", unsafe {
-            sys::cuDeviceGetCount(&mut count)
-        })?;
+        let count = init_and_count()?;
         if i64::from(ordinal) >= i64::from(count) {
             return Err(CudaError::NoSuchDevice {
                 ordinal,
@@ -77,23 +161,29 @@ impl Device {
         } else {
             format!("CUDA device {ordinal}")
         };
+        let ctx = Arc::new(Context {
+            device,
+            raw: context,
+        });
         let d = Self {
             ordinal,
-            device,
-            context,
+            uuid: uuid_of(device)?,
             name,
+            ctx,
         };
         d.bind()?;
         Ok(d)
     }
 
-    /// Makes the device's primary context current on the calling thread. Call it on any
-    /// thread that uses the device's objects.
+    /// Makes the device's primary context current on the calling thread. Objects made
+    /// from the device do this themselves before every driver call.
     pub fn bind(&self) -> Result<()> {
-        // SAFETY: `context` is the retained primary context, alive while `self` is.
-        check("cuCtxSetCurrent", unsafe {
-            sys::cuCtxSetCurrent(self.context)
-        })
+        self.ctx.bind()
+    }
+
+    /// The device's UUID, the same in every process.
+    pub fn uuid(&self) -> DeviceUuid {
+        self.uuid
     }
 
     /// The device ordinal.
@@ -108,56 +198,75 @@ impl Device {
 
     /// A non-blocking stream.
     pub fn stream(&self) -> Result<Stream> {
+        self.bind()?;
         let mut s = ptr::null_mut();
-        // SAFETY: valid out-pointer; the context is current (bound in `open`).
+        // SAFETY: valid out-pointer; the context is current (bound above).
         check("cuStreamCreate", unsafe {
             sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
         })?;
-        Ok(Stream(s))
+        Ok(Stream {
+            raw: s,
+            ctx: self.ctx.clone(),
+        })
     }
 
     /// An event that other processes can open: interprocess events must not record timing.
     pub fn ipc_event(&self) -> Result<Event> {
         let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32
             | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        self.bind()?;
         let mut e = ptr::null_mut();
-        // SAFETY: valid out-pointer; the context is current.
+        // SAFETY: valid out-pointer; the context is current (bound above).
         check("cuEventCreate", unsafe {
             sys::cuEventCreate(&mut e, flags)
         })?;
-        Ok(Event(e))
+        Ok(Event {
+            raw: e,
+            ctx: self.ctx.clone(),
+        })
     }
 
     /// A process-local event without timing.
     pub fn event(&self) -> Result<Event> {
+        self.bind()?;
         let mut e = ptr::null_mut();
-        // SAFETY: valid out-pointer; the context is current.
+        // SAFETY: valid out-pointer; the context is current (bound above).
         check("cuEventCreate", unsafe {
             sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
         })?;
-        Ok(Event(e))
+        Ok(Event {
+            raw: e,
+            ctx: self.ctx.clone(),
+        })
     }
 
     /// `bytes` of device memory from `cuMemAlloc`, exportable with CUDA IPC.
     pub fn alloc(&self, bytes: usize) -> Result<DeviceMemory> {
+        self.bind()?;
         let mut p = 0;
-        // SAFETY: valid out-pointer; the context is current.
+        // SAFETY: valid out-pointer; the context is current (bound above).
         check("cuMemAlloc", unsafe {
             sys::cuMemAlloc_v2(&mut p, bytes.max(1))
         })?;
-        Ok(DeviceMemory { ptr: p, bytes })
+        Ok(DeviceMemory {
+            ptr: p,
+            bytes,
+            ctx: self.ctx.clone(),
+        })
     }
 
     /// `bytes` of pinned (page-locked) host memory, usable by async copies.
     pub fn pinned(&self, bytes: usize) -> Result<PinnedHost> {
+        self.bind()?;
         let mut p = ptr::null_mut();
-        // SAFETY: valid out-pointer; the context is current.
+        // SAFETY: valid out-pointer; the context is current (bound above).
         check("cuMemHostAlloc", unsafe {
             sys::cuMemHostAlloc(&mut p, bytes.max(1), sys::CU_MEMHOSTALLOC_PORTABLE)
         })?;
         Ok(PinnedHost {
             ptr: p.cast(),
             bytes,
+            ctx: self.ctx.clone(),
         })
     }
 
@@ -166,8 +275,10 @@ impl Device {
         let h = sys::CUipcMemHandle {
             reserved: handle.map(|b| b as std::ffi::c_char),
         };
+        self.bind()?;
         let mut p = 0;
-        // SAFETY: valid out-pointer; the handle is plain bytes the driver validates.
+        // SAFETY: valid out-pointer; the handle is plain bytes the driver validates; the
+        // context is current (bound above).
         check("cuIpcOpenMemHandle", unsafe {
             sys::cuIpcOpenMemHandle_v2(
                 &mut p,
@@ -175,7 +286,11 @@ impl Device {
                 sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
             )
         })?;
-        Ok(IpcMapping { ptr: p, bytes })
+        Ok(IpcMapping {
+            ptr: p,
+            bytes,
+            ctx: self.ctx.clone(),
+        })
     }
 
     /// Opens another process's interprocess event from its IPC handle.
@@ -183,21 +298,45 @@ impl Device {
         let h = sys::CUipcEventHandle {
             reserved: handle.map(|b| b as std::ffi::c_char),
         };
+        self.bind()?;
         let mut e = ptr::null_mut();
-        // SAFETY: valid out-pointer; the handle is plain bytes the driver validates.
+        // SAFETY: valid out-pointer; the handle is plain bytes the driver validates; the
+        // context is current (bound above).
         check("cuIpcOpenEventHandle", unsafe {
             sys::cuIpcOpenEventHandle(&mut e, h)
         })?;
-        Ok(Event(e))
+        Ok(Event {
+            raw: e,
+            ctx: self.ctx.clone(),
+        })
     }
-}
 
-impl Drop for Device {
-    fn drop(&mut self) {
-        // SAFETY: balances the retain in `open`. Objects made from this device hold no
-        // reference to it; callers drop them first (fields are declared after `Device`
-        // nowhere in this crate, see `DeviceStager`).
-        unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+    /// Makes the consumer's `stream` wait for `event` (nothing for
+    /// [`ConsumerStream::NoSync`]).
+    pub fn make_wait(&self, stream: ConsumerStream, event: &Event) -> Result<()> {
+        let Some(handle) = stream.driver_handle() else {
+            return Ok(());
+        };
+        self.bind()?;
+        // SAFETY: `handle` is the legacy or per-thread default stream, or a stream handle
+        // the consumer passed for this process and context (the DLPack contract); the
+        // event is alive for the call.
+        check("cuStreamWaitEvent", unsafe {
+            sys::cuStreamWaitEvent(handle as sys::CUstream, event.raw, 0)
+        })
+    }
+
+    /// Records `event` on the consumer's `stream`: it completes when the work the
+    /// consumer queued so far does. On [`ConsumerStream::NoSync`] (the consumer
+    /// synchronized itself) it is recorded on the legacy default stream, which orders
+    /// after all blocking streams' work.
+    pub fn record_on(&self, stream: ConsumerStream, event: &Event) -> Result<()> {
+        let handle = stream.driver_handle().unwrap_or(1);
+        self.bind()?;
+        // SAFETY: as in `make_wait`.
+        check("cuEventRecord", unsafe {
+            sys::cuEventRecord(event.raw, handle as sys::CUstream)
+        })
     }
 }
 
@@ -207,29 +346,40 @@ fn handle_bytes(reserved: [std::ffi::c_char; HANDLE_BYTES]) -> [u8; HANDLE_BYTES
 
 /// A CUDA stream.
 #[derive(Debug)]
-pub struct Stream(sys::CUstream);
+pub struct Stream {
+    raw: sys::CUstream,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: stream handles may be used from any thread of the process once their context
+// is current; every method and the drop bind it first.
+unsafe impl Send for Stream {}
+// SAFETY: as above; the driver serializes work queued on one stream from many threads.
+unsafe impl Sync for Stream {}
 
 impl Stream {
     /// Makes later work on this stream wait for `event` (recorded in this or another
     /// process), without blocking the host.
     pub fn wait(&self, event: &Event) -> Result<()> {
-        // SAFETY: both handles are alive for the call.
+        self.ctx.bind()?;
+        // SAFETY: both handles are alive for the call; the context is current.
         check("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(self.0, event.0, 0)
+            sys::cuStreamWaitEvent(self.raw, event.raw, 0)
         })
     }
 
     /// Blocks the host until the stream's work is done.
     pub fn synchronize(&self) -> Result<()> {
-        // SAFETY: the stream is alive.
+        self.ctx.bind()?;
+        // SAFETY: the stream is alive; the context is current.
         check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(self.0)
+            sys::cuStreamSynchronize(self.raw)
         })
     }
 
     /// The raw handle, for consumers such as `__cuda_array_interface__`'s `stream`.
     pub fn as_raw(&self) -> usize {
-        self.0 as usize
+        self.raw as usize
     }
 
     /// Queues a copy of `len` bytes from `src` to `dst + offset`.
@@ -250,14 +400,16 @@ impl Stream {
                 slot_bytes: dst.bytes as u64,
             });
         }
+        self.ctx.bind()?;
         // SAFETY: both ranges are inside their allocations (checked above); the caller
-        // keeps them alive and `src` unmodified until the copy completes.
+        // keeps them alive and `src` unmodified until the copy completes; the context is
+        // current.
         check("cuMemcpyHtoDAsync", unsafe {
             sys::cuMemcpyHtoDAsync_v2(
                 dst.ptr + offset as u64,
                 src.ptr as *const c_void,
                 len,
-                self.0,
+                self.raw,
             )
         })
     }
@@ -265,31 +417,59 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        // A drop cannot report a failure; without the context the destroy below would
+        // fail the same way, leaking only the handle.
+        let _ = self.ctx.bind();
         // SAFETY: the stream was created by `Device::stream` and is destroyed once; the
         // driver finishes queued work first.
-        unsafe { sys::cuStreamDestroy_v2(self.0) };
+        unsafe { sys::cuStreamDestroy_v2(self.raw) };
     }
 }
 
 /// A CUDA event (local, interprocess, or opened from another process).
 #[derive(Debug)]
-pub struct Event(sys::CUevent);
+pub struct Event {
+    raw: sys::CUevent,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: event handles may be used from any thread once their context is current;
+// every method and the drop bind it first.
+unsafe impl Send for Event {}
+// SAFETY: as above; recording and querying an event from several threads is allowed.
+unsafe impl Sync for Event {}
 
 impl Event {
     /// Records the event on `stream`: it completes when the work queued so far does.
     pub fn record(&self, stream: &Stream) -> Result<()> {
-        // SAFETY: both handles are alive.
+        self.ctx.bind()?;
+        // SAFETY: both handles are alive; the context is current.
         check("cuEventRecord", unsafe {
-            sys::cuEventRecord(self.0, stream.0)
+            sys::cuEventRecord(self.raw, stream.raw)
         })
     }
 
     /// Blocks the host until the event completes.
     pub fn synchronize(&self) -> Result<()> {
-        // SAFETY: the event is alive.
+        self.ctx.bind()?;
+        // SAFETY: the event is alive; the context is current.
         check("cuEventSynchronize", unsafe {
-            sys::cuEventSynchronize(self.0)
+            sys::cuEventSynchronize(self.raw)
         })
+    }
+
+    /// Whether the work recorded before the event has finished, without blocking.
+    pub fn query(&self) -> Result<bool> {
+        self.ctx.bind()?;
+        // SAFETY: the event is alive; the context is current.
+        match unsafe { sys::cuEventQuery(self.raw) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            code => Err(CudaError::Driver {
+                call: "cuEventQuery",
+                code,
+            }),
+        }
     }
 
     /// The IPC handle of an interprocess event.
@@ -297,23 +477,34 @@ impl Event {
         let mut h = sys::CUipcEventHandle {
             reserved: [0; HANDLE_BYTES],
         };
-        // SAFETY: valid out-pointer; the driver rejects events not created interprocess.
+        self.ctx.bind()?;
+        // SAFETY: valid out-pointer; the driver rejects events not created interprocess;
+        // the context is current.
         check("cuIpcGetEventHandle", unsafe {
-            sys::cuIpcGetEventHandle(&mut h, self.0)
+            sys::cuIpcGetEventHandle(&mut h, self.raw)
         })?;
         Ok(handle_bytes(h.reserved))
     }
 
     /// The raw `CUevent`, for `ArrowDeviceArray::sync_event` (a pointer to it).
     pub fn as_raw(&self) -> sys::CUevent {
-        self.0
+        self.raw
+    }
+}
+
+impl Completion for Event {
+    type Error = CudaError;
+    fn completed(&self) -> Result<bool> {
+        self.query()
     }
 }
 
 impl Drop for Event {
     fn drop(&mut self) {
+        // See `Stream`'s drop.
+        let _ = self.ctx.bind();
         // SAFETY: created or opened by this crate, destroyed once.
-        unsafe { sys::cuEventDestroy_v2(self.0) };
+        unsafe { sys::cuEventDestroy_v2(self.raw) };
     }
 }
 
@@ -322,7 +513,14 @@ impl Drop for Event {
 pub struct DeviceMemory {
     ptr: sys::CUdeviceptr,
     bytes: usize,
+    ctx: Arc<Context>,
 }
+
+// SAFETY: a device address is valid in every thread of the process; the handle calls
+// and the drop bind the context first.
+unsafe impl Send for DeviceMemory {}
+// SAFETY: as above; the methods only read the address or ask the driver for a handle.
+unsafe impl Sync for DeviceMemory {}
 
 impl DeviceMemory {
     /// The IPC handle other processes open with [`Device::open_ipc_memory`].
@@ -330,7 +528,9 @@ impl DeviceMemory {
         let mut h = sys::CUipcMemHandle {
             reserved: [0; HANDLE_BYTES],
         };
-        // SAFETY: valid out-pointer; `ptr` is the base of a cuMemAlloc allocation.
+        self.ctx.bind()?;
+        // SAFETY: valid out-pointer; `ptr` is the base of a cuMemAlloc allocation; the
+        // context is current.
         check("cuIpcGetMemHandle", unsafe {
             sys::cuIpcGetMemHandle(&mut h, self.ptr)
         })?;
@@ -340,6 +540,11 @@ impl DeviceMemory {
     /// The device address.
     pub fn device_ptr(&self) -> u64 {
         self.ptr
+    }
+
+    /// Copies `len` bytes at `offset` to host memory (blocking).
+    pub fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        copy_dtoh(&self.ctx, self.ptr, self.bytes, offset, dst)
     }
 
     /// Size in bytes.
@@ -355,6 +560,8 @@ impl DeviceMemory {
 
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
+        // See `Stream`'s drop.
+        let _ = self.ctx.bind();
         // SAFETY: allocated by cuMemAlloc, freed once; callers synchronize work on it first.
         unsafe { sys::cuMemFree_v2(self.ptr) };
     }
@@ -365,7 +572,13 @@ impl Drop for DeviceMemory {
 pub struct IpcMapping {
     ptr: sys::CUdeviceptr,
     bytes: usize,
+    ctx: Arc<Context>,
 }
+
+// SAFETY: as for `DeviceMemory`: an address valid in every thread; calls bind first.
+unsafe impl Send for IpcMapping {}
+// SAFETY: as above; the methods only read.
+unsafe impl Sync for IpcMapping {}
 
 impl IpcMapping {
     /// The device address in this process.
@@ -376,24 +589,38 @@ impl IpcMapping {
     /// Copies `len` bytes at `offset` to host memory (blocking; for checks and for
     /// subscribers that asked for host copies).
     pub fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        if offset.checked_add(dst.len()).is_none_or(|e| e > self.bytes) {
-            return Err(CudaError::Corrupt(format!(
-                "{}+{} outside a {}-byte slot",
-                offset,
-                dst.len(),
-                self.bytes
-            )));
-        }
-        // SAFETY: the range is inside the mapping (checked above), `dst` is writable for
-        // its length, and the mapping stays open for the call.
-        check("cuMemcpyDtoH", unsafe {
-            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), self.ptr + offset as u64, dst.len())
-        })
+        copy_dtoh(&self.ctx, self.ptr, self.bytes, offset, dst)
     }
+}
+
+fn copy_dtoh(
+    ctx: &Context,
+    base: sys::CUdeviceptr,
+    bytes: usize,
+    offset: usize,
+    dst: &mut [u8],
+) -> Result<()> {
+    if offset.checked_add(dst.len()).is_none_or(|e| e > bytes) {
+        return Err(CudaError::Corrupt(format!(
+            "{}+{} outside a {}-byte slot",
+            offset,
+            dst.len(),
+            bytes
+        )));
+    }
+    ctx.bind()?;
+    // SAFETY: the range is inside the allocation (checked above), `dst` is writable for
+    // its length, the caller's borrow keeps the allocation alive for the call, and the
+    // context is current.
+    check("cuMemcpyDtoH", unsafe {
+        sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), base + offset as u64, dst.len())
+    })
 }
 
 impl Drop for IpcMapping {
     fn drop(&mut self) {
+        // See `Stream`'s drop.
+        let _ = self.ctx.bind();
         // SAFETY: opened by cuIpcOpenMemHandle, closed once.
         unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
     }
@@ -404,7 +631,11 @@ impl Drop for IpcMapping {
 pub struct PinnedHost {
     ptr: *mut u8,
     bytes: usize,
+    ctx: Arc<Context>,
 }
+
+// SAFETY: owned host memory; moving the owner to another thread moves the only access.
+unsafe impl Send for PinnedHost {}
 
 impl PinnedHost {
     /// The memory, for the host to fill.
@@ -420,6 +651,8 @@ impl PinnedHost {
 
 impl Drop for PinnedHost {
     fn drop(&mut self) {
+        // See `Stream`'s drop.
+        let _ = self.ctx.bind();
         // SAFETY: allocated by cuMemHostAlloc, freed once.
         unsafe { sys::cuMemFreeHost(self.ptr.cast()) };
     }
@@ -430,6 +663,7 @@ impl Drop for PinnedHost {
 #[derive(Debug)]
 pub struct HostRegistration {
     ptr: *mut c_void,
+    ctx: Arc<Context>,
 }
 
 impl HostRegistration {
@@ -438,17 +672,23 @@ impl HostRegistration {
     /// # Safety
     /// `ptr..ptr+len` must be mapped for as long as the registration lives, and must not
     /// overlap another registration.
-    pub unsafe fn register(_device: &Device, ptr: *mut u8, len: usize) -> Result<Self> {
+    pub unsafe fn register(device: &Device, ptr: *mut u8, len: usize) -> Result<Self> {
+        device.bind()?;
         // SAFETY: the caller keeps the range mapped; the device's context is current.
         check("cuMemHostRegister", unsafe {
             sys::cuMemHostRegister_v2(ptr.cast(), len, sys::CU_MEMHOSTREGISTER_PORTABLE)
         })?;
-        Ok(Self { ptr: ptr.cast() })
+        Ok(Self {
+            ptr: ptr.cast(),
+            ctx: device.ctx.clone(),
+        })
     }
 }
 
 impl Drop for HostRegistration {
     fn drop(&mut self) {
+        // See `Stream`'s drop.
+        let _ = self.ctx.bind();
         // SAFETY: registered in `register`, unregistered once while still mapped.
         unsafe { sys::cuMemHostUnregister(self.ptr) };
     }

@@ -46,6 +46,33 @@ pub enum CudaError {
         "all {0} device slots are in use by subscribers (this is a bug in Sluice: there is one slot per shared-memory chunk)"
     )]
     SlotsExhausted(usize),
+    /// The ring of device slots would take more than `sluice.device_memory`.
+    #[error(
+        "the device ring needs {slots} slots of {} ({} in all) but sluice.device_memory is {}: raise sluice.device_memory, or lower sluice.batch_rows (smaller slots) or sluice.max_subscribers, sluice.max_held or sluice.window (fewer slots)",
+        gib(*slot_bytes), gib((*slots as u64).saturating_mul(*slot_bytes)), gib(*budget)
+    )]
+    OverBudget {
+        /// Slots the topic needs: one per shared-memory chunk.
+        slots: usize,
+        /// Bytes of each slot.
+        slot_bytes: u64,
+        /// `sluice.device_memory`.
+        budget: u64,
+    },
+    /// The producer's GPU is not visible to this process.
+    #[error(
+        "the producer's GPU {uuid} is not visible to this process, which {}: add it to CUDA_VISIBLE_DEVICES (or subscribe on the CPU path)",
+        visible_list(visible)
+    )]
+    DeviceNotVisible {
+        /// The producer's GPU.
+        uuid: crate::identity::DeviceUuid,
+        /// The GPUs this process sees, in ordinal order.
+        visible: Vec<crate::identity::DeviceUuid>,
+    },
+    /// A `stream` argument that is not a CUDA stream.
+    #[error("{0}")]
+    BadStream(String),
     /// A device descriptor read from shared memory is malformed.
     #[error("corrupt device descriptor: {0}")]
     Corrupt(String),
@@ -65,6 +92,22 @@ impl From<CudaError> for sluice_core::SluiceError {
             other => Self::Device(other.to_string()),
         }
     }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+fn visible_list(visible: &[crate::identity::DeviceUuid]) -> String {
+    if visible.is_empty() {
+        return "sees no GPU".into();
+    }
+    let names: Vec<String> = visible
+        .iter()
+        .enumerate()
+        .map(|(i, u)| format!("cuda:{i} = {u}"))
+        .collect();
+    format!("sees {}", names.join(", "))
 }
 
 /// Turns a driver result into a [`Result`], naming the call.

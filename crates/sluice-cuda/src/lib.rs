@@ -15,25 +15,39 @@
 //! * [`descriptor`]: the versioned, validated message that crosses processes (pure).
 //! * [`ledger`]: which slot a batch may use; reuse follows the iceoryx2 sample that
 //!   carries the descriptor, so a held batch is never overwritten (pure).
+//! * [`ring`]: the ring of slots, preallocated under `sluice.device_memory` (pure).
+//! * [`identity`]: devices named by UUID, mapped to each process's ordinal (pure).
+//! * [`stream`]: the consumer's stream of `__dlpack__(stream=…)` (pure).
+//! * [`retire`]: a released batch goes back only once its consumers' queued work on it
+//!   has completed (pure).
+//! * [`registry`]: slots exported by this process, used directly by subscribers in it
+//!   (`cuIpcOpenMemHandle` refuses a process's own handles).
 //! * [`DeviceStager`] (producer) and [`DeviceImporter`] (subscriber) put them together.
-//!
-//! CUDA IPC does not work within one process: the GPU tests use two.
 #![warn(missing_docs)]
 
 pub mod descriptor;
 pub mod driver;
 mod error;
+pub mod identity;
 mod importer;
 pub mod layout;
 pub mod ledger;
+pub mod registry;
+pub mod retire;
+pub mod ring;
 mod stager;
+pub mod stream;
 
 pub use descriptor::{DeviceDescriptor, Mode};
 pub use driver::{Device, driver_present};
 pub use error::{CudaError, NO_DRIVER, Result};
-pub use importer::{DeviceImporter, Imported};
+pub use identity::DeviceUuid;
+pub use importer::{DeviceImporter, Imported, Mapping};
 pub use ledger::{Grant, SlotLedger};
+pub use retire::{Completion, Retiring};
+pub use ring::RingPlan;
 pub use stager::DeviceStager;
+pub use stream::ConsumerStream;
 
 /// Checks that GPU `ordinal` can be opened; the error says what to do when it cannot.
 pub fn require_device(ordinal: u32) -> Result<String> {

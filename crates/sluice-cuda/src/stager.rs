@@ -1,17 +1,20 @@
 //! Producer side: batches into device slots.
 
+use std::sync::Arc;
+
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 
 use crate::descriptor::{DeviceDescriptor, HANDLE_BYTES, Mode, encode_schema};
-use crate::driver::{Device, DeviceMemory, Event, PinnedHost, Stream};
+use crate::driver::{Device, Event, PinnedHost, Stream};
 use crate::error::{CudaError, Result};
 use crate::layout::Planned;
 use crate::ledger::SlotLedger;
+use crate::registry::{EXPORTED, ExportedSlot};
+use crate::ring::RingPlan;
 
 struct Slot {
-    memory: DeviceMemory,
-    event: Event,
+    shared: Arc<ExportedSlot>,
     mem_handle: [u8; HANDLE_BYTES],
     event_handle: [u8; HANDLE_BYTES],
 }
@@ -21,8 +24,12 @@ struct Slot {
 /// Two pinned staging buffers alternate: the host packs batch `n + 1` into one while the
 /// copy of batch `n` runs from the other, so copy and compute overlap; before packing into
 /// a buffer the stager waits for the copy that last read it.
+///
+/// The whole ring is allocated by [`DeviceStager::new`], under the budget of its
+/// [`RingPlan`]: nothing is allocated mid-stream. Every slot is registered in the
+/// process-wide [`EXPORTED`] registry, so subscribers in this process use it directly
+/// (`cuIpcOpenMemHandle` refuses a process's own handles).
 pub struct DeviceStager {
-    // Field order is drop order: everything made from the device goes before it.
     slots: Vec<Slot>,
     staging: [(PinnedHost, Event); 2],
     turn: usize,
@@ -35,23 +42,38 @@ pub struct DeviceStager {
 }
 
 impl DeviceStager {
-    /// A stager on `device` with at most `max_slots` slots of `slot_bytes` each.
-    pub fn new(
-        device: Device,
-        schema: SchemaRef,
-        slot_bytes: usize,
-        max_slots: usize,
-    ) -> Result<Self> {
+    /// A stager on `device` that allocates the ring of `ring` now.
+    pub fn new(device: Device, schema: SchemaRef, ring: RingPlan) -> Result<Self> {
+        let slot_bytes = usize::try_from(ring.slot_bytes)
+            .map_err(|_| CudaError::Unsupported(format!("{}-byte slots", ring.slot_bytes)))?;
         let staging = [
             (device.pinned(slot_bytes)?, device.event()?),
             (device.pinned(slot_bytes)?, device.event()?),
         ];
+        let slots = (0..ring.slots)
+            .map(|_| {
+                let memory = device.alloc(slot_bytes)?;
+                let event = device.ipc_event()?;
+                let mem_handle = memory.ipc_handle()?;
+                let event_handle = event.ipc_handle()?;
+                let shared = Arc::new(ExportedSlot {
+                    memory,
+                    event: Arc::new(event),
+                });
+                EXPORTED.register(mem_handle, &shared);
+                Ok(Slot {
+                    shared,
+                    mem_handle,
+                    event_handle,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            slots: Vec::new(),
+            slots,
             staging,
             turn: 0,
             stream: device.stream()?,
-            ledger: SlotLedger::new(max_slots),
+            ledger: SlotLedger::new(ring.slots),
             slot_bytes,
             schema_bytes: encode_schema(&schema)?,
             schema,
@@ -76,18 +98,8 @@ impl DeviceStager {
             });
         }
         let grant = self.ledger.grant(chunk)?;
-        if grant.fresh {
-            let memory = self.device.alloc(self.slot_bytes)?;
-            let event = self.device.ipc_event()?;
-            self.slots.push(Slot {
-                mem_handle: memory.ipc_handle()?,
-                event_handle: event.ipc_handle()?,
-                memory,
-                event,
-            });
-        }
         let slot = self.slots.get(grant.slot as usize).ok_or_else(|| {
-            CudaError::Unsupported("internal: slot granted but not allocated".into())
+            CudaError::Unsupported("internal: a slot beyond the preallocated ring".into())
         })?;
         let (host, copied) = &mut self.staging[self.turn];
         copied.synchronize()?;
@@ -97,14 +109,18 @@ impl DeviceStager {
         // slot's memory lives as long as `self`.
         unsafe {
             self.stream
-                .copy_htod(&slot.memory, 0, host, used as usize)?
+                .copy_htod(&slot.shared.memory, 0, host, used as usize)?
         };
         copied.record(&self.stream)?;
-        slot.event.record(&self.stream)?;
+        slot.shared.event.record(&self.stream)?;
         self.turn ^= 1;
         DeviceDescriptor {
             mode: Mode::Ipc,
+            // Published at once, with the copy queued: subscribers wait on the slot's
+            // event on their own stream (docs/gpu.md, "publish at once").
+            pending_copy: true,
             device_ordinal: self.device.ordinal(),
+            device_uuid: self.device.uuid(),
             slot: grant.slot,
             generation: grant.generation,
             slot_bytes: self.slot_bytes as u64,

@@ -1,7 +1,8 @@
 //! Two processes on one GPU: a producer stages batches into device slots and a
 //! subscriber (this test binary, started again as a child) maps each slot over CUDA IPC,
 //! waits on the slot's event and reads the batch back. CUDA IPC does not work within one
-//! process, hence the child.
+//! process, hence the child; a subscriber in the producer's own process uses the slot
+//! directly (the last test).
 //!
 //! Without a CUDA driver (this development machine, CI) the GPU tests print
 //! `SKIPPED (no CUDA driver): ...` and return; `scripts/gpu-check.sh` runs them on a GPU
@@ -13,7 +14,9 @@ use std::sync::Arc;
 
 use arrow::array::{Array, FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
-use sluice_cuda::{Device, DeviceDescriptor, DeviceImporter, DeviceStager, driver_present};
+use sluice_cuda::{
+    Device, DeviceDescriptor, DeviceImporter, DeviceStager, Mapping, RingPlan, driver_present,
+};
 
 const CHILD: &str = "SLUICE_CUDA_TEST_DESCRIPTORS";
 
@@ -50,17 +53,20 @@ fn child_reads_staged_batches() {
         return; // only meaningful as the child of the test below
     };
     let text = std::fs::read_to_string(path).unwrap();
-    let device = Device::open(0).unwrap();
-    let mut importer = DeviceImporter::new(device).unwrap();
+    let mut importer: Option<DeviceImporter> = None;
     for (i, line) in text.lines().enumerate() {
         let bytes: Vec<u8> = (0..line.len() / 2)
             .map(|k| u8::from_str_radix(&line[2 * k..2 * k + 2], 16).unwrap())
             .collect();
         let d = DeviceDescriptor::decode(&bytes).unwrap();
+        // The GPU is found by its UUID, whatever this process's CUDA_VISIBLE_DEVICES.
+        let importer = importer.get_or_insert_with(|| {
+            DeviceImporter::new(Device::open_uuid(d.device_uuid).unwrap()).unwrap()
+        });
         let got = importer.to_host(&d).unwrap();
         assert_eq!(got, batch(i as i64), "batch {i}");
+        assert!(importer.mapped_slots() <= 3);
     }
-    assert!(importer.mapped_slots() <= 3);
 }
 
 /// A producer process stages 3 batches into 3 slots; a subscriber process maps them over
@@ -74,7 +80,8 @@ fn a_subscriber_process_reads_batches_staged_by_the_producer() {
     }
     let device = Device::open(0).unwrap();
     eprintln!("device: {}", device.name());
-    let mut stager = DeviceStager::new(device, batch(0).schema(), 1 << 20, 8).unwrap();
+    let ring = RingPlan::new(8, 1 << 20, 1 << 30).unwrap();
+    let mut stager = DeviceStager::new(device, batch(0).schema(), ring).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("descriptors.hex");
     let mut f = std::fs::File::create(&path).unwrap();
@@ -109,10 +116,38 @@ fn a_reused_slot_carries_the_new_batch() {
         return;
     }
     let device = Device::open(0).unwrap();
-    let mut stager = DeviceStager::new(device, batch(0).schema(), 1 << 20, 2).unwrap();
+    let ring = RingPlan::new(2, 1 << 20, 1 << 30).unwrap();
+    let mut stager = DeviceStager::new(device, batch(0).schema(), ring).unwrap();
     let first = DeviceDescriptor::decode(&stager.stage(&batch(0), 0xA000).unwrap()).unwrap();
     let again = DeviceDescriptor::decode(&stager.stage(&batch(1), 0xA000).unwrap()).unwrap();
     assert_eq!(first.slot, again.slot);
     assert_eq!(again.generation, first.generation + 1);
     assert_eq!(first.mem_handle, again.mem_handle);
+}
+
+/// A subscriber in the producer's own process (a Python `sluice.Producer` and
+/// `sluice.subscribe` in one trainer) cannot open its own IPC handles: it uses the slot
+/// directly, and its view keeps the slot's memory after the producer is gone.
+#[test]
+fn a_subscriber_in_the_producers_process_uses_the_slot_directly() {
+    if skip("a_subscriber_in_the_producers_process_uses_the_slot_directly (same-process import)") {
+        return;
+    }
+    let device = Device::open(0).unwrap();
+    let ring = RingPlan::new(2, 1 << 20, 1 << 30).unwrap();
+    let mut stager = DeviceStager::new(device.clone(), batch(0).schema(), ring).unwrap();
+    let d = DeviceDescriptor::decode(&stager.stage(&batch(4), 0xB000).unwrap()).unwrap();
+    assert_eq!(d.device_uuid, device.uuid());
+    let mut importer = DeviceImporter::new(device).unwrap();
+    assert_eq!(importer.to_host(&d).unwrap(), batch(4));
+    let view = importer
+        .import(&d, sluice_cuda::ConsumerStream::LegacyDefault)
+        .unwrap();
+    assert!(matches!(*view.mapping, Mapping::Local(_)));
+    drop(stager); // the producer stops while the view is held
+    assert_eq!(
+        importer.to_host(&d).unwrap(),
+        batch(4),
+        "the view outlived the producer"
+    );
 }

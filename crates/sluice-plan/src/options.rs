@@ -3,7 +3,7 @@
 use datafusion::common::config::{ConfigEntry, ConfigExtension, ExtensionOptions};
 use datafusion::common::extensions_options;
 
-use sluice_core::{DeviceSpec, Result, SluiceError, TopicName};
+use sluice_core::{ByteSize, DeviceSpec, Result, SluiceError, TopicName};
 
 extensions_options! {
     /// Options a plan file sets with `SET sluice.<name> = <value>`.
@@ -38,6 +38,8 @@ extensions_options! {
         pub store_retry_timeout_s: u64, default = 120
         /// Where batches are materialized: 'cpu' (shared memory), 'cuda:N' (device slots on GPU N, shared over CUDA IPC) or 'cuda_host:N' (pinned shared memory; each subscriber copies to GPU N itself).
         pub device: String, default = "cpu".to_string()
+        /// Most GPU memory a device topic preallocates for its ring of slots (e.g. '2GiB', '512MiB'); the producer refuses to start rather than allocate more, and never allocates mid-stream.
+        pub device_memory: String, default = "2GiB".to_string()
     }
 }
 
@@ -78,6 +80,7 @@ impl SluiceOptions {
     pub fn validate(&self) -> Result<()> {
         TopicName::new(self.topic.clone())?;
         self.device()?;
+        self.device_memory()?;
         for (name, value) in [
             ("batch_rows", self.batch_rows),
             ("window", self.window),
@@ -133,6 +136,20 @@ impl SluiceOptions {
         self.device
             .parse()
             .map_err(|e| SluiceError::Config(format!("sluice.device: {e}")))
+    }
+
+    /// The validated `sluice.device_memory`: the device ring's budget.
+    pub fn device_memory(&self) -> Result<ByteSize> {
+        let size: ByteSize = self
+            .device_memory
+            .parse()
+            .map_err(|e| SluiceError::Config(format!("sluice.device_memory: {e}")))?;
+        if size.0 == 0 {
+            return Err(SluiceError::Config(
+                "sluice.device_memory must be more than 0 bytes".into(),
+            ));
+        }
+        Ok(size)
     }
 
     /// `(key, value)` pairs of every option, for `sluice explain`.
@@ -211,5 +228,20 @@ mod tests {
             err.contains("sluice.device") && err.contains("'cuda:N'"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn device_memory_is_a_size_with_units() {
+        let mut o = SluiceOptions::default();
+        assert_eq!(o.device_memory().unwrap(), ByteSize(2 << 30));
+        o.set_checked("device_memory", "512MiB").unwrap();
+        assert_eq!(o.device_memory().unwrap(), ByteSize(512 << 20));
+        for bad in ["lots", "0", "-1GiB"] {
+            let err = SluiceOptions::default()
+                .set_checked("device_memory", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("sluice.device_memory"), "{bad}: {err}");
+        }
     }
 }
