@@ -48,8 +48,10 @@ hakari_pid=
 if [ "${SLUICE_SKIP_HAKARI_CHECK:-0}" != 1 ] &&
   ! .tools/bin/cargo-hakari --version 2>/dev/null | grep -q " $HAKARI_VERSION\$"; then
   # Its own target directory, removed afterwards: it shares nothing with the workspace.
+  # Unoptimized (--debug): it compiles in 72 s instead of 178 s on 2 cores and still
+  # checks this workspace in 4 s.
   (
-    CARGO_TARGET_DIR="$PWD/.tools/build" nice -n 19 cargo install --locked --quiet \
+    CARGO_TARGET_DIR="$PWD/.tools/build" nice -n 19 cargo install --debug --locked --quiet \
       --root .tools "cargo-hakari@$HAKARI_VERSION" && rm -rf .tools/build
   ) > .tools/cargo-hakari-install.log 2>&1 &
   hakari_pid=$!
