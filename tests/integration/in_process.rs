@@ -106,6 +106,7 @@ fn batches_are_decoded_in_place_and_outlive_their_subscriber() {
                     kept.push(batch);
                 }
             }
+            Event::DeviceBatch { .. } => panic!("a CPU topic sent a GPU batch"),
             Event::EpochEnd(summary) => {
                 assert!(summary.complete);
                 assert_eq!(summary.rows, 1050);
@@ -165,6 +166,7 @@ fn empty_results_give_empty_epochs() {
     loop {
         match sub.next_event().unwrap() {
             Event::Batch { .. } => panic!("no batch expected"),
+            Event::DeviceBatch { .. } => panic!("a CPU topic sent a GPU batch"),
             Event::EpochEnd(s) => ends.push((s.epoch, s.rows, s.complete)),
             Event::End => break,
         }
@@ -215,6 +217,7 @@ fn subscribers_choose_their_own_batch_size() {
                         zero_copy += 1;
                     }
                 }
+                Event::DeviceBatch { .. } => panic!("a CPU topic sent a GPU batch"),
                 Event::EpochEnd(s) => {
                     assert!(s.complete, "{s:?}");
                     assert_eq!(s.received_rows, 1000);
@@ -261,6 +264,7 @@ fn epoch_orders(ns: &Namespace, topic: &str, sql: &str) -> Vec<Vec<i64>> {
                     .iter()
                     .copied(),
             ),
+            Event::DeviceBatch { .. } => panic!("a CPU topic sent a GPU batch"),
             Event::EpochEnd(_) => epochs.push(Vec::new()),
             Event::End => break,
         }
@@ -341,6 +345,7 @@ fn read_all(mut sub: Subscriber, pause_after: Option<Pause>) -> Seen {
                     pause.resume.recv().unwrap();
                 }
             }
+            Event::DeviceBatch { .. } => panic!("a CPU topic sent a GPU batch"),
             Event::EpochEnd(summary) => seen.complete.push(summary.complete),
             Event::End => return seen,
         }

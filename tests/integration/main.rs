@@ -6,5 +6,6 @@ mod common;
 mod cross_process;
 mod functions;
 mod gpu_cli;
+mod gpu_subscriber;
 mod in_process;
 mod object_storage;

@@ -74,6 +74,9 @@ pub fn sluice(
                             rows += batch.num_rows() as u64;
                         }
                         Event::EpochEnd(_) => {}
+                        Event::DeviceBatch { .. } => {
+                            bail!("a CPU benchmark topic sent a GPU batch")
+                        }
                         Event::End => break,
                     }
                 }

@@ -82,6 +82,7 @@ pub fn sluice_latency(
                         ack_tx.send(())?;
                     }
                     Event::EpochEnd(_) => {}
+                    Event::DeviceBatch { .. } => bail!("a CPU benchmark topic sent a GPU batch"),
                     Event::End => break,
                 }
             }
@@ -189,6 +190,7 @@ pub fn sluice_gbps(
                         }
                     }
                     Event::EpochEnd(_) => {}
+                    Event::DeviceBatch { .. } => bail!("a CPU benchmark topic sent a GPU batch"),
                     Event::End => break,
                 }
             }

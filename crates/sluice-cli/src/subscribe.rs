@@ -80,7 +80,22 @@ pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
     let mut last_batch: Option<Instant> = None;
     let mut max_gap = Duration::ZERO;
     loop {
-        match sub.next_event()? {
+        let event = match sub.next_event()? {
+            // The tool counts and checksums rows on the host: a GPU topic's batches are
+            // copied back (trainers use them on the device, see docs/gpu.md).
+            Event::DeviceBatch {
+                epoch,
+                index,
+                batch,
+            } => Event::Batch {
+                epoch,
+                index,
+                batch: batch.to_host()?,
+                shm_range: None,
+            },
+            event => event,
+        };
+        match event {
             Event::Batch { batch, .. } => {
                 let now = Instant::now();
                 first_batch.get_or_insert(now);
@@ -147,6 +162,7 @@ pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
                 epoch = Tally::default();
                 max_gap = Duration::ZERO;
             }
+            Event::DeviceBatch { .. } => anyhow::bail!("internal: a GPU batch was not copied back"),
             Event::End => break,
         }
     }

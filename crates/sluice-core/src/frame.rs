@@ -16,6 +16,9 @@ pub enum FrameKind {
     EndOfStream = 3,
     /// The producer failed; the payload is a UTF-8 message.
     Error = 4,
+    /// A record batch in GPU memory: the payload is a device descriptor (sluice-cuda's
+    /// `DeviceDescriptor`) naming the device slot that holds the batch's buffers.
+    DeviceBatch = 5,
 }
 
 impl TryFrom<u32> for FrameKind {
@@ -27,6 +30,7 @@ impl TryFrom<u32> for FrameKind {
             2 => Self::EndOfEpoch,
             3 => Self::EndOfStream,
             4 => Self::Error,
+            5 => Self::DeviceBatch,
             other => return Err(SluiceError::Corrupt(format!("unknown frame kind {other}"))),
         })
     }
@@ -80,6 +84,7 @@ mod tests {
             FrameKind::EndOfEpoch,
             FrameKind::EndOfStream,
             FrameKind::Error,
+            FrameKind::DeviceBatch,
         ] {
             assert_eq!(FrameKind::try_from(kind as u32).unwrap(), kind);
         }

@@ -38,6 +38,6 @@ pub use device::{ByteSize, DeviceSpec};
 pub use error::{Result, SluiceError};
 pub use frame::{FrameKind, TopicName};
 pub use position::{Position, Resume, Verdict};
-pub use rebatch::Rebatcher;
+pub use rebatch::{Rebatcher, Rows};
 pub use shaper::Shaper;
 pub use shuffle::Shuffler;

@@ -17,16 +17,55 @@ use arrow::record_batch::RecordBatch;
 
 use crate::error::{Result, SluiceError};
 
+/// What a [`Rebatcher`] cuts: rows that slice without copying and join into one.
+///
+/// Record batches in process or shared memory are the common case; the GPU path's
+/// device batches (rows in a device slot) are the other.
+pub trait Rows: Sized {
+    /// Rows held.
+    fn num_rows(&self) -> usize;
+    /// `len` rows from `offset`, without copying.
+    fn slice(&self, offset: usize, len: usize) -> Self;
+    /// Consecutive parts joined into one, in order (at least two parts).
+    fn concat(parts: Vec<Self>) -> Result<Self>;
+    /// The same rows in memory of this process's own, so that the memory they came from
+    /// (a shared-memory sample) can be released; `None` where that cannot be done here,
+    /// and the rows stay where they are.
+    fn to_private(&self) -> Result<Option<Self>>;
+}
+
+impl Rows for RecordBatch {
+    fn num_rows(&self) -> usize {
+        RecordBatch::num_rows(self)
+    }
+
+    fn slice(&self, offset: usize, len: usize) -> Self {
+        RecordBatch::slice(self, offset, len)
+    }
+
+    fn concat(parts: Vec<Self>) -> Result<Self> {
+        let schema = parts
+            .first()
+            .map(RecordBatch::schema)
+            .ok_or_else(|| SluiceError::Internal("concatenating no batches".into()))?;
+        Ok(concat_batches(&schema, &parts)?)
+    }
+
+    fn to_private(&self) -> Result<Option<Self>> {
+        Ok(Some(deep_copy(self)?))
+    }
+}
+
 /// Re-batches a stream to exactly `target_rows` rows per batch.
 #[derive(Debug)]
-pub struct Rebatcher {
+pub struct Rebatcher<T = RecordBatch> {
     target_rows: usize,
     /// Input batches (or their unconsumed tails) and whether they are private copies.
-    pending: VecDeque<(RecordBatch, bool)>,
+    pending: VecDeque<(T, bool)>,
     pending_rows: usize,
 }
 
-impl Rebatcher {
+impl<T: Rows> Rebatcher<T> {
     /// A re-batcher producing batches of `target_rows` rows; `target_rows` must be positive.
     pub fn new(target_rows: usize) -> Result<Self> {
         if target_rows == 0 {
@@ -52,7 +91,7 @@ impl Rebatcher {
     }
 
     /// Adds an input batch and returns every output batch that is now complete.
-    pub fn push(&mut self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+    pub fn push(&mut self, batch: T) -> Result<Vec<T>> {
         if batch.num_rows() > 0 {
             self.pending_rows += batch.num_rows();
             self.pending.push_back((batch, false));
@@ -71,12 +110,13 @@ impl Rebatcher {
 
     /// Copies all but the newest `keep` pending input batches into private memory, so
     /// the buffers they came from (shared-memory samples) can be released. Each row is
-    /// copied at most once by this.
+    /// copied at most once by this. Inputs that cannot be copied here
+    /// ([`Rows::to_private`] is `None`) stay where they are.
     pub fn release_inputs(&mut self, keep: usize) -> Result<()> {
         let n = self.pending.len().saturating_sub(keep);
         for (batch, owned) in self.pending.iter_mut().take(n) {
-            if !*owned {
-                *batch = deep_copy(batch)?;
+            if !*owned && let Some(private) = batch.to_private()? {
+                *batch = private;
                 *owned = true;
             }
         }
@@ -84,7 +124,7 @@ impl Rebatcher {
     }
 
     /// Ends the input: returns the final, possibly shorter, batch if any rows remain.
-    pub fn finish(&mut self) -> Result<Option<RecordBatch>> {
+    pub fn finish(&mut self) -> Result<Option<T>> {
         if self.pending_rows == 0 {
             return Ok(None);
         }
@@ -93,7 +133,7 @@ impl Rebatcher {
     }
 
     /// Removes exactly `rows` rows (`rows <= pending_rows`) from the front.
-    fn take(&mut self, rows: usize) -> Result<RecordBatch> {
+    fn take(&mut self, rows: usize) -> Result<T> {
         debug_assert!(rows > 0 && rows <= self.pending_rows);
         let front_rows = match self.pending.front() {
             Some((front, _)) => front.num_rows(),
@@ -107,7 +147,9 @@ impl Rebatcher {
         if front_rows >= rows {
             // One input batch covers the output: slice it, no copy.
             let Some((front, owned)) = self.pending.pop_front() else {
-                unreachable!("front checked above");
+                return Err(SluiceError::Internal(
+                    "re-batcher lost its pending batch".into(),
+                ));
             };
             if front_rows > rows {
                 self.pending
@@ -135,7 +177,7 @@ impl Rebatcher {
                 needed = 0;
             }
         }
-        Ok(concat_batches(&parts[0].schema(), &parts)?)
+        T::concat(parts)
     }
 }
 
@@ -462,7 +504,7 @@ mod tests {
 
     #[test]
     fn zero_batch_size_is_rejected() {
-        assert!(Rebatcher::new(0).is_err());
+        assert!(Rebatcher::<RecordBatch>::new(0).is_err());
     }
 
     proptest! {

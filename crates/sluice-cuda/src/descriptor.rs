@@ -45,7 +45,7 @@ pub const MAGIC: &[u8; 8] = b"SLCUDESC";
 pub const VERSION: u16 = 2;
 /// Size of a CUDA IPC memory or event handle.
 pub const HANDLE_BYTES: usize = 64;
-const FIXED: usize = 204;
+const FIXED: usize = DeviceDescriptor::FIXED;
 const MAX_NODES: u32 = 1 << 16;
 const MAX_SCHEMA: u32 = 1 << 24;
 
@@ -101,6 +101,9 @@ pub fn encode_schema(schema: &Schema) -> Result<Vec<u8>> {
 }
 
 impl DeviceDescriptor {
+    /// Bytes of the fixed part, before the schema.
+    pub const FIXED: usize = 204;
+
     /// Encodes the descriptor; `schema` is [`encode_schema`] of `self.schema`.
     pub fn encode_with_schema(&self, schema: &[u8]) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity(self.encoded_len(schema.len()));

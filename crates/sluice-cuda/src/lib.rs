@@ -46,7 +46,7 @@ pub use importer::{DeviceImporter, Imported, Mapping};
 pub use ledger::{Grant, SlotLedger};
 pub use retire::{Completion, Retiring};
 pub use ring::RingPlan;
-pub use stager::DeviceStager;
+pub use stager::{DeviceStager, Footprint};
 pub use stream::ConsumerStream;
 
 /// Checks that GPU `ordinal` can be opened; the error says what to do when it cannot.

@@ -41,7 +41,32 @@ pub struct DeviceStager {
     device: Device,
 }
 
+/// What one batch takes: sizes a device topic before anything is allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Footprint {
+    /// Bytes of a device slot the batch uses.
+    pub device_bytes: u64,
+    /// The largest descriptor a batch of this schema can have (every array with a
+    /// validity bitmap): the size of the topic's shared-memory messages.
+    pub descriptor_bytes: usize,
+}
+
 impl DeviceStager {
+    /// The footprint of `batch`: its bytes on the device and its descriptor's bound.
+    pub fn footprint(batch: &RecordBatch) -> Result<Footprint> {
+        let planned = Planned::new(batch)?;
+        let schema = encode_schema(&batch.schema())?;
+        let nodes: usize = planned
+            .nodes()
+            .iter()
+            .map(|n| 20 + 16 * (n.buffers.len() + 1))
+            .sum();
+        Ok(Footprint {
+            device_bytes: planned.used_bytes(),
+            descriptor_bytes: DeviceDescriptor::FIXED + schema.len() + nodes + 8,
+        })
+    }
+
     /// A stager on `device` that allocates the ring of `ring` now.
     pub fn new(device: Device, schema: SchemaRef, ring: RingPlan) -> Result<Self> {
         let slot_bytes = usize::try_from(ring.slot_bytes)
@@ -87,8 +112,9 @@ impl DeviceStager {
     }
 
     /// Stages `batch` into the slot bound to the shared-memory chunk at `chunk` (the
-    /// loaned sample that will carry the descriptor) and returns the encoded descriptor.
-    pub fn stage(&mut self, batch: &RecordBatch, chunk: usize) -> Result<Vec<u8>> {
+    /// loaned sample that will carry the descriptor) and returns the encoded descriptor
+    /// and the bytes copied to the device.
+    pub fn stage(&mut self, batch: &RecordBatch, chunk: usize) -> Result<(Vec<u8>, u64)> {
         let planned = Planned::new(batch)?;
         let used = planned.used_bytes();
         if used > self.slot_bytes as u64 {
@@ -132,10 +158,68 @@ impl DeviceStager {
             nodes: planned.nodes().to_vec(),
         }
         .encode_with_schema(&self.schema_bytes)
+        .map(|d| (d, used))
     }
 
     /// Blocks until every queued copy is done (before a clean exit).
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Int64Array, StringArray};
+
+    use super::*;
+    use crate::identity::DeviceUuid;
+
+    fn descriptor_len(batch: &RecordBatch) -> usize {
+        let planned = Planned::new(batch).unwrap();
+        DeviceDescriptor {
+            mode: Mode::Ipc,
+            pending_copy: true,
+            device_ordinal: 0,
+            device_uuid: DeviceUuid([1; 16]),
+            slot: 0,
+            generation: 0,
+            slot_bytes: 1 << 20,
+            used_bytes: planned.used_bytes(),
+            rows: batch.num_rows() as u64,
+            mem_handle: [0; HANDLE_BYTES],
+            event_handle: [0; HANDLE_BYTES],
+            schema: batch.schema(),
+            nodes: planned.nodes().to_vec(),
+        }
+        .encode()
+        .unwrap()
+        .len()
+    }
+
+    /// The topic's messages are sized from the first batch: a later batch of the same
+    /// schema, with nulls where the first had none, must still fit.
+    #[test]
+    fn the_descriptor_bound_covers_batches_with_and_without_nulls() {
+        let batch = |nulls: bool| {
+            let ids: ArrayRef = Arc::new(Int64Array::from_iter(
+                (0..100).map(|i| (!nulls || i % 7 != 0).then_some(i)),
+            ));
+            let names: ArrayRef = Arc::new(StringArray::from_iter(
+                (0..100).map(|i| (!nulls || i % 5 != 0).then(|| format!("row {i}"))),
+            ));
+            RecordBatch::try_from_iter([("id", ids), ("name", names)]).unwrap()
+        };
+        let first = DeviceStager::footprint(&batch(false)).unwrap();
+        assert_eq!(
+            first.device_bytes,
+            Planned::new(&batch(false)).unwrap().used_bytes()
+        );
+        for nulls in [false, true] {
+            let len = descriptor_len(&batch(nulls));
+            assert!(len <= first.descriptor_bytes, "{len} > {first:?}");
+        }
+        assert!(descriptor_len(&batch(true)) > descriptor_len(&batch(false)));
     }
 }

@@ -87,7 +87,7 @@ fn a_subscriber_process_reads_batches_staged_by_the_producer() {
     let mut f = std::fs::File::create(&path).unwrap();
     for i in 0..3 {
         // Three distinct "chunks": three slots, all alive while the child reads them.
-        let d = stager.stage(&batch(i), 0x1000 * (i as usize + 1)).unwrap();
+        let (d, _) = stager.stage(&batch(i), 0x1000 * (i as usize + 1)).unwrap();
         let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
         writeln!(f, "{hex}").unwrap();
     }
@@ -118,8 +118,8 @@ fn a_reused_slot_carries_the_new_batch() {
     let device = Device::open(0).unwrap();
     let ring = RingPlan::new(2, 1 << 20, 1 << 30).unwrap();
     let mut stager = DeviceStager::new(device, batch(0).schema(), ring).unwrap();
-    let first = DeviceDescriptor::decode(&stager.stage(&batch(0), 0xA000).unwrap()).unwrap();
-    let again = DeviceDescriptor::decode(&stager.stage(&batch(1), 0xA000).unwrap()).unwrap();
+    let first = DeviceDescriptor::decode(&stager.stage(&batch(0), 0xA000).unwrap().0).unwrap();
+    let again = DeviceDescriptor::decode(&stager.stage(&batch(1), 0xA000).unwrap().0).unwrap();
     assert_eq!(first.slot, again.slot);
     assert_eq!(again.generation, first.generation + 1);
     assert_eq!(first.mem_handle, again.mem_handle);
@@ -136,7 +136,7 @@ fn a_subscriber_in_the_producers_process_uses_the_slot_directly() {
     let device = Device::open(0).unwrap();
     let ring = RingPlan::new(2, 1 << 20, 1 << 30).unwrap();
     let mut stager = DeviceStager::new(device.clone(), batch(0).schema(), ring).unwrap();
-    let d = DeviceDescriptor::decode(&stager.stage(&batch(4), 0xB000).unwrap()).unwrap();
+    let d = DeviceDescriptor::decode(&stager.stage(&batch(4), 0xB000).unwrap().0).unwrap();
     assert_eq!(d.device_uuid, device.uuid());
     let mut importer = DeviceImporter::new(device).unwrap();
     assert_eq!(importer.to_host(&d).unwrap(), batch(4));

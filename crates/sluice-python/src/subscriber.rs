@@ -51,11 +51,30 @@ impl Stream {
             return Ok(Event::End);
         };
         let event = sub.next_event_within(timeout)?;
+        if let Event::DeviceBatch { .. } = event {
+            // Batches stay on the device; Python's CUDA exports (`__dlpack__` with
+            // kDLCUDA, `__cuda_array_interface__`, the Arrow C device interface) are not
+            // written yet: refuse rather than copy behind the trainer's back.
+            sub.close();
+            self.ended = true;
+            return Err(SluiceError::Device(format!(
+                "topic '{}' is a GPU topic (sluice.device = 'cuda:N'); Python subscribers \
+                 of GPU topics are not built yet (docs/gpu.md): run the plan with \
+                 sluice.device = 'cpu' and move batches to the GPU in the trainer",
+                sub.topic()
+            )));
+        }
         if matches!(event, Event::End) {
             self.ended = true;
         }
         Ok(event)
     }
+}
+
+/// [`Stream::next_within`] turns device batches into an error: one that gets past it is a
+/// bug, reported as such rather than a panic.
+fn device_batch_leaked() -> SluiceError {
+    SluiceError::Internal("a GPU batch reached the host-only Python path".into())
 }
 
 fn lock(stream: &Mutex<Stream>) -> MutexGuard<'_, Stream> {
@@ -402,6 +421,7 @@ impl PySubscriber {
                     batch,
                     shm_range,
                 } => return Ok(Some(Self::batch(epoch, index, batch, shm_range))),
+                Event::DeviceBatch { .. } => return Err(to_py(&device_batch_leaked())),
                 Event::EpochEnd(summary) => self.set_last_epoch(&summary),
                 Event::End => return Ok(None),
             }
@@ -473,6 +493,7 @@ impl PySubscriber {
                     self.put_back(py, event);
                     break schema;
                 }
+                Event::DeviceBatch { .. } => return Err(to_py(&device_batch_leaked())),
                 Event::EpochEnd(summary) => self.set_last_epoch(&summary),
                 Event::End => break Arc::new(Schema::empty()),
             }
@@ -513,6 +534,11 @@ impl Iterator for StreamReader {
         loop {
             match stream.next_within(Some(SLICE)) {
                 Ok(Event::Batch { batch, .. }) => return Some(deep_copy(&batch)),
+                Ok(Event::DeviceBatch { .. }) => {
+                    return Some(Err(ArrowError::ExternalError(Box::new(
+                        device_batch_leaked(),
+                    ))));
+                }
                 Ok(Event::EpochEnd(_)) => {}
                 Ok(Event::End) => return None,
                 Err(SluiceError::Timeout { .. }) => {
@@ -571,6 +597,7 @@ impl PyEpochs {
                 sub.put_back(py, event);
                 PyEpoch::open(self.sub.clone_ref(py), number)
             }
+            Event::DeviceBatch { .. } => return Err(to_py(&device_batch_leaked())),
             Event::EpochEnd(summary) => {
                 // An epoch in which this subscriber received nothing.
                 sub.set_last_epoch(&summary);

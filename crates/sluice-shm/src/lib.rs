@@ -36,7 +36,7 @@ pub use header::FrameHeader;
 pub use interest::{Interest, pending_interest};
 pub use namespace::{Namespace, shm_available};
 pub use publisher::{TopicConfig, TopicPublisher};
-pub use subscriber::{Frame, TopicSubscriber, subscriber_count};
+pub use subscriber::{Frame, SamplePayload, TopicSubscriber, subscriber_count};
 
 /// The iceoryx2 service flavour Sluice uses: inter-process, with thread-safe ports so
 /// that samples and ports can move between threads (Python, async runtimes).

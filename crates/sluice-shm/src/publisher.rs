@@ -390,27 +390,91 @@ impl TopicPublisher {
         })
     }
 
+    /// Publishes one batch whose buffers live in GPU memory; the message carries only its
+    /// device descriptor.
+    ///
+    /// `describe` gets the address of the shared-memory chunk the descriptor goes into and
+    /// returns the descriptor's bytes. The address identifies the chunk for as long as the
+    /// topic lives: iceoryx2 loans a chunk again only after every subscriber released the
+    /// message it carried and the history dropped it, which is what sluice-cuda's slot
+    /// ledger binds device slots to. Device messages are loaned at the topic's fixed
+    /// message size, so the data segment never grows under a device topic (a descriptor
+    /// larger than [`TopicConfig::max_message_bytes`] is an error, not a reallocation).
+    pub fn publish_device_batch(
+        &mut self,
+        epoch: u64,
+        index: u64,
+        rows: u64,
+        describe: impl FnOnce(usize) -> Result<Vec<u8>>,
+    ) -> Result<()> {
+        let header = FrameHeader {
+            kind: FrameKind::DeviceBatch as u32,
+            epoch,
+            index,
+            rows,
+            ..Default::default()
+        };
+        let capacity = self.config.max_message_bytes;
+        self.sending_batch.store(true, Ordering::Relaxed);
+        let sent = self.send_with(header, capacity, |chunk, dst, header| {
+            let bytes = describe(chunk)?;
+            if bytes.len() > dst.len() {
+                return Err(SluiceError::Internal(format!(
+                    "a {}-byte device descriptor does not fit the topic's {}-byte messages",
+                    bytes.len(),
+                    dst.len()
+                )));
+            }
+            for (d, s) in dst.iter_mut().zip(&bytes) {
+                d.write(*s);
+            }
+            header.len = bytes.len() as u64;
+            Ok(bytes.len())
+        });
+        self.sending_batch.store(false, Ordering::Relaxed);
+        sent
+    }
+
     pub(crate) fn send(
         &mut self,
-        mut header: FrameHeader,
+        header: FrameHeader,
         len: usize,
         fill: impl FnOnce(&mut [std::mem::MaybeUninit<u8>]) -> Result<()>,
+    ) -> Result<()> {
+        self.send_with(header, len, |_, dst, _| fill(dst).map(|()| len))
+    }
+
+    /// Loans `capacity` bytes (at least one), lets `fill` write a prefix of them (it gets
+    /// the chunk's address and the header, and returns the prefix's length), zeroes the
+    /// rest, and sends the message.
+    pub(crate) fn send_with(
+        &mut self,
+        mut header: FrameHeader,
+        capacity: usize,
+        fill: impl FnOnce(usize, &mut [std::mem::MaybeUninit<u8>], &mut FrameHeader) -> Result<usize>,
     ) -> Result<()> {
         header.seq = self.seq;
         // iceoryx2 does not loan empty slices; control messages carry one unused byte.
         let mut sample = self
             .publisher
-            .loan_slice_uninit(len.max(1))
+            .loan_slice_uninit(capacity.max(1))
             .map_err(transport("cannot loan shared memory for a message"))?;
-        *sample.user_header_mut() = header;
         let payload = sample.payload_mut();
-        fill(&mut payload[..len])?;
-        if len == 0 {
-            payload[0].write(0);
+        let chunk = payload.as_ptr() as usize;
+        let len = fill(chunk, &mut payload[..capacity], &mut header)?;
+        if len > capacity {
+            return Err(SluiceError::Internal(format!(
+                "a message wrote {len} bytes into {capacity}"
+            )));
         }
-        // SAFETY: every byte of the payload was written above: `fill` wrote `len` bytes
-        // (Encoded::write_to checks it covers its destination exactly, error messages
-        // write all of theirs) and a zero-length payload's single byte is set.
+        for b in &mut payload[len..] {
+            b.write(0);
+        }
+        *sample.user_header_mut() = header;
+        // SAFETY: every byte of the payload was written above: `fill` wrote the first
+        // `len` bytes (Encoded::write_to checks it covers its destination exactly, error
+        // messages and descriptors write all of theirs) and the loop zeroed the rest,
+        // including the single byte of an empty message.
         let sample = unsafe { sample.assume_init() };
         sample
             .send()

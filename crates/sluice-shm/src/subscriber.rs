@@ -48,6 +48,18 @@ pub enum Frame {
         /// nothing was copied).
         shm_range: std::ops::Range<usize>,
     },
+    /// A record batch in GPU memory, described by the message's payload.
+    DeviceBatch {
+        /// Epoch, from 0.
+        epoch: u64,
+        /// Index of the batch within its epoch.
+        index: u64,
+        /// Rows, as the header says (the descriptor must agree).
+        rows: u64,
+        /// The descriptor's bytes, still in the shared-memory sample: holding it holds
+        /// the sample, and with it the device slot the producer bound to its chunk.
+        payload: SamplePayload,
+    },
     /// The end of an epoch.
     EndOfEpoch {
         /// The epoch that ended.
@@ -88,6 +100,46 @@ unsafe impl Send for SampleOwner {}
 // SAFETY: shared references only read the immutable payload (see above).
 unsafe impl Sync for SampleOwner {}
 impl std::panic::RefUnwindSafe for SampleOwner {}
+
+/// The payload of a received sample, kept in shared memory: the sample goes back to the
+/// producer when the last clone is dropped.
+#[derive(Clone)]
+pub struct SamplePayload {
+    /// Keeps the sample, and so the memory `ptr` points into, alive.
+    _owner: Arc<SampleOwner>,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl SamplePayload {
+    /// The payload's bytes (only those the header says are in use).
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` points to the payload of the sample `_owner` keeps alive, valid
+        // for at least `len` bytes (checked against the sample's length on receipt);
+        // nobody writes to a sent sample.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Address of the sample's chunk in this process (for tests of chunk reuse).
+    pub fn chunk_address(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+}
+
+impl std::fmt::Debug for SamplePayload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SamplePayload")
+            .field("chunk", &format_args!("{:#x}", self.chunk_address()))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+// SAFETY: the payload is read-only shared memory kept mapped by `owner`, which is Send
+// and Sync (see above); the pointer is only dereferenced for shared reads.
+unsafe impl Send for SamplePayload {}
+// SAFETY: as above: shared reads only.
+unsafe impl Sync for SamplePayload {}
 
 /// The subscriber end of a topic.
 pub struct TopicSubscriber {
@@ -405,6 +457,25 @@ impl TopicSubscriber {
                     index: header.index,
                     batch,
                     shm_range,
+                })
+            }
+            FrameKind::DeviceBatch => {
+                let ptr = NonNull::new(payload.as_ptr().cast_mut())
+                    .ok_or_else(|| SluiceError::Corrupt("null payload".into()))?;
+                self.held.fetch_add(1, Ordering::Relaxed);
+                let owner = Arc::new(SampleOwner {
+                    _sample: sample,
+                    held: self.held.clone(),
+                });
+                Ok(Frame::DeviceBatch {
+                    epoch: header.epoch,
+                    index: header.index,
+                    rows: header.rows,
+                    payload: SamplePayload {
+                        _owner: owner,
+                        ptr,
+                        len,
+                    },
                 })
             }
             FrameKind::EndOfEpoch => Ok(Frame::EndOfEpoch {

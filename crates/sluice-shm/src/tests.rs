@@ -148,3 +148,80 @@ fn shared_memory_is_sized_for_the_worst_case() {
     assert_eq!(config.chunks(), 4 * (8 + 2) + 8 + 2);
     assert_eq!(config.shm_bytes(), 50 * (1000 + 256));
 }
+
+/// Device messages carry their descriptor's bytes, and the chunk a message went out in is
+/// not loaned again while any subscriber holds that message: the guarantee sluice-cuda's
+/// slot ledger binds device slots to.
+#[test]
+fn a_held_device_message_keeps_its_chunk_until_released() {
+    let ns = namespace("dev");
+    {
+        let (mut publisher, mut sub) = pair(&ns, "device");
+        let chunks = publisher.config().chunks() as usize;
+        let mut loaned = Vec::new();
+        let publish = |publisher: &mut TopicPublisher, i: u64| {
+            let mut chunk = 0;
+            publisher
+                .publish_device_batch(0, i, 3, |c| {
+                    chunk = c;
+                    Ok(format!("descriptor {i}").into_bytes())
+                })
+                .unwrap();
+            chunk
+        };
+        let held_chunk = publish(&mut publisher, 0);
+        loaned.push(held_chunk);
+        let held = match recv(&mut sub).unwrap() {
+            Frame::DeviceBatch {
+                index: 0,
+                rows: 3,
+                payload,
+                ..
+            } => payload,
+            other => panic!("expected device batch 0, got {other:?}"),
+        };
+        assert_eq!(held.bytes(), b"descriptor 0");
+        // Many times the topic's chunks go by; the held one never comes back.
+        for i in 1..(4 * chunks as u64) {
+            let chunk = publish(&mut publisher, i);
+            assert_ne!(chunk, held_chunk, "message {i} reused a held chunk");
+            loaned.push(chunk);
+            match recv(&mut sub).unwrap() {
+                Frame::DeviceBatch { index, payload, .. } => {
+                    assert_eq!(index, i);
+                    assert_eq!(payload.bytes(), format!("descriptor {i}").as_bytes());
+                }
+                other => panic!("expected device batch {i}, got {other:?}"),
+            }
+        }
+        // Chunks do come back (so the test above could fail): four rounds of the topic
+        // went through at most its chunks. The held one comes back once it is released
+        // and the history has moved past it.
+        loaned.sort_unstable();
+        loaned.dedup();
+        assert!(
+            loaned.len() <= chunks,
+            "{} chunks for {chunks}",
+            loaned.len()
+        );
+        drop(held);
+        let back = (0..2 * chunks as u64).any(|i| {
+            let chunk = publish(&mut publisher, 1000 + i);
+            let _ = recv(&mut sub).unwrap();
+            chunk == held_chunk
+        });
+        assert!(back, "a released chunk was never loaned again");
+
+        // A descriptor larger than the topic's messages is refused, not grown into.
+        let too_big = vec![0u8; publisher.config().max_message_bytes + 1];
+        let err = publisher
+            .publish_device_batch(0, 0, 1, |_| Ok(too_big))
+            .unwrap_err();
+        assert!(err.to_string().contains("does not fit"), "{err}");
+        publisher.publish_end_of_stream(1).unwrap();
+        assert!(matches!(recv(&mut sub), Ok(Frame::EndOfStream)));
+    }
+    let left = ns.leftovers();
+    ns.purge();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -1,18 +1,70 @@
-//! The producer's GPU check: `sluice.device = 'cuda:N' | 'cuda_host:N'`.
+//! The producer's GPU path: `sluice.device = 'cuda:N'`.
+//!
+//! The batches of a device topic are copied once into a ring of device slots
+//! (sluice-cuda's [`DeviceStager`]) and each message on the topic carries only the
+//! batch's [`sluice_cuda::DeviceDescriptor`]. The ring and the topic's messages are sized
+//! from the first batch, before anything is created, so that an over-budget ring fails
+//! before the topic exists.
 
+use arrow::record_batch::RecordBatch;
 use sluice_core::{DeviceSpec, Result, SluiceError};
+use sluice_cuda::{Device, DeviceStager, Footprint, RingPlan};
 
-/// Fails clearly unless the plan's device can be used. On a machine without a driver,
-/// the error is [`sluice_cuda::NO_DRIVER`]; CPU plans never touch the driver.
-pub(crate) fn check_device(spec: DeviceSpec) -> Result<()> {
-    let Some(ordinal) = spec.ordinal() else {
-        return Ok(());
-    };
-    let name = sluice_cuda::require_device(ordinal)?;
-    // The device pieces (slots, staging, IPC handles, descriptors) are in sluice-cuda;
-    // the producer loop does not publish through them yet (docs/gpu.md).
-    Err(SluiceError::Device(format!(
-        "sluice.device = '{spec}': found {name}, but this build of the producer does not publish \
-         GPU batches yet (see docs/gpu.md); use sluice.device = 'cpu'"
-    )))
+/// The GPU a plan publishes to, or `None` for the CPU path. On a machine without a
+/// driver the error is [`sluice_cuda::NO_DRIVER`]; CPU plans never touch the driver.
+pub(crate) fn open_device(spec: DeviceSpec) -> Result<Option<Device>> {
+    match spec {
+        DeviceSpec::Cpu => Ok(None),
+        DeviceSpec::Cuda(ordinal) => Ok(Some(Device::open(ordinal)?)),
+        DeviceSpec::CudaHost(ordinal) => {
+            // Check the driver first: on a machine without one that is the error to fix.
+            let device = Device::open(ordinal)?;
+            Err(SluiceError::Device(format!(
+                "sluice.device = '{spec}': found {}, but the cuda_host mode is not built yet \
+                 (docs/gpu.md); use sluice.device = 'cuda:{ordinal}' or 'cpu'",
+                device.name()
+            )))
+        }
+    }
+}
+
+/// How a device topic is sized from its first batch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeviceSizing {
+    /// The first batch's footprint.
+    pub footprint: Footprint,
+    /// Bytes of each device slot: room for batches half again as large as the first
+    /// (later batches may carry longer strings or lists), as on the CPU path.
+    pub slot_bytes: u64,
+}
+
+impl DeviceSizing {
+    pub(crate) fn of(first: &RecordBatch) -> Result<Self> {
+        let footprint = DeviceStager::footprint(first)?;
+        let used = footprint.device_bytes;
+        Ok(Self {
+            footprint,
+            slot_bytes: (used + used / 2).next_multiple_of(sluice_cuda::layout::ALIGN),
+        })
+    }
+}
+
+/// Allocates the whole ring for a topic of `chunks` shared-memory chunks, within
+/// `budget` bytes (`sluice.device_memory`).
+pub(crate) fn stager(
+    device: Device,
+    first: &RecordBatch,
+    sizing: DeviceSizing,
+    chunks: u64,
+    budget: u64,
+) -> Result<DeviceStager> {
+    let ring = RingPlan::new(chunks, sizing.slot_bytes, budget)?;
+    tracing::info!(
+        device = %device.name(),
+        slots = ring.slots,
+        slot_bytes = ring.slot_bytes,
+        total = ring.total(),
+        "allocating the device ring"
+    );
+    Ok(DeviceStager::new(device, first.schema(), ring)?)
 }

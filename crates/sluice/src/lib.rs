@@ -28,6 +28,7 @@
 //! loop {
 //!     match sub.next_event()? {
 //!         Event::Batch { batch, .. } => println!("{} rows", batch.num_rows()),
+//!         Event::DeviceBatch { batch, .. } => println!("{:?} on the GPU", batch.parts()),
 //!         Event::EpochEnd(summary) => println!("epoch {} done", summary.epoch),
 //!         Event::End => break,
 //!     }
@@ -39,12 +40,14 @@
 
 pub mod checkpoint;
 pub mod demo;
+pub mod device;
 mod gpu;
 mod producer;
 pub mod status;
 mod subscriber;
 
 pub use checkpoint::Checkpoint;
+pub use device::{DeviceBatch, DevicePart};
 pub use producer::{Producer, Progress, RunOptions, RunStats};
 pub use sluice_core::{Checksum, Position, Result, SluiceError};
 pub use sluice_plan::{Plan, Shard, SluiceOptions, StoreStats};
@@ -64,6 +67,11 @@ pub mod plan {
 /// `sluice-shm`: shared-memory topics.
 pub mod shm {
     pub use sluice_shm::*;
+}
+
+/// `sluice-cuda`: the GPU path's slots, descriptors and driver wrappers.
+pub mod cuda {
+    pub use sluice_cuda::*;
 }
 
 /// The usual imports.

@@ -117,7 +117,7 @@ impl Producer {
     ) -> Result<RunStats> {
         let opts = self.plan.options().clone();
         opts.validate()?;
-        crate::gpu::check_device(opts.device()?)?;
+        let device = crate::gpu::open_device(opts.device()?)?;
         let topic = opts.topic_name()?;
         let fingerprint = format!(
             "{:016x}",
@@ -160,7 +160,11 @@ impl Producer {
             if first_error.is_none() {
                 match source.next(handle) {
                     Ok(Some((index, batch))) => {
-                        let encoded = wire::encode(&batch)?;
+                        // A device topic carries descriptors, not Arrow IPC.
+                        let encoded = match device {
+                            None => Some(wire::encode(&batch)?),
+                            Some(_) => None,
+                        };
                         first = Some((index, batch, encoded));
                     }
                     Ok(None) => {}
@@ -168,18 +172,40 @@ impl Producer {
                 }
             }
         }
-        let largest = first.as_ref().map_or(0, |(_, _, e)| e.len());
+        let sizing = match (&device, &first) {
+            (Some(_), Some((_, batch, _))) => Some(crate::gpu::DeviceSizing::of(batch)?),
+            _ => None,
+        };
+        let largest = match (&first, sizing) {
+            // Descriptors have a bound: device messages never grow.
+            (_, Some(sizing)) => sizing.footprint.descriptor_bytes,
+            (Some((_, _, Some(encoded))), None) => encoded.len() + encoded.len() / 2,
+            _ => 0,
+        };
         let config = TopicConfig {
             topic: topic.clone(),
             window: opts.window,
             max_subscribers: opts.max_subscribers,
             max_held: opts.max_held,
             lag_limit: (opts.lag_limit > 0).then_some(opts.lag_limit),
-            // Later batches may carry longer strings or lists: leave room.
-            max_message_bytes: (largest + largest / 2)
+            // Later batches may carry longer strings or lists: room was left above.
+            max_message_bytes: largest
                 .max(MIN_MESSAGE_BYTES)
                 .next_multiple_of(wire::ALIGNMENT),
         };
+        // The device ring is allocated before the topic exists: a ring over
+        // sluice.device_memory fails here, with nothing to clean up.
+        let mut stager = match (device, &first, sizing) {
+            (Some(device), Some((_, batch, _)), Some(sizing)) => Some(crate::gpu::stager(
+                device,
+                batch,
+                sizing,
+                config.chunks(),
+                opts.device_memory()?.0,
+            )?),
+            _ => None,
+        };
+        let on_device = opts.device()?.ordinal().is_some();
         let mut publisher = TopicPublisher::create(&self.namespace, config, options.stop.clone())?;
         let shm_bytes = publisher.config().shm_bytes();
         let mut checkpoint = CheckpointWriter::new(checkpoint_path, &topic, fingerprint)?;
@@ -243,20 +269,46 @@ impl Producer {
                         Some(first) => first,
                         None => match source.next(handle)? {
                             Some((index, batch)) => {
-                                let encoded = wire::encode(&batch)?;
+                                let encoded = match on_device {
+                                    false => Some(wire::encode(&batch)?),
+                                    true => None,
+                                };
                                 (index, batch, encoded)
                             }
                             None => break,
                         },
                     };
                     let rows = batch.num_rows() as u64;
-                    publisher.publish_batch(epoch, index, rows, &encoded)?;
+                    let bytes = match (&encoded, &mut stager) {
+                        (Some(encoded), _) => {
+                            publisher.publish_batch(epoch, index, rows, encoded)?;
+                            encoded.len() as u64
+                        }
+                        (None, Some(stager)) => {
+                            let mut bytes = 0;
+                            publisher.publish_device_batch(epoch, index, rows, |chunk| {
+                                let (descriptor, used) = stager.stage(&batch, chunk)?;
+                                bytes = used;
+                                Ok(descriptor)
+                            })?;
+                            bytes
+                        }
+                        (None, None) => {
+                            // The ring is sized from the first batch; a plan whose first
+                            // epoch has no rows has nothing to size it with.
+                            return Err(SluiceError::Device(
+                                "the first epoch of this GPU plan produced no rows, so the \
+                                 device ring could not be sized; a later epoch did"
+                                    .into(),
+                            ));
+                        }
+                    };
                     // The batch is in every live subscriber's queue: a restart may begin
                     // after it.
                     checkpoint.record(Position::new(epoch, index + 1), false)?;
                     progress.batches += 1;
                     progress.rows += rows;
-                    progress.bytes += encoded.len() as u64;
+                    progress.bytes += bytes;
                     progress.subscribers = publisher.subscribers();
                     on_progress(&progress);
                     report("publishing", &publisher, &progress, index + 1, false);
@@ -265,6 +317,9 @@ impl Producer {
                 checkpoint.record(Position::new(epoch + 1, 0), true)?;
             }
             publisher.publish_end_of_stream(opts.epochs)?;
+            if let Some(stager) = &stager {
+                stager.synchronize()?;
+            }
             Ok(RunStats {
                 epochs: opts.epochs,
                 batches: progress.batches,

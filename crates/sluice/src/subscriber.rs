@@ -4,11 +4,14 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use arrow::array::ArrayData;
 use arrow::record_batch::RecordBatch;
-use sluice_core::{Position, Rebatcher, Result, Resume, SluiceError, TopicName, Verdict};
+use sluice_core::{Position, Rebatcher, Result, Resume, Rows, SluiceError, TopicName, Verdict};
 use sluice_shm::{Frame, Namespace, TopicSubscriber};
 
+use crate::device::{DeviceBatch, ImporterCell};
 use crate::status::{Reporter, SubscriberReport, unix_now};
 
 /// Where a subscriber that attaches to a running stream starts.
@@ -120,10 +123,81 @@ pub enum Event {
         /// zero-copy; `None` for a batch that was assembled from two producer batches.
         shm_range: Option<Range<usize>>,
     },
+    /// A batch of a GPU topic (`sluice.device = 'cuda:N'`): its rows are in device
+    /// memory, described by [`DeviceBatch`].
+    DeviceBatch {
+        /// Epoch of the batch.
+        epoch: u64,
+        /// Index of the batch in its epoch, in this subscriber's batches.
+        index: u64,
+        /// The rows, in the producer's device slots.
+        batch: DeviceBatch,
+    },
     /// An epoch ended.
     EpochEnd(EpochSummary),
     /// The stream ended.
     End,
+}
+
+/// Rows as they travel through the subscriber: in shared memory, or in device slots.
+#[derive(Debug)]
+enum Payload {
+    Host(RecordBatch),
+    Device(DeviceBatch),
+}
+
+impl Rows for Payload {
+    fn num_rows(&self) -> usize {
+        match self {
+            Self::Host(b) => b.num_rows(),
+            Self::Device(b) => b.num_rows(),
+        }
+    }
+
+    fn slice(&self, offset: usize, len: usize) -> Self {
+        match self {
+            Self::Host(b) => Self::Host(b.slice(offset, len)),
+            Self::Device(b) => Self::Device(Rows::slice(b, offset, len)),
+        }
+    }
+
+    fn concat(parts: Vec<Self>) -> Result<Self> {
+        let mut host = Vec::new();
+        let mut device = Vec::new();
+        for p in parts {
+            match p {
+                Self::Host(b) => host.push(b),
+                Self::Device(b) => device.push(b),
+            }
+        }
+        match (host.is_empty(), device.is_empty()) {
+            (false, true) => Ok(Self::Host(<RecordBatch as Rows>::concat(host)?)),
+            (true, false) => Ok(Self::Device(<DeviceBatch as Rows>::concat(device)?)),
+            _ => Err(SluiceError::Corrupt(
+                "one topic sent both host and device batches".into(),
+            )),
+        }
+    }
+
+    fn to_private(&self) -> Result<Option<Self>> {
+        Ok(match self {
+            Self::Host(b) => b.to_private()?.map(Self::Host),
+            Self::Device(b) => b.to_private()?.map(Self::Device),
+        })
+    }
+}
+
+/// A received message, with batches (host or device) already decoded.
+#[derive(Debug)]
+enum Incoming {
+    Batch {
+        epoch: u64,
+        index: u64,
+        payload: Payload,
+        /// The shared-memory sample of a host batch.
+        shm_range: Option<Range<usize>>,
+    },
+    Other(Frame),
 }
 
 #[derive(Debug, Default)]
@@ -157,13 +231,15 @@ pub struct Subscriber {
     total_missed: u64,
     join: Join,
     on_lag: OnLag,
-    /// A frame received but not yet processed (after a synthesized epoch end).
-    deferred: Option<Frame>,
+    /// A batch received but not yet processed (after a synthesized epoch end).
+    deferred: Option<Incoming>,
     waiting_for_boundary: bool,
-    rebatcher: Option<Rebatcher>,
+    rebatcher: Option<Rebatcher<Payload>>,
     /// Sample ranges of producer batches the re-batcher may still be slicing.
     ranges: VecDeque<Range<usize>>,
-    ready: VecDeque<RecordBatch>,
+    ready: VecDeque<Payload>,
+    /// Opens the device slots of a GPU topic, on first use.
+    importer: Arc<ImporterCell>,
     state: EpochState,
     pending_end: Option<Event>,
 }
@@ -201,6 +277,7 @@ impl Subscriber {
             rebatcher,
             ranges: VecDeque::new(),
             ready: VecDeque::new(),
+            importer: Arc::default(),
             state: EpochState::default(),
             pending_end: None,
         })
@@ -236,18 +313,18 @@ impl Subscriber {
             if let Some(end) = self.pending_end.take() {
                 return Ok(end);
             }
-            let frame = match self.deferred.take() {
-                Some(frame) => frame,
+            let incoming = match self.deferred.take() {
+                Some(incoming) => incoming,
                 None => match self.port()?.recv(timeout) {
                     Err(SluiceError::ProducerLost(_)) if self.reconnect.is_some() => {
                         self.reconnect_to_successor()?;
                         continue;
                     }
-                    received => received?,
+                    received => self.decode(received?)?,
                 },
             };
-            match frame {
-                Frame::Missed { messages } => match self.on_lag {
+            match incoming {
+                Incoming::Other(Frame::Missed { messages }) => match self.on_lag {
                     OnLag::Error => {
                         self.close();
                         return Err(SluiceError::Lagged {
@@ -260,10 +337,10 @@ impl Subscriber {
                         self.total_missed += messages;
                     }
                 },
-                Frame::Batch {
+                Incoming::Batch {
                     epoch,
                     index,
-                    batch,
+                    payload,
                     shm_range,
                 } => {
                     if self.waiting_for_boundary {
@@ -273,9 +350,11 @@ impl Subscriber {
                         self.waiting_for_boundary = false;
                     }
                     let verdict = self.resume.batch(Position::new(epoch, index));
-                    if tracing::enabled!(tracing::Level::TRACE) {
+                    if tracing::enabled!(tracing::Level::TRACE)
+                        && let Payload::Host(batch) = &payload
+                    {
                         let mut sum = sluice_core::Checksum::default();
-                        let _ = sum.update(&batch);
+                        let _ = sum.update(batch);
                         tracing::trace!(epoch, index, rows = batch.num_rows(), sum = %sum.hex(), ?verdict, "producer batch");
                     }
                     if !self.admit(verdict)? {
@@ -301,10 +380,10 @@ impl Subscriber {
                             complete: false,
                         }));
                         self.state.ended = true;
-                        self.deferred = Some(Frame::Batch {
+                        self.deferred = Some(Incoming::Batch {
                             epoch,
                             index,
-                            batch,
+                            payload,
                             shm_range,
                         });
                         continue;
@@ -326,12 +405,12 @@ impl Subscriber {
                     match &mut self.rebatcher {
                         None => {
                             self.ranges.clear();
-                            self.ranges.push_back(shm_range);
-                            self.ready.push_back(batch);
+                            self.ranges.extend(shm_range);
+                            self.ready.push_back(payload);
                         }
                         Some(rebatcher) => {
-                            self.ranges.push_back(shm_range);
-                            self.ready.extend(rebatcher.push(batch)?);
+                            self.ranges.extend(shm_range);
+                            self.ready.extend(rebatcher.push(payload)?);
                             // A batch spanning many producer batches would pin that many
                             // samples; copy the older ones so the subscriber stays within
                             // the samples it may hold (the batches handed out hold some).
@@ -343,11 +422,11 @@ impl Subscriber {
                         }
                     }
                 }
-                Frame::EndOfEpoch {
+                Incoming::Other(Frame::EndOfEpoch {
                     epoch,
                     batches,
                     rows,
-                } => {
+                }) => {
                     if self.waiting_for_boundary {
                         self.waiting_for_boundary = false;
                         continue;
@@ -396,7 +475,7 @@ impl Subscriber {
                     self.state.ended = true;
                     self.state.missed = 0;
                 }
-                Frame::EndOfStream => {
+                Incoming::Other(Frame::EndOfStream) => {
                     if let Some(rebatcher) = &mut self.rebatcher {
                         self.ready.extend(rebatcher.finish()?);
                     }
@@ -406,8 +485,46 @@ impl Subscriber {
                     // Deliver what is queued first; End comes on a later call.
                     self.pending_end = Some(Event::End);
                 }
+                Incoming::Other(Frame::Batch { .. } | Frame::DeviceBatch { .. }) => {
+                    return Err(SluiceError::Internal(
+                        "a batch frame was not decoded".into(),
+                    ));
+                }
             }
         }
+    }
+
+    /// Batches, host or device, into [`Incoming::Batch`]; other frames as they are.
+    fn decode(&self, frame: Frame) -> Result<Incoming> {
+        Ok(match frame {
+            Frame::Batch {
+                epoch,
+                index,
+                batch,
+                shm_range,
+            } => Incoming::Batch {
+                epoch,
+                index,
+                payload: Payload::Host(batch),
+                shm_range: Some(shm_range),
+            },
+            Frame::DeviceBatch {
+                epoch,
+                index,
+                rows,
+                payload,
+            } => Incoming::Batch {
+                epoch,
+                index,
+                payload: Payload::Device(DeviceBatch::from_sample(
+                    payload,
+                    rows,
+                    self.importer.clone(),
+                )?),
+                shm_range: None,
+            },
+            other => Incoming::Other(other),
+        })
     }
 
     /// Whether a message passes the resume filter: duplicates from a restarted producer
@@ -482,24 +599,33 @@ impl Subscriber {
         });
     }
 
-    fn emit(&mut self, batch: RecordBatch) -> Event {
-        self.total_rows += batch.num_rows() as u64;
+    fn emit(&mut self, payload: Payload) -> Event {
+        self.total_rows += payload.num_rows() as u64;
         let epoch = self.state.epoch.unwrap_or(0);
         let index = self.state.out_batches;
         self.state.out_batches += 1;
-        self.state.out_rows += batch.num_rows() as u64;
+        self.state.out_rows += payload.num_rows() as u64;
         if self.ready.is_empty()
             && let Some(Event::EpochEnd(_)) = &self.pending_end
         {
             // The epoch's last batch is out: the next epoch starts from zero.
             self.state = EpochState::default();
         }
-        let shm_range = self.ranges.iter().find(|r| lies_within(&batch, r)).cloned();
-        Event::Batch {
-            epoch,
-            index,
-            batch,
-            shm_range,
+        match payload {
+            Payload::Host(batch) => {
+                let shm_range = self.ranges.iter().find(|r| lies_within(&batch, r)).cloned();
+                Event::Batch {
+                    epoch,
+                    index,
+                    batch,
+                    shm_range,
+                }
+            }
+            Payload::Device(batch) => Event::DeviceBatch {
+                epoch,
+                index,
+                batch,
+            },
         }
     }
 
