@@ -165,8 +165,24 @@ fn device_batches_are_cut_into_the_subscribers_batch_size_as_row_ranges() {
         let err = sub.next_event().unwrap_err();
         assert!(matches!(err, SluiceError::Corrupt(_)), "{err}");
 
+        // Only tensor columns can be exported; that is decided before any device work.
+        let err = got[0]
+            .column(2, ConsumerStream::LegacyDefault, false)
+            .unwrap_err();
+        assert!(matches!(err, SluiceError::Config(_)), "{err}");
+        assert!(err.to_string().contains("'name'"), "{err}");
+
         // Opening a slot is the first thing that needs the driver.
         if !driver_present() {
+            for copy in [false, true] {
+                let err = got[1]
+                    .column(1, ConsumerStream::LegacyDefault, copy)
+                    .unwrap_err()
+                    .to_string();
+                assert!(err.contains(NO_DRIVER), "{err}");
+            }
+            let err = got[0].device_ordinal().unwrap_err().to_string();
+            assert!(err.contains(NO_DRIVER), "{err}");
             let err = got[0].to_host().unwrap_err().to_string();
             assert!(err.contains(NO_DRIVER), "{err}");
             let err = got[0]

@@ -338,6 +338,41 @@ impl Device {
             sys::cuEventRecord(event.raw, handle as sys::CUstream)
         })
     }
+    /// Queues a copy of `len` device bytes from `src` to `dst` on the consumer's
+    /// `stream` (on the legacy default stream for [`ConsumerStream::NoSync`]).
+    ///
+    /// # Safety
+    /// `src..src + len` and `dst..dst + len` must be device memory of this device's
+    /// context (allocations or IPC mappings) that stays alive until the copy completes
+    /// (record an event on the same stream after it and wait for that), and nothing may
+    /// write `dst` meanwhile.
+    pub unsafe fn copy_dtod_on(
+        &self,
+        stream: ConsumerStream,
+        dst: u64,
+        src: u64,
+        len: usize,
+    ) -> Result<()> {
+        let handle = stream.driver_handle().unwrap_or(1);
+        self.bind()?;
+        // SAFETY: the caller guarantees both ranges are live device memory of this
+        // context until the copy completes; the stream handle is as in `make_wait`; the
+        // context is current.
+        check("cuMemcpyDtoDAsync", unsafe {
+            sys::cuMemcpyDtoDAsync_v2(dst, src, len, handle as sys::CUstream)
+        })
+    }
+
+    /// Blocks the host until the work queued on the consumer's `stream` is done (the
+    /// legacy default stream for [`ConsumerStream::NoSync`]).
+    pub fn synchronize_on(&self, stream: ConsumerStream) -> Result<()> {
+        let handle = stream.driver_handle().unwrap_or(1);
+        self.bind()?;
+        // SAFETY: the stream handle is as in `make_wait`; the context is current.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(handle as sys::CUstream)
+        })
+    }
 }
 
 fn handle_bytes(reserved: [std::ffi::c_char; HANDLE_BYTES]) -> [u8; HANDLE_BYTES] {
@@ -496,6 +531,9 @@ impl Completion for Event {
     type Error = CudaError;
     fn completed(&self) -> Result<bool> {
         self.query()
+    }
+    fn wait(&self) -> Result<()> {
+        self.synchronize()
     }
 }
 

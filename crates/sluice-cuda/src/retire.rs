@@ -23,6 +23,8 @@ pub trait Completion {
     type Error;
     /// `Ok(true)` once the work recorded before the event has finished.
     fn completed(&self) -> Result<bool, Self::Error>;
+    /// Blocks until the work has finished.
+    fn wait(&self) -> Result<(), Self::Error>;
 }
 
 /// Batches whose last view is gone, held until their consumers' work has finished.
@@ -66,6 +68,20 @@ impl<T, E: Completion> Retiring<T, E> {
         (released, errors)
     }
 
+    /// Waits for every pending batch's work and releases them all (a subscriber that
+    /// goes away must not hand slots back under queued kernels). Returns the errors of
+    /// events that could not be waited on; their batches went back too.
+    pub fn drain(&mut self) -> Vec<E::Error> {
+        let mut errors = Vec::new();
+        for (batch, event) in self.pending.drain(..) {
+            if let Err(e) = event.wait() {
+                errors.push(e);
+            }
+            drop(batch);
+        }
+        errors
+    }
+
     /// Batches still waiting for their consumers' work.
     pub fn pending(&self) -> usize {
         self.pending.len()
@@ -93,6 +109,16 @@ mod tests {
                 return Err("context destroyed".into());
             }
             Ok(self.stream.get() >= self.at)
+        }
+        fn wait(&self) -> Result<(), String> {
+            if self.broken {
+                return Err("context destroyed".into());
+            }
+            // The test's stream "runs" to the marker when waited on.
+            if self.stream.get() < self.at {
+                self.stream.set(self.at);
+            }
+            Ok(())
         }
     }
 
@@ -169,6 +195,59 @@ mod tests {
         );
         let (released, errors) = r.collect();
         assert_eq!((released, back.get()), (1, 1));
+        assert_eq!(errors, vec!["context destroyed".to_string()]);
+    }
+
+    /// A batch that checks, as it goes back, that its consumer's stream got past it.
+    struct Checked {
+        stream: Rc<Cell<u64>>,
+        at: u64,
+        back: Rc<Cell<usize>>,
+    }
+    impl Drop for Checked {
+        fn drop(&mut self) {
+            assert!(
+                self.stream.get() >= self.at,
+                "released before its work finished"
+            );
+            self.back.set(self.back.get() + 1);
+        }
+    }
+
+    #[test]
+    fn draining_waits_for_every_consumer_before_releasing() {
+        let back = Rc::new(Cell::new(0));
+        let mut r = Retiring::default();
+        for at in [5, 3] {
+            let stream = Rc::new(Cell::new(0));
+            r.retire(
+                Checked {
+                    stream: stream.clone(),
+                    at,
+                    back: back.clone(),
+                },
+                Marker {
+                    stream,
+                    at,
+                    broken: false,
+                },
+            );
+        }
+        r.retire(
+            Checked {
+                stream: Rc::new(Cell::new(0)),
+                at: 0,
+                back: back.clone(),
+            },
+            Marker {
+                stream: Rc::new(Cell::new(0)),
+                at: 1,
+                broken: true,
+            },
+        );
+        let errors = r.drain();
+        assert_eq!(back.get(), 3);
+        assert_eq!(r.pending(), 0);
         assert_eq!(errors, vec!["context destroyed".to_string()]);
     }
 }

@@ -32,6 +32,8 @@ use crate::private_map::{Backing, PrivateMapping};
 
 /// `kDLCPU`.
 pub const KDL_CPU: i32 = 1;
+/// `kDLCUDA`.
+pub const KDL_CUDA: i32 = 2;
 const KDL_INT: u8 = 0;
 const KDL_UINT: u8 = 1;
 const KDL_FLOAT: u8 = 2;
@@ -108,8 +110,34 @@ struct Owner {
     /// The private mapping the tensor points into, for values in shared memory; unmapped
     /// before the sample below goes back.
     _private: Option<PrivateMapping>,
-    /// Keeps the values in memory (for shared memory: the sample mapped and borrowed).
-    _buffer: Buffer,
+    /// Keeps the values in memory (for shared memory: the sample mapped and borrowed;
+    /// on a GPU: the device column, which pins the producer's slot).
+    _memory: Memory,
+}
+
+/// Where a tensor's values are.
+enum Memory {
+    /// Host memory: `buffer` from byte `start`.
+    Host { buffer: Buffer, start: usize },
+    /// Device memory of CUDA device `device_id` (this process's numbering) at `ptr`,
+    /// valid while `keep` lives; `copied` when it is the consumer's own copy.
+    Device {
+        ptr: u64,
+        device_id: i32,
+        copied: bool,
+        _keep: Box<dyn Send>,
+    },
+}
+
+impl std::fmt::Debug for Memory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Host { start, .. } => write!(f, "Host {{ start: {start} }}"),
+            Self::Device { ptr, device_id, .. } => {
+                write!(f, "Device {{ ptr: {ptr:#x}, device_id: {device_id} }}")
+            }
+        }
+    }
 }
 
 /// A `DLManagedTensor` followed by what it points to; `managed` comes first so that a
@@ -130,10 +158,8 @@ struct Versioned {
 /// Where a column's values are and how they are laid out, as DLPack needs it.
 #[derive(Debug)]
 pub struct TensorView {
-    /// The buffer that holds the values (a reference to it keeps them in memory).
-    buffer: Buffer,
-    /// Byte offset of the first element in `buffer`.
-    start: usize,
+    /// Where the values are (a reference to it keeps them in memory).
+    memory: Memory,
     /// Bytes from the first element to the end of the last one.
     len: usize,
     dtype: DLDataType,
@@ -146,6 +172,33 @@ impl TensorView {
     /// The tensor's shape.
     pub fn shape(&self) -> &[i64] {
         &self.shape
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DLDataType {
+        self.dtype
+    }
+
+    /// Strides in bytes, or `None` when the tensor is C-contiguous (row-major), as
+    /// `__cuda_array_interface__` wants them.
+    pub fn byte_strides(&self) -> Option<Vec<i64>> {
+        if self.strides == row_major_strides(&self.shape) {
+            return None;
+        }
+        let width = i64::from(self.dtype.bits / 8);
+        Some(self.strides.iter().map(|s| s * width).collect())
+    }
+}
+
+impl DLDataType {
+    /// The type code: 0 signed integer, 1 unsigned integer, 2 float.
+    pub fn code(&self) -> u8 {
+        self.code
+    }
+
+    /// Bits per element.
+    pub fn bits(&self) -> u8 {
+        self.bits
     }
 }
 
@@ -214,6 +267,94 @@ fn fixed_shape_tensor(field: &Field) -> Result<Option<TensorShape>, String> {
     Ok(Some((shape, permutation)))
 }
 
+/// The shape and strides (in elements) of column `name`'s tensor: `storage` (rows, then
+/// one dimension per fixed-size-list level), or for an `arrow.fixed_shape_tensor` column
+/// the rows and the extension's (possibly permuted) shape.
+fn tensor_layout(
+    name: &str,
+    field: &Field,
+    storage: Vec<i64>,
+) -> Result<(Vec<i64>, Vec<i64>), String> {
+    let mut shape = storage;
+    let mut strides = row_major_strides(&shape);
+    if let Some((tensor_shape, permutation)) = fixed_shape_tensor(field)? {
+        let inner: i64 = tensor_shape.iter().product();
+        if shape.len() != 2 || inner != shape[1] {
+            return Err(format!(
+                "column '{name}': tensor shape {tensor_shape:?} does not match its storage {}",
+                field.data_type()
+            ));
+        }
+        let n = tensor_shape.len();
+        let permutation = permutation.unwrap_or_else(|| (0..n).collect());
+        let mut seen = vec![false; n];
+        for &p in &permutation {
+            if p >= n || std::mem::replace(&mut seen[p], true) {
+                return Err(format!(
+                    "column '{name}': bad tensor permutation {permutation:?}"
+                ));
+            }
+        }
+        // The storage holds each tensor in the permuted (physical) order: logical
+        // dimension permutation[j] lies at physical position j.
+        let physical: Vec<i64> = permutation.iter().map(|&p| tensor_shape[p]).collect();
+        let physical_strides = row_major_strides(&physical);
+        let mut logical_strides = vec![0i64; n];
+        for (j, &p) in permutation.iter().enumerate() {
+            logical_strides[p] = physical_strides[j];
+        }
+        shape = std::iter::once(shape[0]).chain(tensor_shape).collect();
+        strides = std::iter::once(inner).chain(logical_strides).collect();
+    }
+    Ok((shape, strides))
+}
+
+/// Describes the device values of column `name` (`rows` rows at `ptr` on CUDA device
+/// `device_id`, laid out as the CPU path lays them out) as a tensor kept valid by `keep`.
+pub fn describe_device(
+    name: &str,
+    field: &Field,
+    rows: usize,
+    ptr: u64,
+    device_id: i32,
+    copied: bool,
+    keep: Box<dyn Send>,
+) -> Result<TensorView, String> {
+    let mut shape = vec![rows as i64];
+    let mut data_type = field.data_type();
+    let dtype = loop {
+        match data_type {
+            DataType::FixedSizeList(child, size) => {
+                shape.push(i64::from(*size));
+                data_type = child.data_type();
+            }
+            dt => {
+                break dl_dtype(dt).ok_or_else(|| {
+                    format!(
+                        "column '{name}' has type {}; only fixed-width numbers and fixed-size \
+                         lists of them can be exported through DLPack",
+                        field.data_type()
+                    )
+                })?;
+            }
+        }
+    };
+    let len = shape.iter().product::<i64>() as usize * usize::from(dtype.bits / 8);
+    let (shape, strides) = tensor_layout(name, field, shape)?;
+    Ok(TensorView {
+        memory: Memory::Device {
+            ptr,
+            device_id,
+            copied,
+            _keep: keep,
+        },
+        len,
+        dtype,
+        shape,
+        strides,
+    })
+}
+
 /// Describes column `name` as a tensor, or says why it cannot be one.
 pub fn describe(name: &str, field: &Field, array: &dyn Array) -> Result<TensorView, String> {
     let mut shape = vec![array.len() as i64];
@@ -272,39 +413,12 @@ pub fn describe(name: &str, field: &Field, array: &dyn Array) -> Result<TensorVi
         ));
     }
 
-    let mut strides = row_major_strides(&shape);
-    if let Some((tensor_shape, permutation)) = fixed_shape_tensor(field)? {
-        let inner: i64 = tensor_shape.iter().product();
-        if shape.len() != 2 || inner != shape[1] {
-            return Err(format!(
-                "column '{name}': tensor shape {tensor_shape:?} does not match its storage {}",
-                field.data_type()
-            ));
-        }
-        let n = tensor_shape.len();
-        let permutation = permutation.unwrap_or_else(|| (0..n).collect());
-        let mut seen = vec![false; n];
-        for &p in &permutation {
-            if p >= n || std::mem::replace(&mut seen[p], true) {
-                return Err(format!(
-                    "column '{name}': bad tensor permutation {permutation:?}"
-                ));
-            }
-        }
-        // The storage holds each tensor in the permuted (physical) order: logical
-        // dimension permutation[j] lies at physical position j.
-        let physical: Vec<i64> = permutation.iter().map(|&p| tensor_shape[p]).collect();
-        let physical_strides = row_major_strides(&physical);
-        let mut logical_strides = vec![0i64; n];
-        for (j, &p) in permutation.iter().enumerate() {
-            logical_strides[p] = physical_strides[j];
-        }
-        shape = std::iter::once(shape[0]).chain(tensor_shape).collect();
-        strides = std::iter::once(inner).chain(logical_strides).collect();
-    }
+    let (shape, strides) = tensor_layout(name, field, shape)?;
     Ok(TensorView {
-        buffer: buffer.clone(),
-        start,
+        memory: Memory::Host {
+            buffer: buffer.clone(),
+            start,
+        },
         len,
         dtype,
         shape,
@@ -313,18 +427,24 @@ pub fn describe(name: &str, field: &Field, array: &dyn Array) -> Result<TensorVi
 }
 
 impl TensorView {
-    fn bytes(&self) -> &[u8] {
-        // `describe` checked the range against the buffer.
-        &self.buffer.as_slice()[self.start..self.start + self.len]
+    /// The values, for a view of host memory (`None` on a device).
+    fn host_bytes(&self) -> Option<&[u8]> {
+        match &self.memory {
+            // `describe` checked the range against the buffer.
+            Memory::Host { buffer, start } => Some(&buffer.as_slice()[*start..*start + self.len]),
+            Memory::Device { .. } => None,
+        }
     }
 
-    /// The same tensor in fresh (64-byte aligned) process memory.
-    fn copied(&self) -> Self {
+    /// The same host tensor in fresh (64-byte aligned) process memory.
+    fn copied(&self, bytes: &[u8]) -> Self {
         let mut copy = MutableBuffer::from_len_zeroed(self.len);
-        copy.as_slice_mut().copy_from_slice(self.bytes());
+        copy.as_slice_mut().copy_from_slice(bytes);
         Self {
-            buffer: copy.into(),
-            start: 0,
+            memory: Memory::Host {
+                buffer: copy.into(),
+                start: 0,
+            },
             len: self.len,
             dtype: self.dtype,
             shape: self.shape.clone(),
@@ -332,25 +452,37 @@ impl TensorView {
         }
     }
 
-    /// Moves the metadata and the buffer into an [`Owner`] and describes them as a
+    /// Moves the metadata and the memory into an [`Owner`] and describes them as a
     /// `DLTensor`, which stays valid for as long as the owner lives (wherever it moves:
-    /// the shape, strides and values are on the heap or in shared memory).
+    /// the shape, strides and values are on the heap, in shared memory or on a device).
     fn into_owner(self) -> (Owner, DLTensor) {
         // DLPack has no const pointers; consumers are told the memory is read-only where
         // the protocol version can say so.
-        let data = self.bytes().as_ptr().cast_mut().cast();
+        let (data, device) = match &self.memory {
+            Memory::Host { buffer, start } => (
+                buffer.as_slice()[*start..].as_ptr().cast_mut().cast(),
+                DLDevice {
+                    device_type: KDL_CPU,
+                    device_id: 0,
+                },
+            ),
+            Memory::Device { ptr, device_id, .. } => (
+                *ptr as *mut c_void,
+                DLDevice {
+                    device_type: KDL_CUDA,
+                    device_id: *device_id,
+                },
+            ),
+        };
         let mut owner = Owner {
             shape: self.shape,
             strides: self.strides,
             _private: None,
-            _buffer: self.buffer,
+            _memory: self.memory,
         };
         let tensor = DLTensor {
             data,
-            device: DLDevice {
-                device_type: KDL_CPU,
-                device_id: 0,
-            },
+            device,
             ndim: owner.shape.len() as i32,
             dtype: self.dtype,
             shape: owner.shape.as_mut_ptr(),
@@ -432,13 +564,20 @@ pub fn to_capsule<'py>(
     // Consumers that ignore the read-only flag (torch) write through the pointer: values
     // in shared memory are handed out in a private copy-on-write mapping, so such a write
     // changes this tensor only (see `private_map`), or copied where that cannot be made.
-    let (view, flags, private) = if copy {
-        (view.copied(), FLAG_IS_COPIED, None)
-    } else {
-        match PrivateMapping::of(view.bytes()) {
+    let (view, flags, private) = match (&view.memory, view.host_bytes()) {
+        // Device views are asked for already copied or not (`describe_device`): there
+        // is no copy-on-write for device memory, so a shared view is flagged read-only
+        // and the docs tell writers to pass `copy=True`.
+        (Memory::Device { copied: true, .. }, _) => (view, FLAG_IS_COPIED, None),
+        (Memory::Device { .. }, _) => (view, FLAG_READ_ONLY, None),
+        (Memory::Host { .. }, Some(bytes)) if copy => (view.copied(bytes), FLAG_IS_COPIED, None),
+        (Memory::Host { .. }, Some(bytes)) => match PrivateMapping::of(bytes) {
             Backing::NotShared => (view, FLAG_READ_ONLY, None),
             Backing::Private(mapping, data) => (view, FLAG_READ_ONLY, Some((mapping, data))),
-            Backing::Unavailable => (view.copied(), FLAG_IS_COPIED, None),
+            Backing::Unavailable => (view.copied(bytes), FLAG_IS_COPIED, None),
+        },
+        (Memory::Host { .. }, None) => {
+            return Err(buffer_error("internal: a host view without bytes".into()));
         }
     };
     let (mut owner, mut dl_tensor) = view.into_owner();

@@ -25,7 +25,9 @@
 //! * `subscriber`: `Subscriber`, `Epoch`, waiting with Ctrl-C, the Arrow stream export.
 //! * `batch`: `Batch` and `Column`, the PyCapsule protocol and DLPack.
 //! * `device`: the Arrow C Device struct (`ArrowDeviceArray`).
-//! * `dlpack`: DLPack structs and capsules.
+//! * `dlpack`: DLPack structs and capsules (host and CUDA memory).
+//! * `gpu`: `DeviceBatch` and `DeviceColumn`, batches of GPU topics (DLPack on CUDA,
+//!   `__cuda_array_interface__`).
 //! * `producer`: `Producer`, a run on a background thread.
 #![warn(missing_docs)]
 
@@ -33,6 +35,7 @@ mod batch;
 mod device;
 mod dlpack;
 mod errors;
+mod gpu;
 mod private_map;
 mod producer;
 mod subscriber;
@@ -52,6 +55,8 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<subscriber::PyEpochSummary>()?;
     m.add_class::<batch::PyBatch>()?;
     m.add_class::<batch::PyColumn>()?;
+    m.add_class::<gpu::PyDeviceBatch>()?;
+    m.add_class::<gpu::PyDeviceColumn>()?;
     m.add_class::<producer::PyProducer>()?;
     m.add_class::<producer::PyRunStats>()?;
     m.add_function(wrap_pyfunction!(subscriber::subscribe, m)?)?;

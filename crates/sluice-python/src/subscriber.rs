@@ -25,6 +25,7 @@ use sluice::{EpochSummary, Event, Join, OnLag, SluiceError, SubscribeOptions, Su
 
 use crate::batch::{PyBatch, deep_copy};
 use crate::errors::to_py;
+use crate::gpu::PyDeviceBatch;
 
 /// Longest wait without a chance to run Python's signal handlers.
 const SLICE: Duration = Duration::from_millis(50);
@@ -51,19 +52,6 @@ impl Stream {
             return Ok(Event::End);
         };
         let event = sub.next_event_within(timeout)?;
-        if let Event::DeviceBatch { .. } = event {
-            // Batches stay on the device; Python's CUDA exports (`__dlpack__` with
-            // kDLCUDA, `__cuda_array_interface__`, the Arrow C device interface) are not
-            // written yet: refuse rather than copy behind the trainer's back.
-            sub.close();
-            self.ended = true;
-            return Err(SluiceError::Device(format!(
-                "topic '{}' is a GPU topic (sluice.device = 'cuda:N'); Python subscribers \
-                 of GPU topics are not built yet (docs/gpu.md): run the plan with \
-                 sluice.device = 'cpu' and move batches to the GPU in the trainer",
-                sub.topic()
-            )));
-        }
         if matches!(event, Event::End) {
             self.ended = true;
         }
@@ -71,10 +59,36 @@ impl Stream {
     }
 }
 
-/// [`Stream::next_within`] turns device batches into an error: one that gets past it is a
-/// bug, reported as such rather than a panic.
-fn device_batch_leaked() -> SluiceError {
-    SluiceError::Internal("a GPU batch reached the host-only Python path".into())
+/// The Arrow C stream interface describes host memory only.
+fn device_stream_refused() -> SluiceError {
+    SluiceError::Device(
+        "a GPU topic (sluice.device = 'cuda:N') cannot be read as an Arrow C stream, which \
+         describes host memory: iterate the subscriber for DeviceBatch objects, or run the \
+         plan with sluice.device = 'cpu'"
+            .into(),
+    )
+}
+
+/// A received batch as its Python object: a `Batch`, or a `DeviceBatch` on a GPU topic.
+fn batch_object(py: Python<'_>, event: Event) -> PyResult<Option<Py<PyAny>>> {
+    match event {
+        Event::Batch {
+            epoch,
+            index,
+            batch,
+            shm_range,
+        } => Ok(Some(
+            Py::new(py, PyBatch::new(batch, epoch, index, shm_range))?.into_any(),
+        )),
+        Event::DeviceBatch {
+            epoch,
+            index,
+            batch,
+        } => Ok(Some(
+            Py::new(py, PyDeviceBatch::new(batch, epoch, index))?.into_any(),
+        )),
+        _ => Ok(None),
+    }
 }
 
 fn lock(stream: &Mutex<Stream>) -> MutexGuard<'_, Stream> {
@@ -261,15 +275,6 @@ impl PySubscriber {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(summary.clone());
     }
-
-    fn batch(
-        epoch: u64,
-        index: u64,
-        batch: RecordBatch,
-        shm_range: Option<std::ops::Range<usize>>,
-    ) -> PyBatch {
-        PyBatch::new(batch, epoch, index, shm_range)
-    }
 }
 
 #[pymethods]
@@ -412,16 +417,12 @@ impl PySubscriber {
     }
 
     /// The next batch, in any epoch; `StopIteration` at the end of the stream.
-    fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         loop {
             match self.next_event(py)? {
-                Event::Batch {
-                    epoch,
-                    index,
-                    batch,
-                    shm_range,
-                } => return Ok(Some(Self::batch(epoch, index, batch, shm_range))),
-                Event::DeviceBatch { .. } => return Err(to_py(&device_batch_leaked())),
+                event @ (Event::Batch { .. } | Event::DeviceBatch { .. }) => {
+                    return batch_object(py, event);
+                }
                 Event::EpochEnd(summary) => self.set_last_epoch(&summary),
                 Event::End => return Ok(None),
             }
@@ -493,7 +494,7 @@ impl PySubscriber {
                     self.put_back(py, event);
                     break schema;
                 }
-                Event::DeviceBatch { .. } => return Err(to_py(&device_batch_leaked())),
+                Event::DeviceBatch { .. } => return Err(to_py(&device_stream_refused())),
                 Event::EpochEnd(summary) => self.set_last_epoch(&summary),
                 Event::End => break Arc::new(Schema::empty()),
             }
@@ -536,7 +537,7 @@ impl Iterator for StreamReader {
                 Ok(Event::Batch { batch, .. }) => return Some(deep_copy(&batch)),
                 Ok(Event::DeviceBatch { .. }) => {
                     return Some(Err(ArrowError::ExternalError(Box::new(
-                        device_batch_leaked(),
+                        device_stream_refused(),
                     ))));
                 }
                 Ok(Event::EpochEnd(_)) => {}
@@ -589,15 +590,14 @@ impl PyEpochs {
         }
         let sub = self.sub.bind(py).get();
         let epoch = match sub.next_event(py)? {
-            event @ Event::Batch { .. } => {
+            event @ (Event::Batch { .. } | Event::DeviceBatch { .. }) => {
                 let number = match &event {
-                    Event::Batch { epoch, .. } => *epoch,
+                    Event::Batch { epoch, .. } | Event::DeviceBatch { epoch, .. } => *epoch,
                     _ => unreachable!("matched a batch just above"),
                 };
                 sub.put_back(py, event);
                 PyEpoch::open(self.sub.clone_ref(py), number)
             }
-            Event::DeviceBatch { .. } => return Err(to_py(&device_batch_leaked())),
             Event::EpochEnd(summary) => {
                 // An epoch in which this subscriber received nothing.
                 sub.set_last_epoch(&summary);
@@ -647,20 +647,17 @@ impl PyEpoch {
         *self.done.lock().unwrap_or_else(PoisonError::into_inner) || self.summary_now().is_some()
     }
 
-    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
+    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         if self.is_done() {
             return Ok(None);
         }
         let sub = self.sub.bind(py).get();
         let event = sub.next_event(py)?;
         match event {
-            Event::Batch {
-                epoch,
-                index,
-                batch,
-                shm_range,
-            } if epoch == self.epoch => {
-                Ok(Some(PySubscriber::batch(epoch, index, batch, shm_range)))
+            event @ (Event::Batch { epoch, .. } | Event::DeviceBatch { epoch, .. })
+                if epoch == self.epoch =>
+            {
+                batch_object(py, event)
             }
             Event::EpochEnd(summary) if summary.epoch == self.epoch => {
                 sub.set_last_epoch(&summary);
@@ -720,7 +717,7 @@ impl PyEpoch {
         slf
     }
 
-    fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         self.next_batch(py)
     }
 

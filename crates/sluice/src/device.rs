@@ -13,17 +13,24 @@
 //! subscriber and slot.
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use sluice_core::{Result, Rows, SluiceError};
-use sluice_cuda::{ConsumerStream, Device, DeviceDescriptor, DeviceImporter, Imported};
+use sluice_cuda::{
+    ConsumerStream, Device, DeviceDescriptor, DeviceImporter, DeviceMemory, Event, Imported,
+    Retiring,
+};
 use sluice_shm::SamplePayload;
 
-/// The importer of one subscriber, opened on the first use of a device batch.
+/// The importer of one subscriber, opened on the first use of a device batch, and the
+/// columns whose last view is gone but whose consumers' kernels may still read them.
 #[derive(Default)]
-pub(crate) struct ImporterCell(Mutex<Option<DeviceImporter>>);
+pub(crate) struct ImporterCell {
+    importer: Mutex<Option<DeviceImporter>>,
+    retiring: Mutex<Retiring<Held, Event>>,
+}
 
 impl std::fmt::Debug for ImporterCell {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -38,7 +45,7 @@ impl ImporterCell {
         f: impl FnOnce(&mut DeviceImporter) -> Result<T>,
     ) -> Result<T> {
         let mut slot = self
-            .0
+            .importer
             .lock()
             .map_err(|_| SluiceError::Internal("a device import panicked earlier".into()))?;
         let importer = match &mut *slot {
@@ -46,6 +53,56 @@ impl ImporterCell {
             None => slot.insert(DeviceImporter::new(Device::open_uuid(d.device_uuid)?)?),
         };
         f(importer)
+    }
+
+    /// Hands back the columns whose consumers' work has completed.
+    fn collect(&self) {
+        let mut retiring = self.retiring.lock().unwrap_or_else(PoisonError::into_inner);
+        let (_, errors) = retiring.collect();
+        for e in errors {
+            tracing::warn!("released a device batch whose completion could not be checked: {e}");
+        }
+    }
+
+    /// Holds `held` until the work queued on `stream` so far has completed. Without an
+    /// event to record (the device is gone) nothing can still run on it: release now.
+    fn retire(&self, held: Held, stream: ConsumerStream) {
+        let event = self
+            .importer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|i| {
+                let event = i.device().event()?;
+                i.device().record_on(stream, &event)?;
+                Ok::<_, sluice_cuda::CudaError>(event)
+            });
+        match event {
+            Some(Ok(event)) => self
+                .retiring
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .retire(held, event),
+            Some(Err(e)) => {
+                tracing::warn!("released a device column without waiting for its consumer: {e}")
+            }
+            None => {}
+        }
+        self.collect();
+    }
+}
+
+impl Drop for ImporterCell {
+    fn drop(&mut self) {
+        // The subscriber is going away: its columns' samples go back with it, so wait for
+        // the kernels that may still read them first.
+        let retiring = self
+            .retiring
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        for e in retiring.drain() {
+            tracing::warn!("released a device batch whose completion could not be awaited: {e}");
+        }
     }
 }
 
@@ -223,6 +280,121 @@ impl DeviceBatch {
             .collect()
     }
 
+    fn first(&self) -> Result<&DevicePart> {
+        self.parts
+            .first()
+            .ok_or_else(|| SluiceError::Internal("a device batch without parts".into()))
+    }
+
+    /// The ordinal, in this process, of the GPU the batch is on (opens the device).
+    pub fn device_ordinal(&self) -> Result<u32> {
+        let first = self.first()?;
+        self.importer
+            .with(&first.descriptor, |i| Ok(i.device().ordinal()))
+    }
+
+    /// The subscriber's own stream (for consumers that cannot name theirs, such as
+    /// `__cuda_array_interface__`, which hands a stream to wait on to the consumer).
+    pub fn own_stream(&self) -> Result<ConsumerStream> {
+        let first = self.first()?;
+        self.importer.with(&first.descriptor, |i| {
+            Ok(ConsumerStream::Handle(i.stream().as_raw()))
+        })
+    }
+
+    /// Column `column` (see [`DevicePart::tensor_bytes`] for which columns qualify) as
+    /// one contiguous device range, ready for work queued on the consumer's `stream`.
+    ///
+    /// A batch within one producer batch is a view into the producer's slot (unless
+    /// `copy`); one that spans several producer batches, or `copy`, is assembled on the
+    /// device into memory of this subscriber with one device-to-device copy per part,
+    /// queued on `stream` (for [`ConsumerStream::NoSync`] on the importer's stream, and
+    /// finished before this returns). Views are shared with every other subscriber of
+    /// the topic: a consumer that writes into its tensors must ask for a copy.
+    pub fn column(
+        &self,
+        column: usize,
+        stream: ConsumerStream,
+        copy: bool,
+    ) -> Result<DeviceColumn> {
+        let ranges = self
+            .parts
+            .iter()
+            .map(|p| p.tensor_bytes(column))
+            .collect::<Result<Vec<_>>>()?;
+        let first = self.first()?;
+        self.importer.collect();
+        let assemble = copy || self.parts.len() > 1;
+        let (ptr, bytes, ordinal, held, wait_on) = self.importer.with(&first.descriptor, |i| {
+            // The copies below must be ordered after the producer's; with no consumer
+            // stream to order them on, use the importer's and finish them here.
+            let wait_on = match stream {
+                ConsumerStream::NoSync if assemble => ConsumerStream::Handle(i.stream().as_raw()),
+                s => s,
+            };
+            let parts = self
+                .parts
+                .iter()
+                .map(|p| Ok((p.clone(), i.import(&p.descriptor, wait_on)?)))
+                .collect::<Result<Vec<_>>>()?;
+            let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+            let ordinal = i.device().ordinal();
+            if !assemble {
+                let ptr = parts[0].1.base + ranges[0].start;
+                return Ok((
+                    ptr,
+                    bytes,
+                    ordinal,
+                    Held {
+                        _parts: parts,
+                        _owned: None,
+                    },
+                    stream,
+                ));
+            }
+            let len = usize::try_from(bytes)
+                .map_err(|_| SluiceError::Corrupt(format!("a column of {bytes} bytes")))?;
+            let owned = i.device().alloc(len)?;
+            let mut at = owned.device_ptr();
+            for ((_, imported), range) in parts.iter().zip(&ranges) {
+                let n = (range.end - range.start) as usize;
+                // SAFETY: the source is inside the part's slot (`tensor_bytes` checked the
+                // range against the descriptor's buffer, which decoding checked against the
+                // slot), mapped for as long as `imported.mapping` lives; the destination is
+                // inside `owned` (the ranges add up to its length). Both live in `Held`,
+                // which is released only after an event recorded on this stream after the
+                // copies completes (`retire`), and nothing else writes `owned`.
+                unsafe {
+                    i.device()
+                        .copy_dtod_on(wait_on, at, imported.base + range.start, n)?
+                };
+                at += n as u64;
+            }
+            if stream == ConsumerStream::NoSync {
+                i.stream().synchronize()?;
+            }
+            Ok((
+                owned.device_ptr(),
+                bytes,
+                ordinal,
+                Held {
+                    _parts: parts,
+                    _owned: Some(owned),
+                },
+                wait_on,
+            ))
+        })?;
+        Ok(DeviceColumn {
+            ptr,
+            bytes,
+            ordinal,
+            copied: assemble,
+            stream: wait_on,
+            held: Some(held),
+            cell: self.importer.clone(),
+        })
+    }
+
     /// The rows copied back to host memory (checks against the CPU path, tools).
     pub fn to_host(&self) -> Result<RecordBatch> {
         let parts = self
@@ -300,5 +472,77 @@ impl Rows for DeviceBatch {
     /// subscriber batch pins at most the producer batches it spans.
     fn to_private(&self) -> Result<Option<Self>> {
         Ok(None)
+    }
+}
+
+/// What a device column keeps alive: the parts (their samples pin the producer's
+/// slots), their mappings, and the column's own memory when it was assembled.
+pub(crate) struct Held {
+    _parts: Vec<(DevicePart, Imported)>,
+    _owned: Option<DeviceMemory>,
+}
+
+/// One column of a [`DeviceBatch`] as a contiguous range of device memory in this
+/// process, from [`DeviceBatch::column`].
+///
+/// While it lives, the producer's slots it points into are not reused. Dropping it does
+/// not hand them back at once: an event is recorded on the consumer's stream and the
+/// slots go back when it completes, so kernels the consumer queued before the drop still
+/// read the right data.
+pub struct DeviceColumn {
+    ptr: u64,
+    bytes: u64,
+    ordinal: u32,
+    copied: bool,
+    stream: ConsumerStream,
+    held: Option<Held>,
+    cell: Arc<ImporterCell>,
+}
+
+impl std::fmt::Debug for DeviceColumn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceColumn")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("bytes", &self.bytes)
+            .field("ordinal", &self.ordinal)
+            .field("copied", &self.copied)
+            .finish()
+    }
+}
+
+impl DeviceColumn {
+    /// The device address of the first value, in this process.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Bytes from the first value to the end of the last.
+    pub fn len_bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The device's ordinal in this process (its `CUDA_VISIBLE_DEVICES` numbering).
+    pub fn device_ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    /// The stream the values are ready on, as `__cuda_array_interface__`'s `stream`
+    /// (`None`: the consumer said it synchronizes itself).
+    pub fn stream_handle(&self) -> Option<usize> {
+        self.stream.cuda_array_interface()
+    }
+
+    /// Whether the values are this subscriber's own copy (assembled from several
+    /// producer batches, or asked for) rather than a view of the producer's slot.
+    pub fn is_copy(&self) -> bool {
+        self.copied
+    }
+}
+
+impl Drop for DeviceColumn {
+    fn drop(&mut self) {
+        if let Some(held) = self.held.take() {
+            self.cell.retire(held, self.stream);
+        }
     }
 }

@@ -47,7 +47,7 @@ pub mod status;
 mod subscriber;
 
 pub use checkpoint::Checkpoint;
-pub use device::{DeviceBatch, DevicePart};
+pub use device::{DeviceBatch, DeviceColumn, DevicePart};
 pub use producer::{Producer, Progress, RunOptions, RunStats};
 pub use sluice_core::{Checksum, Position, Result, SluiceError};
 pub use sluice_plan::{Plan, Shard, SluiceOptions, StoreStats};

@@ -32,6 +32,10 @@ batch once for that reason; iterate the subscriber itself for zero-copy batches.
 Errors are subclasses of :class:`SluiceError`. Waiting releases the GIL and Ctrl-C
 interrupts it.
 
+On a GPU topic (``SET sluice.device = 'cuda:N'``) iteration yields
+:class:`DeviceBatch` objects: their columns stay in GPU memory and are exported to torch,
+CuPy and JAX through DLPack on CUDA and ``__cuda_array_interface__`` (docs/gpu.md).
+
 PyTorch: :mod:`sluice.torch` (an ``IterableDataset``, one epoch per pass). JAX: see the
 recipe in :mod:`sluice.torch`'s documentation (``jnp.asarray(np.from_dlpack(col))``).
 """
@@ -44,6 +48,8 @@ from sluice._sluice import (
     Batch,
     Column,
     CorruptMessage,
+    DeviceBatch,
+    DeviceColumn,
     Epoch,
     Epochs,
     EpochSummary,
@@ -70,6 +76,8 @@ __all__ = [
     "Batch",
     "Column",
     "CorruptMessage",
+    "DeviceBatch",
+    "DeviceColumn",
     "Epoch",
     "EpochSummary",
     "Epochs",

@@ -129,6 +129,65 @@ class Batch:
     def to_pyarrow(self) -> Any:
         """``pyarrow.record_batch(self)``: zero-copy."""
 
+class DeviceColumn:
+    """One column of a :class:`DeviceBatch`, in GPU memory.
+
+    ``torch.from_dlpack(col)``, ``cupy.from_dlpack(col)`` and ``jax.dlpack.from_dlpack(col)``
+    take it without a copy when the batch lies within one producer batch (a read-only
+    view of the producer's device slot, shared with every other subscriber: pass
+    ``copy=True`` to write into it); a batch spanning several producer batches is
+    assembled into this subscriber's own memory. Fixed-width numbers and fixed-size lists
+    of them without nulls only; other columns raise ``BufferError``.
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def shape(self) -> list[int] | None:
+        """The tensor's shape, or ``None`` if the column cannot be a tensor."""
+    def __len__(self) -> int: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> object:
+        """A DLPack capsule on the GPU; ``stream`` (the consumer's) waits for the data, and
+        the producer's slot is handed back only after work queued on it has completed."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(2, ordinal)``: kDLCUDA, the GPU as numbered in this process."""
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3; ``stream`` is the subscriber's stream the data is ready on."""
+
+class DeviceBatch:
+    """A batch of a GPU topic (``sluice.device = 'cuda:N'``): columns stay on the GPU."""
+
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def num_rows(self) -> int: ...
+    @property
+    def num_columns(self) -> int: ...
+    @property
+    def column_names(self) -> list[str]: ...
+    @property
+    def producer_batches(self) -> int:
+        """Producer batches the rows come from (more than one: columns are assembled)."""
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    def column(self, key: str | int) -> DeviceColumn: ...
+    def __getitem__(self, key: str | int) -> DeviceColumn: ...
+    def __contains__(self, name: str) -> bool: ...
+    def __len__(self) -> int: ...
+    def to_host(self) -> Batch:
+        """The rows copied to host memory."""
+
 class EpochSummary:
     """How one epoch ended, as this subscriber saw it."""
 
@@ -173,7 +232,7 @@ class Epoch(Iterator[Batch]):
     @property
     def batches(self) -> int | None: ...
     def __iter__(self) -> Epoch: ...
-    def __next__(self) -> Batch: ...
+    def __next__(self) -> Batch | DeviceBatch: ...
 
 class Epochs(Iterator[Epoch]):
     """The epochs of a subscription. Moving to the next epoch skips the rest of the current one."""
@@ -215,7 +274,7 @@ class Subscriber(Iterator[Batch]):
     def last_epoch(self) -> EpochSummary | None:
         """Summary of the last epoch that ended."""
     def __iter__(self) -> Subscriber: ...
-    def __next__(self) -> Batch: ...
+    def __next__(self) -> Batch | DeviceBatch: ...
     def epochs(self) -> Epochs: ...
     def close(self) -> None:
         """Leaves the topic. Batches already received stay valid. Idempotent."""

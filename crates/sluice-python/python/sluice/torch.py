@@ -16,6 +16,10 @@ usual ``for epoch ...: for batch in loader`` loop sees the producer's epochs; a 
 after the end of the stream yields nothing. The subscription is opened on the first pass
 and kept between passes.
 
+On a GPU topic (``sluice.device = 'cuda:N'``) numeric columns become CUDA tensors on
+torch's current stream, without a host copy; they are shared with the other trainers,
+so ``.clone()`` what you modify.
+
 Numeric columns (and fixed-size lists of numbers, as 2-D or N-D tensors) become CPU
 tensors through DLPack, without a copy: they view shared memory, so treat them as
 read-only (``.clone()`` what you modify) and move them to the GPU with ``.to(device)``
@@ -71,13 +75,20 @@ def _require_torch() -> Any:
     return _torch
 
 
-def batch_to_tensors(batch: sluice.Batch, columns: Sequence[str] | None = None) -> dict[str, Any]:
-    """The batch as a dict: DLPack-able columns as zero-copy CPU tensors, others as pyarrow arrays."""
+def batch_to_tensors(
+    batch: sluice.Batch | sluice.DeviceBatch, columns: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The batch as a dict: DLPack-able columns as zero-copy tensors (CPU tensors, or CUDA
+    tensors on a GPU topic), others as pyarrow arrays."""
     torch = _require_torch()
     out: dict[str, Any] = {}
     for name in columns if columns is not None else batch.column_names:
         column = batch[name]
-        if column.shape is not None:
+        if isinstance(column, sluice.DeviceColumn):
+            # A GPU topic: torch passes its current stream, which waits for the data; the
+            # tensor views the producer's device slot (or this subscriber's assembled copy).
+            out[name] = torch.from_dlpack(column)
+        elif column.shape is not None:
             # The unversioned capsule: torch versions differ in how they treat read-only
             # DLPack tensors; the memory is shared either way.
             out[name] = torch.from_dlpack(column.__dlpack__())
