@@ -1,43 +1,125 @@
 #!/usr/bin/env bash
-# Runs the GPU tests and benchmark of issue 5 on a machine with an NVIDIA GPU, CUDA,
-# PyTorch and CuPy but no Rust toolchain and no network. Build the inputs on the
-# development machine (x86-64) and carry this directory over:
+# The GPU check of issues 15 and 16, in two halves.
 #
-#   # on the development machine
-#   export CARGO_TARGET_DIR=/work/target-gpu
-#   cargo test -p sluice-cuda --test gpu_ipc --no-run --message-format=json \
-#     | python3 -c 'import sys,json;[print(m["executable"]) for m in map(json.loads,sys.stdin) if m.get("executable")]'
-#   # -> copy that binary to gpu-bundle/gpu_ipc
-#   cargo build -p sluice-cli && cp $CARGO_TARGET_DIR/debug/sluice gpu-bundle/
-#   maturin build -m crates/sluice-python/Cargo.toml --out gpu-bundle/   # the abi3 wheel
-#   cp -r tests/python benches/gpu.py scripts/gpu-check.sh gpu-bundle/
+#   scripts/gpu-check.sh                 # here (Rust toolchain, no GPU): build the bundle
+#   scripts/gpu-check.sh --run [BUNDLE]  # on the GPU machine (no toolchain, no network)
 #
-#   # on the GPU machine
-#   bash gpu-bundle/gpu-check.sh gpu-bundle
+# Building puts everything the GPU machine needs into one ignored folder,
+# target/gpu-bundle (well under the 64 MiB a device call can carry):
+#   gpu_ipc          the Rust two-process CUDA IPC tests (sluice-cuda), stripped
+#   sluice-*.whl     the stripped release abi3 wheel (must stay under 40 MB)
+#   python/          tests/python (test_gpu.py and its fixtures)
+#   gpu.py           the benchmark (benches/gpu.py)
+#   gpu-probe.py     the CUDA IPC probe (ctypes on libcuda)
+#   gpu-check.sh     this script
 #
-# Needs pyarrow, numpy and pytest in the GPU machine's Python (torch and cupy are there).
-set -euo pipefail
-BUNDLE=${1:-gpu-bundle}
-cd "$BUNDLE"
-echo "== GPU: driver and device"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
-python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
+# Running executes each step under its own time limit (about 9.5 minutes in all, so that
+# one device call of 10 minutes holds it); a failing step does not stop the others, and
+# the results go to one JSON file, results.json, in $OUT when set (the device tool brings
+# that folder back), else in the bundle. The wheel is installed with
+# `pip install --no-deps --target` and PYTHONPATH into the machine's own Python, which
+# already has torch, CuPy, JAX, numpy, pyarrow and pytest.
+#
+# Through the device tool, from the repository root:
+#   scripts/gpu-check.sh && run(command="bash scripts/gpu-check.sh --run", carry=["target/gpu-bundle"])
+set -uo pipefail
+cd "$(dirname "$0")/.."
 
-echo "== GPU: Rust two-process CUDA IPC tests (prebuilt)"
-./gpu_ipc --nocapture 2>&1 | tee gpu_ipc.log
-if grep -q SKIPPED gpu_ipc.log; then
-  echo "the GPU tests were skipped: libcuda.so was not found" >&2
-  exit 1
+if [ "${1:-}" != "--run" ]; then
+  set -e
+  BUNDLE=target/gpu-bundle
+  rm -rf "$BUNDLE"
+  mkdir -p "$BUNDLE"
+  if [ ! -x .venv/bin/python ]; then
+    "${PYTHON:-python3}" -m venv .venv
+  fi
+  export PYO3_PYTHON="$PWD/.venv/bin/python"
+  scripts/python-env.sh > /dev/null
+
+  # The test binary comes from the test build of scripts/test.sh (same compiler and
+  # flags, so nothing is compiled again when the tests ran before).
+  RUSTC_WORKSPACE_WRAPPER="$(rustup which clippy-driver 2>/dev/null || command -v clippy-driver)"
+  export RUSTC_WORKSPACE_WRAPPER
+  export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+  binary=$(cargo test --locked -p sluice-cuda --test gpu_ipc --no-run --message-format=json 2>/dev/null |
+    .venv/bin/python -c 'import sys, json
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("executable"):
+        print(m["executable"])')
+  cp "$binary" "$BUNDLE/gpu_ipc"
+  strip "$BUNDLE/gpu_ipc"
+  unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
+
+  # The release wheel (profile.release: no debug info, stripped).
+  .venv/bin/maturin build --locked --release --strip -m crates/sluice-python/Cargo.toml \
+    --out "$BUNDLE" --interpreter "$PYO3_PYTHON"
+  cp -r tests/python "$BUNDLE/python"
+  rm -rf "$BUNDLE/python/__pycache__"
+  cp benches/gpu.py scripts/gpu-probe.py scripts/gpu-check.sh "$BUNDLE/"
+
+  wheel=$(ls "$BUNDLE"/sluice-*.whl)
+  wheel_bytes=$(stat -c %s "$wheel")
+  echo "== bundle: $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE"
+  ls -l "$BUNDLE"
+  echo "== wheel: $wheel_bytes bytes ($((wheel_bytes / 1000000)) MB)"
+  if [ "$wheel_bytes" -ge 40000000 ]; then
+    echo "the wheel is over 40 MB: it must stay under that to travel with room to spare" >&2
+    exit 1
+  fi
+  exit 0
 fi
 
-echo "== GPU: sluice CLI with sluice.device = 'cuda:0'"
-export PATH=$PWD:$PATH
+BUNDLE=$(cd "${2:-target/gpu-bundle}" && pwd)
+RESULTS=${OUT:-$BUNDLE}
+mkdir -p "$RESULTS"
+cd "$BUNDLE"
+PY=${PYTHON:-python3}
+steps=()
 
-echo "== GPU: Python tests"
-python3 -m venv --system-site-packages .venv-gpu
-.venv-gpu/bin/python -m pip install --no-index --no-deps --force-reinstall sluice-*-abi3-*.whl
-SLUICE_GPU_IPC_TEST=$PWD/gpu_ipc .venv-gpu/bin/python -m pytest python/test_gpu.py -v -rs
+# step NAME SECONDS COMMAND...: runs under `timeout`, logs to RESULTS/NAME.log.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (limit ${limit} s)"
+  local started=$SECONDS
+  timeout --kill-after=5 "$limit" "$@" > "$RESULTS/$name.log" 2>&1
+  local rc=$?
+  local took=$((SECONDS - started))
+  tail -n 40 "$RESULTS/$name.log"
+  echo "== $name: exit $rc in $took s"
+  steps+=("$name $rc $took")
+}
 
-echo "== GPU: benchmark"
-.venv-gpu/bin/python gpu.py --out gpu-bench.json
-echo "record gpu-bench.json, the device name and this command in docs/benchmarks.md"
+step device 20 nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv
+step probe 60 "$PY" gpu-probe.py --out "$RESULTS/probe.json"
+step rust_gpu_ipc 90 bash -c 'set -o pipefail
+  ./gpu_ipc --nocapture --test-threads=1 2>&1 | tee gpu_ipc.out
+  rc=$?
+  if grep -q SKIPPED gpu_ipc.out; then echo "the Rust GPU tests were skipped: no driver"; exit 3; fi
+  exit $rc'
+step install 60 "$PY" -m pip install --no-index --no-deps --target "$BUNDLE/site" --upgrade sluice-*.whl
+export PYTHONPATH="$BUNDLE/site${PYTHONPATH:+:$PYTHONPATH}"
+export SLUICE_GPU_IPC_TEST="$BUNDLE/gpu_ipc"
+step python_gpu_tests 240 "$PY" -m pytest python/test_gpu.py -v -rs -p no:cacheprovider \
+  --junitxml="$RESULTS/python_gpu_tests.xml"
+step bench 120 "$PY" gpu.py --out "$RESULTS/gpu-bench.json"
+
+printf '%s\n' "${steps[@]}" | RESULTS="$RESULTS" "$PY" -c '
+import json, sys, os
+results = os.environ["RESULTS"]
+steps = {}
+for line in sys.stdin:
+    name, rc, took = line.split()
+    log = open(os.path.join(results, name + ".log"), errors="replace").read()
+    steps[name] = {"exit": int(rc), "seconds": int(took), "timed_out": rc in ("124", "137"),
+                   "log_tail": log[-4000:]}
+out = {"steps": steps}
+for name in ("probe.json", "gpu-bench.json"):
+    path = os.path.join(results, name)
+    if os.path.exists(path):
+        out[name] = json.load(open(path))
+json.dump(out, open(os.path.join(results, "results.json"), "w"), indent=2)
+print("== results:", os.path.join(results, "results.json"))
+print(json.dumps({k: v["exit"] for k, v in steps.items()}))
+'

@@ -4,10 +4,9 @@ These need an NVIDIA GPU, its driver, and (for some) PyTorch. Where the driver i
 (the development machine, CI) every test here is skipped with the reason
 "no CUDA driver: ..."; ``scripts/gpu-check.sh`` runs them on a GPU machine.
 
-They are written against the GPU subscriber surface described in docs/gpu.md (columns
-with ``__dlpack_device__() == (kDLCUDA=2, ordinal)``). As of this commit the producer
-refuses GPU plans ("does not publish GPU batches yet"), so on a GPU machine they FAIL:
-that failure is the honest state of issue 5, not a broken test.
+They are written against the GPU subscriber surface described in docs/gpu.md
+(``sluice.DeviceBatch``; columns with ``__dlpack_device__() == (kDLCUDA=2, ordinal)``).
+None of them has run on a GPU yet (issue 16 runs them through scripts/gpu-check.sh).
 """
 
 from __future__ import annotations
@@ -120,6 +119,51 @@ def test_a_subscriber_holding_batches_is_never_overwritten(plans):
     for tensor, copy in held:
         assert torch.equal(tensor.cpu(), copy), "a held GPU batch was overwritten"
     producer.wait(timeout=60)
+
+
+def test_a_tensor_dropped_while_a_kernel_reads_it_is_not_overwritten(plans):
+    """The race of release versus completion: with a window of one message the producer
+    reuses slots as soon as they come back, and each tensor is dropped right after a long
+    kernel and a read were queued on it. Its slot must come back only after the read ran."""
+    torch = pytest.importorskip("torch")
+    producer = sluice.Producer(
+        plans.plan(rows=2000, batch_rows=100, extra=GPU + "SET sluice.window = 1;\n",
+                   select=NUMERIC),
+        min_subscribers=1)
+    sums = []
+    for batch in sluice.subscribe(plans.topic, timeout=60):
+        t = torch.from_dlpack(batch["id"])
+        torch.cuda._sleep(20_000_000)  # GPU cycles queued before the read
+        sums.append(t.sum())
+        del t, batch
+    torch.cuda.synchronize()
+    producer.wait(timeout=60)
+    assert sum(int(s) for s in sums) == sum(range(2000))
+
+
+def test_cupy_and_jax_take_columns_without_a_copy(plans):
+    producer = sluice.Producer(plans.plan(rows=500, batch_rows=100, extra=GPU, select=NUMERIC),
+                               min_subscribers=1)
+    ids = []
+    for batch in sluice.subscribe(plans.topic, timeout=60):
+        col = batch["id"]
+        cai = col.__cuda_array_interface__
+        assert cai["version"] == 3 and cai["shape"] == (len(col),)
+        try:
+            import cupy
+        except ImportError:
+            cupy = None
+        if cupy is not None:
+            a = cupy.from_dlpack(col)
+            assert a.data.ptr == cai["data"][0] or batch.producer_batches > 1
+            ids += cupy.asnumpy(a).tolist()
+        else:
+            ids += batch.to_host()["id"].to_pylist()
+        jax = pytest.importorskip("jax")
+        x = jax.dlpack.from_dlpack(col)
+        assert list(x.devices())[0].platform == "gpu"
+    producer.wait(timeout=60)
+    assert sorted(ids) == list(range(500))
 
 
 def test_the_rust_two_process_ipc_test_passes():
