@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, StructArray};
-use arrow::datatypes::{Field, FieldRef};
+use arrow::datatypes::{Field, FieldRef, Schema};
 use arrow::ffi::{FFI_ArrowArray, FFI_ArrowSchema};
 use arrow::record_batch::RecordBatch;
 use pyo3::exceptions::{
@@ -125,29 +125,39 @@ impl PyBatch {
     }
 
     fn column_index(&self, key: &Bound<'_, PyAny>) -> PyResult<usize> {
-        if let Ok(name) = key.extract::<&str>() {
-            return self.batch.schema_ref().index_of(name).map_err(|_| {
-                PyKeyError::new_err(format!(
-                    "no column '{name}'; the columns are {:?}",
-                    self.column_names()
-                ))
-            });
-        }
-        if let Ok(i) = key.extract::<isize>() {
-            let n = self.batch.num_columns() as isize;
-            let j = if i < 0 { i + n } else { i };
-            if (0..n).contains(&j) {
-                return Ok(j as usize);
-            }
-            return Err(PyIndexError::new_err(format!(
-                "column index {i} out of range for {n} columns"
-            )));
-        }
-        Err(PyTypeError::new_err(format!(
-            "columns are selected by name (str) or position (int), not {}",
-            key.get_type().name()?
-        )))
+        column_index(self.batch.schema_ref(), key)
     }
+}
+
+/// The position of the column `key` (a name, or a position counted from the end when
+/// negative) in `schema`, with the errors Python's mappings and sequences raise.
+pub fn column_index(schema: &Schema, key: &Bound<'_, PyAny>) -> PyResult<usize> {
+    if let Ok(name) = key.extract::<&str>() {
+        return schema.index_of(name).map_err(|_| {
+            PyKeyError::new_err(format!(
+                "no column '{name}'; the columns are {:?}",
+                schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().as_str())
+                    .collect::<Vec<_>>()
+            ))
+        });
+    }
+    if let Ok(i) = key.extract::<isize>() {
+        let n = schema.fields().len() as isize;
+        let j = if i < 0 { i + n } else { i };
+        if (0..n).contains(&j) {
+            return Ok(j as usize);
+        }
+        return Err(PyIndexError::new_err(format!(
+            "column index {i} out of range for {n} columns"
+        )));
+    }
+    Err(PyTypeError::new_err(format!(
+        "columns are selected by name (str) or position (int), not {}",
+        key.get_type().name()?
+    )))
 }
 
 #[pymethods]

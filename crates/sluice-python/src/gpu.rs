@@ -17,13 +17,12 @@
 //! its tensors asks for `copy=True`.
 
 use arrow::datatypes::FieldRef;
-use pyo3::exceptions::{PyIndexError, PyKeyError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 use sluice::cuda::ConsumerStream;
 use sluice::{DeviceBatch, DeviceColumn, SluiceError};
 
-use crate::batch::PyBatch;
+use crate::batch::{PyBatch, column_index};
 use crate::dlpack::{self, DLDataType, KDL_CUDA};
 use crate::errors::to_py;
 
@@ -47,30 +46,7 @@ impl PyDeviceBatch {
     }
 
     fn column_index(&self, key: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let schema = self.batch.schema();
-        if let Ok(name) = key.extract::<&str>() {
-            return schema.index_of(name).map_err(|_| {
-                PyKeyError::new_err(format!(
-                    "no column '{name}'; the batch has {:?}",
-                    schema
-                        .fields()
-                        .iter()
-                        .map(|f| f.name().as_str())
-                        .collect::<Vec<_>>()
-                ))
-            });
-        }
-        let i: isize = key
-            .extract()
-            .map_err(|_| PyTypeError::new_err("a column is chosen by name or position"))?;
-        let n = schema.fields().len() as isize;
-        let at = if i < 0 { i + n } else { i };
-        if !(0..n).contains(&at) {
-            return Err(PyIndexError::new_err(format!(
-                "column {i} out of range for a batch of {n} columns"
-            )));
-        }
-        Ok(at as usize)
+        column_index(&self.batch.schema(), key)
     }
 }
 
