@@ -84,6 +84,12 @@ struct SampleOwner {
     _sample: Sample<Ipc, [u8], FrameHeader>,
     /// The subscriber's count of samples held, decremented when this one goes back.
     held: Arc<AtomicUsize>,
+    /// For device messages, the port itself (dropped after the sample, fields drop in
+    /// order): the producer counts this subscriber as attached, and keeps its device
+    /// memory, while a device batch is held, even after the subscriber detached at the
+    /// end of the stream (host batches stay valid without the producer; device slots do
+    /// not).
+    _port: Option<Arc<Subscriber<Ipc, [u8], FrameHeader>>>,
 }
 
 impl Drop for SampleOwner {
@@ -146,7 +152,7 @@ pub struct TopicSubscriber {
     topic: TopicName,
     namespace: Namespace,
     data: DataService<Ipc, [u8], FrameHeader>,
-    subscriber: Option<Subscriber<Ipc, [u8], FrameHeader>>,
+    subscriber: Option<Arc<Subscriber<Ipc, [u8], FrameHeader>>>,
     ready: Listener<Ipc>,
     released: Notifier<Ipc>,
     next_seq: Option<u64>,
@@ -295,7 +301,7 @@ impl TopicSubscriber {
             topic: topic.clone(),
             namespace: namespace.clone(),
             data,
-            subscriber: Some(subscriber),
+            subscriber: Some(Arc::new(subscriber)),
             ready,
             released,
             next_seq: None,
@@ -438,6 +444,7 @@ impl TopicSubscriber {
                 let owner = Arc::new(SampleOwner {
                     _sample: sample,
                     held: self.held.clone(),
+                    _port: None,
                 });
                 // SAFETY: `ptr` points to the sample's payload, valid for `payload.len()
                 // >= len` bytes as long as the sample lives; the buffer owns an `Arc` of
@@ -466,6 +473,7 @@ impl TopicSubscriber {
                 let owner = Arc::new(SampleOwner {
                     _sample: sample,
                     held: self.held.clone(),
+                    _port: self.subscriber.clone(),
                 });
                 Ok(Frame::DeviceBatch {
                     epoch: header.epoch,

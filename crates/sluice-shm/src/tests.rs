@@ -225,3 +225,38 @@ fn a_held_device_message_keeps_its_chunk_until_released() {
     ns.purge();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[test]
+fn a_subscriber_holding_a_device_message_stays_attached_after_detaching() {
+    let ns = namespace("att");
+    {
+        let (mut publisher, mut sub) = pair(&ns, "attached");
+        publisher
+            .publish_batch(0, 0, 10, &wire::encode(&batch()).unwrap())
+            .unwrap();
+        let host = recv(&mut sub).unwrap();
+        publisher
+            .publish_device_batch(0, 1, 3, |_| Ok(b"descriptor".to_vec()))
+            .unwrap();
+        let device = match recv(&mut sub).unwrap() {
+            Frame::DeviceBatch { payload, .. } => payload,
+            other => panic!("expected a device batch, got {other:?}"),
+        };
+        assert_eq!(publisher.subscribers(), 1);
+        // Host batches stay valid without the producer: they do not keep the subscriber
+        // attached. A device batch does, until it is released: the producer frees its
+        // device memory only when no subscriber is attached.
+        sub.detach();
+        assert_eq!(
+            publisher.subscribers(),
+            1,
+            "detached under a held device batch"
+        );
+        drop(device);
+        assert_eq!(publisher.subscribers(), 0);
+        drop(host);
+    }
+    let left = ns.leftovers();
+    ns.purge();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -338,6 +338,9 @@ impl Producer {
             Ok(stats) => {
                 report("draining", &publisher, &progress, batch, true);
                 publisher.drain(options.linger);
+                if stager.is_some() {
+                    wait_for_device_holders(&publisher, &options.stop);
+                }
                 Ok(stats)
             }
             Err(e) => {
@@ -349,6 +352,9 @@ impl Producer {
                     tracing::warn!("could not tell subscribers about the failure: {send}");
                 } else {
                     publisher.drain(options.linger.min(Duration::from_secs(2)));
+                }
+                if stager.is_some() {
+                    wait_for_device_holders(&publisher, &options.stop);
                 }
                 Err(e)
             }
@@ -444,6 +450,39 @@ impl<'a> EpochSource<'a> {
 
 /// Waits, bounded by `sluice.attach_grace_s`, until the subscribers that declared
 /// interest in the topic have attached; logs those that did not.
+/// The device slots are freed when the stager drops, and legacy CUDA IPC memory does
+/// not outlive its exporter's allocation: tensors a trainer still holds would read freed
+/// memory. A subscriber keeps its port while it holds a device batch (the batch holds the
+/// sample, which holds the port), so wait until every subscriber has detached — dead ones
+/// are reclaimed meanwhile — and say so while waiting. A stop (Ctrl-C) ends the wait with
+/// a warning naming what it breaks.
+fn wait_for_device_holders(publisher: &TopicPublisher, stop: &AtomicBool) {
+    const STEP: Duration = Duration::from_secs(10);
+    let mut waited = Duration::ZERO;
+    loop {
+        let n = publisher.subscribers();
+        if n == 0 {
+            return;
+        }
+        if stop.load(Ordering::Relaxed) {
+            tracing::warn!(
+                "stopping with {n} subscriber(s) attached: GPU batches they still hold become \
+                 invalid when the producer frees its device memory"
+            );
+            return;
+        }
+        if !waited.is_zero() {
+            tracing::info!(
+                "waiting for {n} subscriber(s) to release their GPU batches before freeing \
+                 device memory ({} s so far; stop the producer to free it anyway)",
+                waited.as_secs()
+            );
+        }
+        publisher.drain(STEP);
+        waited += STEP;
+    }
+}
+
 fn wait_for_interested(
     publisher: &TopicPublisher,
     opts: &sluice_plan::SluiceOptions,
