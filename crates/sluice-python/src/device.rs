@@ -1,4 +1,4 @@
-//! The Arrow C Device data interface, CPU only.
+//! The Arrow C Device data interface: host memory, and CUDA memory for GPU topics.
 //!
 //! Neither arrow-rs nor pyo3-arrow defines `ArrowDeviceArray`, so it is written out here
 //! from the specification (`arrow/c/abi.h`):
@@ -20,6 +20,8 @@ use arrow::ffi::FFI_ArrowArray;
 
 /// `ARROW_DEVICE_CPU`.
 pub const ARROW_DEVICE_CPU: i32 = 1;
+/// `ARROW_DEVICE_CUDA`.
+pub const ARROW_DEVICE_CUDA: i32 = 2;
 
 /// Name of a PyCapsule holding an `ArrowDeviceArray`.
 pub const DEVICE_ARRAY_CAPSULE_NAME: &CStr = c"arrow_device_array";
@@ -51,8 +53,10 @@ const _: () = assert!(offset_of!(ArrowDeviceArray, device_type) == 88);
 const _: () = assert!(offset_of!(ArrowDeviceArray, sync_event) == 96);
 const _: () = assert!(offset_of!(ArrowDeviceArray, reserved) == 104);
 
-// SAFETY: the only field that is not `Send` is `sync_event`, which is always null for CPU
-// arrays: there is no event to share between threads. `FFI_ArrowArray` is `Send`, and its
+// SAFETY: the only field that is not `Send` is `sync_event`: null for CPU arrays, and for
+// CUDA arrays a pointer to a `CUevent` handle boxed in the array's own private data (see
+// `ArrowDeviceArray::cuda`), which lives as long as the array and may be waited on from
+// any thread of the process. `FFI_ArrowArray` is `Send`, and its
 // private data (an `ArrayData` of `Arc`-counted buffers) may be released from any thread.
 unsafe impl Send for ArrowDeviceArray {}
 
@@ -64,6 +68,19 @@ impl ArrowDeviceArray {
             device_id: 0,
             device_type: ARROW_DEVICE_CPU,
             sync_event: std::ptr::null_mut(),
+            reserved: [0; 3],
+        }
+    }
+
+    /// Wraps an array whose buffers are in the memory of CUDA device `device_id`;
+    /// `sync_event` points to a `CUevent` that completes when they are ready, and must
+    /// stay valid as long as the array (keep it in the array's private data).
+    pub fn cuda(array: FFI_ArrowArray, device_id: i64, sync_event: *mut c_void) -> Self {
+        Self {
+            array,
+            device_id,
+            device_type: ARROW_DEVICE_CUDA,
+            sync_event,
             reserved: [0; 3],
         }
     }

@@ -10,19 +10,32 @@
 //!   deleter hands the slot back only after the work queued on that stream has completed;
 //! * `__cuda_array_interface__` (version 3): the data is ready on the subscriber's own
 //!   stream, given as `stream` for the consumer to wait on; the interface has no deleter,
-//!   so the slot is held for as long as the column object lives.
+//!   so the slot is held for as long as the column object lives;
+//! * `__arrow_c_device_array__`: `ARROW_DEVICE_CUDA`, with `sync_event` pointing to an
+//!   event recorded on the subscriber's stream once the data is ready; the array's
+//!   release hands the slot back.
 //!
 //! Views of the producer's slot are shared by every subscriber of the topic and flagged
 //! read-only (DLPack 1.x, `data[1]` of the array interface); a trainer that writes into
 //! its tensors asks for `copy=True`.
 
-use arrow::datatypes::FieldRef;
+use std::ffi::c_void;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use arrow::array::ArrayData;
+use arrow::buffer::Buffer;
+use arrow::datatypes::{DataType, Field, FieldRef};
+use arrow::error::ArrowError;
+use arrow::ffi::{FFI_ArrowArray, FFI_ArrowSchema};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 use sluice::cuda::ConsumerStream;
 use sluice::{DeviceBatch, DeviceColumn, SluiceError};
 
 use crate::batch::{PyBatch, column_index};
+use crate::device::{ArrowDeviceArray, DEVICE_ARRAY_CAPSULE_NAME};
 use crate::dlpack::{self, DLDataType, KDL_CUDA};
 use crate::errors::to_py;
 
@@ -327,6 +340,45 @@ impl PyDeviceColumn {
         Ok(d)
     }
 
+    /// Exports the column through the Arrow C Device interface: `ARROW_DEVICE_CUDA`,
+    /// buffers in GPU memory, and `sync_event` pointing to a `CUevent` recorded on the
+    /// subscriber's stream after the data is ready (consumers wait on it before use). The
+    /// array's release callback frees the event and hands the slot back. Tensor columns
+    /// only (as `__dlpack__`); a requested schema is not applied (no casts on the device).
+    #[pyo3(signature = (requested_schema=None, **kwargs))]
+    fn __arrow_c_device_array__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyCapsule>>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let _ = (requested_schema, kwargs);
+        let own = py
+            .detach(|| self.batch.own_stream())
+            .map_err(|e| to_py(&e))?;
+        let column = self.export(py, own, false)?;
+        let event = column.ready_event().map_err(|e| to_py(&e))?;
+        let len = usize::try_from(column.len_bytes())
+            .map_err(|_| to_py(&SluiceError::Corrupt("a column larger than memory".into())))?;
+        let (ptr, ordinal) = (column.device_ptr(), i64::from(column.device_ordinal()));
+        let owner = Arc::new(DeviceArrayOwner {
+            sync_event: Box::new(event.as_raw().cast()),
+            _event: event,
+            _column: column,
+        });
+        let sync_event: *mut c_void = std::ptr::from_ref(owner.sync_event.as_ref())
+            .cast_mut()
+            .cast();
+        let data = device_array_data(&self.field, self.batch.num_rows(), ptr, len, owner)
+            .map_err(|e| dlpack::buffer_error(e.to_string()))?;
+        let schema = FFI_ArrowSchema::try_from(self.field.as_ref())
+            .map_err(|e| PyTypeError::new_err(e.to_string()))?;
+        let array = ArrowDeviceArray::cuda(FFI_ArrowArray::new(&data), ordinal, sync_event);
+        let schema = PyCapsule::new_with_value(py, schema, c"arrow_schema")?;
+        let array = PyCapsule::new_with_value(py, array, DEVICE_ARRAY_CAPSULE_NAME)?;
+        PyTuple::new(py, [schema.into_any(), array.into_any()])
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "sluice.DeviceColumn(name={:?}, type={}, len={})",
@@ -345,4 +397,67 @@ fn typestr(dtype: DLDataType) -> String {
         _ => 'f',
     };
     format!("<{kind}{}", dtype.bits() / 8)
+}
+
+/// What a CUDA device array's buffer owns: the column (its slot stays pinned until the
+/// consumer releases the array) and the event `sync_event` points to.
+struct DeviceArrayOwner {
+    /// The `CUevent` handle `ArrowDeviceArray::sync_event` points at.
+    sync_event: Box<*mut c_void>,
+    _event: sluice::cuda::Event,
+    _column: DeviceColumn,
+}
+
+// SAFETY: the boxed handle is only read by consumers through `sync_event` while the array
+// lives; the event and the column are `Send + Sync` (driver handles bound to their
+// context on every use).
+unsafe impl Send for DeviceArrayOwner {}
+// SAFETY: as above; nothing mutates the owner after it is made.
+unsafe impl Sync for DeviceArrayOwner {}
+impl std::panic::RefUnwindSafe for DeviceArrayOwner {}
+
+/// The Arrow layout of a tensor column whose `len` bytes of values are at device address
+/// `ptr`: a primitive array, or fixed-size lists of one, with no validity buffers (tensor
+/// columns have no nulls), all levels sharing the one values buffer.
+fn device_array_data(
+    field: &Field,
+    rows: usize,
+    ptr: u64,
+    len: usize,
+    owner: Arc<DeviceArrayOwner>,
+) -> Result<ArrayData, ArrowError> {
+    let mut levels = vec![field.data_type().clone()];
+    while let Some(DataType::FixedSizeList(child, _)) = levels.last() {
+        let inner = child.data_type().clone();
+        levels.push(inner);
+    }
+    let values = levels.len() - 1;
+    let elements = levels[..values].iter().fold(rows, |n, t| match t {
+        DataType::FixedSizeList(_, size) => n * (*size as usize),
+        _ => n,
+    });
+    let ptr = NonNull::new(ptr as *mut u8)
+        .ok_or_else(|| ArrowError::InvalidArgumentError("a null device pointer".into()))?;
+    // SAFETY: `ptr..ptr + len` is device memory that `owner` keeps allocated (the column
+    // pins the producer's slot or owns the assembled copy) for as long as the buffer and
+    // every FFI array made from it live. It is never dereferenced on the host: the buffer
+    // only carries the address to the consumer through the C Device interface, which
+    // says the memory is on `ARROW_DEVICE_CUDA`; building the array data below checks
+    // lengths and alignment, never values, for these types.
+    let buffer = unsafe { Buffer::from_custom_allocation(ptr, len, owner) };
+    let mut data = ArrayData::builder(levels[values].clone())
+        .len(elements)
+        .add_buffer(buffer)
+        .build()?;
+    let mut n = elements;
+    for t in levels[..values].iter().rev() {
+        if let DataType::FixedSizeList(_, size) = t {
+            n /= (*size as usize).max(1);
+        }
+        data = ArrayData::builder(t.clone())
+            .len(n)
+            .add_child_data(data)
+            .build()?;
+    }
+    Ok(data)
 }

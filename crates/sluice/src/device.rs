@@ -532,6 +532,23 @@ impl DeviceColumn {
         self.stream.cuda_array_interface()
     }
 
+    /// An event recorded on the column's stream after the work that makes the values
+    /// ready (the wait for the producer's copy, any assembly), for consumers that wait
+    /// on events: the Arrow C Device interface's `sync_event`.
+    pub fn ready_event(&self) -> Result<Event> {
+        let importer = self
+            .cell
+            .importer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let i = importer
+            .as_ref()
+            .ok_or_else(|| SluiceError::Internal("a device column without an importer".into()))?;
+        let event = i.device().event()?;
+        i.device().record_on(self.stream, &event)?;
+        Ok(event)
+    }
+
     /// Whether the values are this subscriber's own copy (assembled from several
     /// producer batches, or asked for) rather than a view of the producer's slot.
     pub fn is_copy(&self) -> bool {

@@ -163,6 +163,10 @@ class DeviceColumn:
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         """Version 3; ``stream`` is the subscriber's stream the data is ready on."""
+    def __arrow_c_device_array__(
+        self, requested_schema: object | None = None, **kwargs: Any
+    ) -> tuple[object, object]:
+        """``(arrow_schema, arrow_device_array)`` on ``ARROW_DEVICE_CUDA`` with a ``sync_event``."""
 
 class DeviceBatch:
     """A batch of a GPU topic (``sluice.device = 'cuda:N'``): columns stay on the GPU."""
