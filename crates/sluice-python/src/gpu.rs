@@ -138,6 +138,54 @@ impl PyDeviceBatch {
         self.batch.schema().index_of(name).is_ok()
     }
 
+    /// Exports the batch through the Arrow C Device interface as a struct array of its
+    /// columns on `ARROW_DEVICE_CUDA`, with `sync_event` recorded on the subscriber's
+    /// stream once every column is ready. Every column must be a tensor column (see
+    /// `DeviceColumn.__dlpack__`); a requested schema is not applied.
+    #[pyo3(signature = (requested_schema=None, **kwargs))]
+    fn __arrow_c_device_array__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyCapsule>>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let _ = (requested_schema, kwargs);
+        let schema = self.batch.schema();
+        let columns = py
+            .detach(|| {
+                let own = self.batch.own_stream()?;
+                (0..schema.fields().len())
+                    .map(|i| self.batch.column(i, own, false))
+                    .collect::<sluice::Result<Vec<_>>>()
+            })
+            .map_err(|e| dlpack::buffer_error(e.to_string()))?;
+        let ordinal = i64::from(columns.first().map_or(0, |c| c.device_ordinal()));
+        let extents = columns.iter().map(extent).collect::<PyResult<Vec<_>>>()?;
+        let owner = DeviceArrayOwner::new(columns)?;
+        let sync_event = owner.sync_event();
+        let rows = self.batch.num_rows();
+        let children = schema
+            .fields()
+            .iter()
+            .zip(extents)
+            .map(|(field, (ptr, len))| device_array_data(field, rows, ptr, len, owner.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| dlpack::buffer_error(e.to_string()))?;
+        let field = Field::new_struct("", schema.fields().clone(), false)
+            .with_metadata(schema.metadata().clone());
+        let data = ArrayData::builder(field.data_type().clone())
+            .len(rows)
+            .child_data(children)
+            .build()
+            .map_err(|e| dlpack::buffer_error(e.to_string()))?;
+        let ffi_schema =
+            FFI_ArrowSchema::try_from(&field).map_err(|e| PyTypeError::new_err(e.to_string()))?;
+        let array = ArrowDeviceArray::cuda(FFI_ArrowArray::new(&data), ordinal, sync_event);
+        let ffi_schema = PyCapsule::new_with_value(py, ffi_schema, c"arrow_schema")?;
+        let array = PyCapsule::new_with_value(py, array, DEVICE_ARRAY_CAPSULE_NAME)?;
+        PyTuple::new(py, [ffi_schema.into_any(), array.into_any()])
+    }
+
     /// The rows copied to host memory, as a :class:`Batch` (checks, debugging).
     fn to_host(&self, py: Python<'_>) -> PyResult<PyBatch> {
         let batch = py.detach(|| self.batch.to_host()).map_err(|e| to_py(&e))?;
@@ -357,18 +405,10 @@ impl PyDeviceColumn {
             .detach(|| self.batch.own_stream())
             .map_err(|e| to_py(&e))?;
         let column = self.export(py, own, false)?;
-        let event = column.ready_event().map_err(|e| to_py(&e))?;
-        let len = usize::try_from(column.len_bytes())
-            .map_err(|_| to_py(&SluiceError::Corrupt("a column larger than memory".into())))?;
-        let (ptr, ordinal) = (column.device_ptr(), i64::from(column.device_ordinal()));
-        let owner = Arc::new(DeviceArrayOwner {
-            sync_event: Box::new(event.as_raw().cast()),
-            _event: event,
-            _column: column,
-        });
-        let sync_event: *mut c_void = std::ptr::from_ref(owner.sync_event.as_ref())
-            .cast_mut()
-            .cast();
+        let ordinal = i64::from(column.device_ordinal());
+        let (ptr, len) = extent(&column)?;
+        let owner = DeviceArrayOwner::new(vec![column])?;
+        let sync_event = owner.sync_event();
         let data = device_array_data(&self.field, self.batch.num_rows(), ptr, len, owner)
             .map_err(|e| dlpack::buffer_error(e.to_string()))?;
         let schema = FFI_ArrowSchema::try_from(self.field.as_ref())
@@ -399,13 +439,43 @@ fn typestr(dtype: DLDataType) -> String {
     format!("<{kind}{}", dtype.bits() / 8)
 }
 
-/// What a CUDA device array's buffer owns: the column (its slot stays pinned until the
+/// What a CUDA device array's buffers own: the columns (their slots stay pinned until the
 /// consumer releases the array) and the event `sync_event` points to.
 struct DeviceArrayOwner {
     /// The `CUevent` handle `ArrowDeviceArray::sync_event` points at.
     sync_event: Box<*mut c_void>,
     _event: sluice::cuda::Event,
-    _column: DeviceColumn,
+    _columns: Vec<DeviceColumn>,
+}
+
+impl DeviceArrayOwner {
+    /// Holds `columns` (exported on one stream) and an event recorded on that stream
+    /// after the last of them: it completes when all are ready.
+    fn new(columns: Vec<DeviceColumn>) -> PyResult<Arc<Self>> {
+        let last = columns
+            .last()
+            .ok_or_else(|| to_py(&SluiceError::Internal("no column to export".into())))?;
+        let event = last.ready_event().map_err(|e| to_py(&e))?;
+        Ok(Arc::new(Self {
+            sync_event: Box::new(event.as_raw().cast()),
+            _event: event,
+            _columns: columns,
+        }))
+    }
+
+    /// The `sync_event` pointer: valid while the owner lives.
+    fn sync_event(&self) -> *mut c_void {
+        std::ptr::from_ref(self.sync_event.as_ref())
+            .cast_mut()
+            .cast()
+    }
+}
+
+/// The device address and byte length of an exported column.
+fn extent(column: &DeviceColumn) -> PyResult<(u64, usize)> {
+    let len = usize::try_from(column.len_bytes())
+        .map_err(|_| to_py(&SluiceError::Corrupt("a column larger than memory".into())))?;
+    Ok((column.device_ptr(), len))
 }
 
 // SAFETY: the boxed handle is only read by consumers through `sync_event` while the array

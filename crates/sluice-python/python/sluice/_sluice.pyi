@@ -189,6 +189,10 @@ class DeviceBatch:
     def __getitem__(self, key: str | int) -> DeviceColumn: ...
     def __contains__(self, name: str) -> bool: ...
     def __len__(self) -> int: ...
+    def __arrow_c_device_array__(
+        self, requested_schema: object | None = None, **kwargs: Any
+    ) -> tuple[object, object]:
+        """A struct array of the (tensor) columns on ``ARROW_DEVICE_CUDA`` with a ``sync_event``."""
     def to_host(self) -> Batch:
         """The rows copied to host memory."""
 
