@@ -166,6 +166,28 @@ def test_cupy_and_jax_take_columns_without_a_copy(plans):
     assert sorted(ids) == list(range(500))
 
 
+def test_columns_and_batches_export_arrow_c_device_arrays_on_cuda(plans):
+    """The capsules of the Arrow C Device interface: struct layout checked through the
+    ArrowDeviceArray fields (device type 2 = ARROW_DEVICE_CUDA, a non-null sync_event)."""
+    import ctypes
+
+    producer = sluice.Producer(plans.plan(rows=200, batch_rows=100, extra=GPU,
+                                          select="SELECT id, x FROM t"), min_subscribers=1)
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    for batch in sluice.subscribe(plans.topic, timeout=60):
+        for obj in (batch, batch["id"]):
+            schema, array = obj.__arrow_c_device_array__()
+            ptr = get(array, b"arrow_device_array")
+            device_id = ctypes.c_int64.from_address(ptr + 80).value
+            device_type = ctypes.c_int32.from_address(ptr + 88).value
+            sync_event = ctypes.c_void_p.from_address(ptr + 96).value
+            assert (device_type, device_id) == (2, batch.__dlpack_device__()[1])
+            assert sync_event
+    producer.wait(timeout=60)
+
+
 def test_the_rust_two_process_ipc_test_passes():
     """Runs the prebuilt Rust GPU test binary (scripts/gpu-check.sh sets its path)."""
     import os
