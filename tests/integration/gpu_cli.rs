@@ -67,3 +67,24 @@ fn sluice_cuda_driver_present() -> bool {
         }
     })
 }
+
+/// A `cuda_host:N` plan is a CPU topic whose producer checks the GPU at start: without a
+/// driver it fails before publishing, naming the driver; with one, it runs.
+#[test]
+fn a_cuda_host_plan_checks_the_gpu_at_start() {
+    let mut h = Harness::new();
+    h.dataset(2_000);
+    h.plan("host.sql", &plan("hostplan", "cuda_host:0"));
+    let out = h.run(&["run", "host.sql", "--quiet"]);
+    if sluice_cuda_driver_present() {
+        assert!(out.status.success(), "{}", out.stderr);
+    } else {
+        assert!(!out.status.success(), "{}", out.stderr);
+        assert!(
+            out.stderr
+                .contains("no CUDA driver found (libcuda.so not loadable)"),
+            "{}",
+            out.stderr
+        );
+    }
+}

@@ -4,6 +4,7 @@
 
 mod common;
 mod cross_process;
+mod cuda_host;
 mod functions;
 mod gpu_cli;
 mod gpu_subscriber;

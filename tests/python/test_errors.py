@@ -260,3 +260,61 @@ def test_a_plan_that_cannot_load_fails_the_subscribers_waiting_for_it(plans, ns)
     assert len(errors) == 1 and isinstance(errors[0], sluice.ProducerFailed), errors
     assert "no_such_column" in str(errors[0])
     assert time.monotonic() - started < 30  # told, not timed out
+
+
+def _cuda_driver_present() -> bool:
+    import ctypes
+
+    for name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def test_to_device_checks_its_arguments_and_says_when_there_is_no_gpu(plans):
+    """``Batch.to_device`` (the cuda_host mode): a device that is not a GPU is a
+    ValueError/TypeError naming the valid forms, a bad stream a ValueError, and without a
+    driver the copy raises SluiceError saying so; the batch stays usable on the CPU."""
+    producer = sluice.Producer(plans.plan(rows=100, batch_rows=50), min_subscribers=1)
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        batch = next(sub)
+        with pytest.raises(ValueError, match="'cuda', 'cuda:N'"):
+            batch.to_device(device="cpu")
+        with pytest.raises(ValueError, match="cuda:N"):
+            batch.to_device(device="cuda:x")
+        with pytest.raises(TypeError, match="GPU ordinal"):
+            batch.to_device(device=1.5)
+        with pytest.raises(ValueError, match="stream"):
+            batch.to_device(stream=-5)
+        if not _cuda_driver_present():
+            with pytest.raises(sluice.SluiceError, match="no CUDA driver found"):
+                batch.to_device()
+            with pytest.raises(sluice.SluiceError, match="no CUDA driver found"):
+                batch.to_device(device="cuda:0", stream=2)
+        assert batch["id"].to_numpy().tolist() == list(range(50))
+        rows = len(batch) + sum(len(b) for b in sub)
+    assert rows == 100
+    producer.wait(timeout=30)
+
+
+def test_last_published_ns_is_the_producers_monotonic_clock(plans):
+    """Every message carries the producer's CLOCK_MONOTONIC time of publishing, which is
+    time.monotonic_ns() in this process: a batch was published before it was received."""
+    plan = plans.plan(rows=100, batch_rows=10)
+    before = time.monotonic_ns()
+    producer = sluice.Producer(plan, min_subscribers=1)
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        assert sub.last_published_ns is None
+        seen = []
+        for batch in sub:
+            got = time.monotonic_ns()
+            published = sub.last_published_ns
+            assert published is not None and published <= got
+            seen.append(published)
+            del batch
+    # The producer started after `before`; publish times never go back.
+    assert len(seen) == 10 and seen[0] >= before and seen == sorted(seen)
+    producer.wait(timeout=30)

@@ -1,19 +1,28 @@
-"""GPU path tests: a producer with ``sluice.device = 'cuda:0'`` and subscriber processes.
+"""GPU path tests: producers with ``sluice.device = 'cuda:0'`` or ``'cuda_host:0'`` and
+subscriber processes.
 
 These need an NVIDIA GPU, its driver, and (for some) PyTorch. Where the driver is missing
 (the development machine, CI) every test here is skipped with the reason
 "no CUDA driver: ..."; ``scripts/gpu-check.sh`` runs them on a GPU machine.
 
 They are written against the GPU subscriber surface described in docs/gpu.md
-(``sluice.DeviceBatch``; columns with ``__dlpack_device__() == (kDLCUDA=2, ordinal)``).
-None of them has run on a GPU yet (issue 16 runs them through scripts/gpu-check.sh).
+(``sluice.DeviceBatch``; columns with ``__dlpack_device__() == (kDLCUDA=2, ordinal)``;
+``sluice.Batch.to_device`` for ``cuda_host`` topics). None of them has run on a GPU yet
+(issue 16 runs them through scripts/gpu-check.sh).
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
+import queue
+import signal
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -32,13 +41,17 @@ pytestmark = pytest.mark.skipif(
     not _driver_present(),
     reason="no CUDA driver: libcuda.so not loadable; skipped the GPU tests (checksum vs CPU path, "
     "4 subscribers, subscriber killed mid-stream, torch consumers of different batch sizes, "
-    "subscriber holding batches)",
+    "subscriber holding batches, release versus completion, CuPy/JAX, Arrow C Device, "
+    "producer killed while trainers hold tensors (ProducerLost, never garbage, restart and "
+    "reconnect), cuda_host to_device with the CPU path's rows and private writes, cuda_host "
+    "holding samples only until the copy completes, sluice.torch with device='cuda')",
 )
 
 import sluice  # noqa: E402
 
 KDL_CUDA = 2
 GPU = "SET sluice.device = 'cuda:0';\n"
+HOST = "SET sluice.device = 'cuda_host:0';\n"
 NUMERIC = "SELECT id, x, vec FROM t"
 
 
@@ -199,3 +212,436 @@ def test_the_rust_two_process_ipc_test_passes():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SKIPPED" not in out.stderr, out.stderr
     print(out.stdout, out.stderr, file=sys.stderr)
+
+
+# --- Helpers for tests that drive child processes step by step --------------------------
+
+
+class _Child:
+    """A child process (from the ``run_python`` fixture) whose stdout and stderr are read
+    on threads: a test waits for a line with a time limit, so a hung child fails the test
+    with what it printed instead of blocking it, and a child that writes much to stderr
+    never blocks on a full pipe."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._stderr: list[str] = []
+        self._threads = [
+            threading.Thread(target=self._pump, args=(process.stdout, self._lines.put), daemon=True),
+            threading.Thread(target=self._pump, args=(process.stderr, self._stderr.append),
+                             daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @staticmethod
+    def _pump(stream, put) -> None:
+        try:
+            for line in stream:
+                put(line.rstrip("\n"))
+        except (ValueError, OSError):  # the fixture closed the pipe at the end of the test
+            pass
+        put(None)
+
+    def stderr(self) -> str:
+        return "\n".join(line for line in self._stderr[-60:] if line is not None)
+
+    def expect(self, word: str, timeout: float) -> str:
+        """The rest of the next stdout line that starts with ``word`` (other lines are
+        skipped); fails the test if none comes within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                line = self._lines.get(timeout=max(left, 0.001))
+            except queue.Empty:
+                pytest.fail(f"no '{word}' line from the child within {timeout} s; "
+                            f"its stderr:\n{self.stderr()}")
+            if line is None:
+                self.process.wait(10)
+                pytest.fail(f"the child exited with code {self.process.returncode} before "
+                            f"printing '{word}'; its stderr:\n{self.stderr()}")
+            if line == word or line.startswith(word + " "):
+                return line[len(word) + 1:]
+
+    def finish(self, timeout: float) -> int:
+        """Waits for the child to exit (killing it after ``timeout`` seconds)."""
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+            pytest.fail(f"the child did not exit within {timeout} s; its stderr:\n{self.stderr()}")
+        for thread in self._threads:
+            thread.join(5)
+        return code
+
+
+def _wait_until_stopped(pid: int, timeout: float = 10) -> None:
+    """Waits until the kernel reports ``pid`` stopped (state T in /proc/PID/stat): a
+    SIGSTOP is delivered asynchronously, and the test must know that nothing more can be
+    published before it tells the subscribers."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] in ("T", "t"):
+            return
+        time.sleep(0.005)
+    pytest.fail(f"process {pid} did not stop within {timeout} s")
+
+
+def _cuda_error_is_clear(kind: str, message: str) -> bool:
+    """Whether an exception raised when reading a held tensor says what went wrong: a
+    Sluice error, or torch's RuntimeError (or its AcceleratorError subclass) carrying a
+    CUDA error."""
+    sluice_errors = {cls.__name__ for cls in (sluice.SluiceError, *sluice.SluiceError.__subclasses__())}
+    return kind in sluice_errors or "cuda" in message.lower()
+
+
+# --- A producer killed while trainers hold its tensors -----------------------------------
+
+# Starts the producer and says so; it is killed with SIGKILL by the test.
+_PRODUCER = (
+    "import sys, sluice\n"
+    "p = sluice.Producer(sys.argv[1], min_subscribers=2)\n"
+    "print('started', flush=True)\n"
+    "p.wait()\n"
+)
+
+# A trainer that keeps the tensors of every batch it takes. It talks to the test through
+# stdout lines and waits for marker files: "stopped" (the producer is stopped with
+# SIGSTOP, so it publishes nothing more) and "killed" (the producer is dead and reaped).
+_HOLDER = r'''
+import hashlib, json, os, sys, time
+import sluice, torch
+
+topic, stopped, killed, rows = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+torch.zeros(1, device="cuda")  # torch's CUDA context first, so that it times nothing below
+torch.cuda.synchronize()
+
+
+def digest(tensor):
+    return hashlib.sha256(tensor.cpu().numpy().tobytes()).hexdigest()
+
+
+def wait_for(path):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            sys.exit(f"{path} did not appear within 60 s")
+        time.sleep(0.01)
+
+
+held = []  # (position, {column: tensor}, {column: digest when received})
+
+
+def take(batch):
+    tensors = {name: torch.from_dlpack(batch[name]) for name in ("id", "vec")}
+    ids = tensors["id"].cpu().tolist()
+    assert ids and all(0 <= i < rows for i in ids), ids
+    held.append(([batch.epoch, batch.index], tensors,
+                 {name: digest(t) for name, t in tensors.items()}))
+
+
+sub = sluice.subscribe(topic, timeout=3)
+deadline = time.monotonic() + 60
+while len(held) < 3:  # the producer starts once both subscribers have attached
+    try:
+        batch = next(sub)
+    except sluice.Timeout:
+        if time.monotonic() > deadline:
+            raise
+        continue
+    take(batch)
+    del batch
+print("held", len(held), flush=True)
+
+# The producer is now stopped: take what it had published (up to the window), so that
+# nothing of it waits in this subscriber's queue when it dies. Three seconds without a
+# message, all after the stop, mean the queue is empty.
+wait_for(stopped)
+while True:
+    try:
+        batch = next(sub)
+    except sluice.Timeout:
+        break
+    take(batch)
+    del batch
+print("drained", len(held), flush=True)
+
+wait_for(killed)
+start = time.monotonic()
+outcome, message = None, ""
+while outcome is None:
+    try:
+        batch = next(sub)
+        outcome = f"a batch ({batch.epoch}, {batch.index}) after the producer was killed"
+        del batch
+    except StopIteration:
+        outcome = "the stream ended instead"
+    except sluice.ProducerLost as error:
+        outcome, message = "ProducerLost", str(error)
+    except sluice.Timeout:
+        if time.monotonic() - start > 30:
+            outcome = "no ProducerLost within 30 s"
+    except Exception as error:
+        outcome = f"{type(error).__name__}: {error}"
+lost_after = time.monotonic() - start
+
+
+def check():
+    verdicts = []
+    for position, tensors, digests in held:
+        for name, tensor in tensors.items():
+            try:
+                now = digest(tensor)
+            except Exception as error:  # a CUDA error surfaced as a Python exception
+                verdicts.append([position, name, "error", type(error).__name__, str(error)[:400]])
+            else:
+                verdicts.append([position, name, "same" if now == digests[name] else "changed",
+                                 "", ""])
+    return verdicts
+
+
+after_loss = check()
+# Allocate and fill 2 GiB, as a trainer goes on allocating: if the dead producer's pages
+# had gone back to the driver while still mapped here, they could be handed out again
+# now, and reading the held tensors would show this pattern.
+try:
+    filler = torch.full((1 << 28,), 0x5A5A5A5A, dtype=torch.int64, device="cuda")
+    torch.cuda.synchronize()
+    filled = "ok"
+except Exception as error:
+    filled = f"{type(error).__name__}: {error}"[:400]
+after_reuse = check()
+print("result", json.dumps({
+    "outcome": outcome, "message": message, "lost_after_s": lost_after, "held": len(held),
+    "after_loss": after_loss, "filled": filled, "after_reuse": after_reuse,
+}), flush=True)
+'''
+
+# A trainer that reads every batch and keeps nothing, subscribed with reconnect=: after the
+# producer dies it waits for a restarted one and must end with every row exactly once.
+_RECONNECTING = r'''
+import json, os, sys, time
+import sluice, torch
+
+topic, stopped, rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ids, told = [], False
+deadline = time.monotonic() + 180
+with sluice.subscribe(topic, timeout=3, reconnect=60) as sub:
+    while time.monotonic() < deadline:
+        was_stopped = os.path.exists(stopped)
+        try:
+            batch = next(sub)
+        except StopIteration:
+            break
+        except sluice.Timeout:
+            # A whole timeout that began after the producer was stopped: nothing of it
+            # is queued here any more; the test kills it only after this line.
+            if was_stopped and not told:
+                print("idle", flush=True)
+                told = True
+            continue
+        ids += torch.from_dlpack(batch["id"]).cpu().tolist()
+        del batch
+print("result", json.dumps({"rows": len(ids), "distinct": len(set(ids)),
+                            "every_row_once": sorted(ids) == list(range(rows))}), flush=True)
+'''
+
+
+def test_a_producer_killed_while_trainers_hold_tensors_gives_an_error_never_garbage(
+        plans, run_python, tmp_path):
+    """A ``cuda:0`` producer is SIGKILLed while one trainer holds tensors of its batches
+    (legacy CUDA IPC: the exporter's memory goes with it). The trainer's next receive
+    raises ProducerLost; its held tensors read back the same bytes or raise a clear CUDA
+    error, never other values (also after it allocates memory the driver may have
+    reclaimed). Then a restarted producer on the same topic serves a new subscriber every
+    row, and a subscriber with ``reconnect=`` continues onto it with every row exactly once.
+
+    The producer is stopped (SIGSTOP) before it is killed and the subscribers take what it
+    had queued for them, so that "the next receive" is the one that meets the dead
+    producer: messages queued before a death are delivered first, by design."""
+    torch = pytest.importorskip("torch")
+    rows = 3000
+    # Window 2: the producer blocks on the holder's queue a few batches in. max_held 8:
+    # the holder keeps its 3 batches plus the (at most 2) it drains.
+    plan = plans.plan(rows=rows, batch_rows=100, select=NUMERIC,
+                      extra=GPU + "SET sluice.window = 2;\nSET sluice.max_held = 8;\n")
+    stopped, killed = tmp_path / "stopped", tmp_path / "killed"
+    producer = _Child(run_python(_PRODUCER, str(plan)))
+    producer.expect("started", 60)
+    holder = _Child(run_python(_HOLDER, plans.topic, str(stopped), str(killed), str(rows)))
+    reconnecting = _Child(run_python(_RECONNECTING, plans.topic, str(stopped), str(rows)))
+
+    holder.expect("held", 60)
+    producer.process.send_signal(signal.SIGSTOP)
+    _wait_until_stopped(producer.process.pid)
+    stopped.touch()
+    holder.expect("drained", 30)
+    reconnecting.expect("idle", 30)
+    producer.process.send_signal(signal.SIGKILL)
+    producer.process.wait(10)
+    killed.touch()
+
+    result = json.loads(holder.expect("result", 90))
+    code = holder.finish(60)
+    print(json.dumps(result, indent=1), file=sys.stderr)  # which of "same"/"error" happened
+    assert code == 0, f"the holder crashed (exit {code}):\n{holder.stderr()}"
+    assert result["outcome"] == "ProducerLost", result
+    assert f"producer of topic '{plans.topic}' is gone" in result["message"], result["message"]
+    assert result["lost_after_s"] < 10, result["lost_after_s"]
+    verdicts = result["after_loss"] + result["after_reuse"]
+    assert len(result["after_loss"]) == 2 * result["held"] >= 6
+    changed = [v for v in verdicts if v[2] == "changed"]
+    assert not changed, f"held tensors read other values after the producer died: {changed}"
+    unclear = [v for v in verdicts if v[2] == "error" and not _cuda_error_is_clear(v[3], v[4])]
+    assert not unclear, f"reading a held tensor failed without a clear CUDA error: {unclear}"
+
+    # The holder is gone (its held samples kept the dead topic open until then): a
+    # restarted producer takes the topic over and serves a new subscriber every row, and
+    # the reconnecting subscriber (waiting since the kill) continues onto it.
+    restarted = sluice.Producer(plan, min_subscribers=2)
+    ids = []
+    for batch in sluice.subscribe(plans.topic, timeout=60):
+        ids += torch.from_dlpack(batch["id"]).cpu().tolist()
+        del batch
+    restarted.wait(timeout=60)
+    assert sorted(ids) == list(range(rows))
+    after = json.loads(reconnecting.expect("result", 60))
+    assert reconnecting.finish(60) == 0, reconnecting.stderr()
+    assert after["every_row_once"], after
+
+
+# --- cuda_host: each subscriber copies shared memory to its own GPU memory ----------------
+
+# Copies every batch to the GPU on a stream of its own (not the default stream, so that
+# the copy is known to be ordered on the stream it was given), prints the bytes it found
+# there, then writes into its copy and checks that the write stayed private.
+_WRITER = r'''
+import hashlib, json, sys
+import sluice, torch
+
+side = torch.cuda.Stream()
+with torch.cuda.stream(side), sluice.subscribe(sys.argv[1], timeout=60) as sub:
+    for batch in sub:
+        assert isinstance(batch, sluice.Batch), type(batch)
+        shared = batch.to_pyarrow()  # zero-copy: the published rows in shared memory
+        device = batch.to_device(stream=side.cuda_stream)
+        tensors, digests = {}, {}
+        for name in ("id", "x", "vec"):
+            column = device[name]
+            assert column.__dlpack_device__() == (2, 0), column.__dlpack_device__()
+            tensor = torch.from_dlpack(column)
+            assert tensor.is_cuda and tensor.device.index == 0, tensor.device
+            tensors[name] = tensor
+            digests[name] = hashlib.sha256(tensor.cpu().numpy().tobytes()).hexdigest()
+        published = tensors["id"].cpu()
+        for tensor in tensors.values():
+            tensor.add_(1)  # in place, into this process's own copy
+        side.synchronize()
+        assert torch.equal(tensors["id"].cpu(), published + 1), "the write did not happen"
+        # Neither the shared memory nor a second copy of the same batch sees the write.
+        assert shared.column("id").to_pylist() == published.tolist()
+        again = torch.from_dlpack(batch.to_device(stream=side.cuda_stream)["id"])
+        assert torch.equal(again.cpu(), published), "a second copy saw the first one's write"
+        print("copied", json.dumps({"position": [batch.epoch, batch.index], "sha": digests}),
+              flush=True)
+        del shared, device, tensors, tensor, column, again, batch
+'''
+
+
+def test_cuda_host_batches_copy_to_the_device_with_the_same_rows_as_the_cpu_path(
+        plans, run_python):
+    """A ``cuda_host:0`` topic is a CPU topic: subscribers get host batches. One subscriber
+    process copies each with ``to_device`` and finds on its GPU exactly the bytes a CPU
+    subscriber (this process) reads; it then writes into its copy, and this process, which
+    reads each batch only once the writer has written, still reads the source's values."""
+    pytest.importorskip("torch")
+    import numpy as np
+
+    rows = 1000
+    producer = sluice.Producer(plans.plan(rows=rows, batch_rows=100, extra=HOST, select=NUMERIC),
+                               min_subscribers=2)
+    writer = _Child(run_python(_WRITER, plans.topic))
+    ids = []
+    with sluice.subscribe(plans.topic, timeout=60) as sub:
+        for batch in sub:
+            assert isinstance(batch, sluice.Batch), type(batch)
+            # Holding this batch, wait until the writer has copied it and written into
+            # its copy (it does not need this process to move on: it has the batch too).
+            line = json.loads(writer.expect("copied", 90))
+            assert line["position"] == [batch.epoch, batch.index]
+            host = {name: np.asarray(batch[name]) for name in ("id", "x", "vec")}
+            assert (host["x"] == host["id"] * 0.5).all()
+            assert (host["vec"] == host["id"][:, None] + np.arange(4)).all()
+            assert line["sha"] == {name: hashlib.sha256(a.tobytes()).hexdigest()
+                                   for name, a in host.items()}, "the GPU copy differs"
+            ids += host["id"].tolist()
+            del host, batch
+    assert writer.finish(60) == 0, writer.stderr()
+    producer.wait(timeout=60)
+    assert sorted(ids) == list(range(rows))
+
+
+def test_cuda_host_holds_the_sample_only_until_the_copy_completes(plans):
+    """With a window of one message and at most 3 held samples, a subscriber that keeps
+    every DeviceBatch (and drops the host batch at once) still receives all 20 batches:
+    each shared-memory sample goes back when its copy has completed, not when the device
+    batch dies (otherwise the fourth receive raises TransportError: too many held).
+
+    3 rather than 2: completed copies are collected, without waiting, when the subscriber
+    receives, so the previous batch's copy may still be in flight at the next receive."""
+    rows, max_held = 2000, 3
+    producer = sluice.Producer(
+        plans.plan(rows=rows, batch_rows=100, select=NUMERIC,
+                   extra=HOST + f"SET sluice.window = 1;\nSET sluice.max_held = {max_held};\n"),
+        min_subscribers=1)
+    kept = []
+    with sluice.subscribe(plans.topic, timeout=60) as sub:
+        for batch in sub:
+            assert isinstance(batch, sluice.Batch), type(batch)
+            kept.append(batch.to_device(device=0))
+            del batch
+    producer.wait(timeout=60)
+    assert len(kept) == rows // 100 > max_held
+    ids = []
+    for device_batch in kept:
+        assert device_batch.__dlpack_device__() == (KDL_CUDA, 0)
+        ids += device_batch.to_host()["id"].to_pyarrow().to_pylist()
+    assert sorted(ids) == list(range(rows))
+
+
+@pytest.mark.parametrize("topic_device, device", [
+    ("cuda_host:0", "cuda"),
+    ("cuda_host:0", "cuda:0"),
+    ("cuda_host:0", "torch.device"),  # torch.device("cuda", 0), built in the test
+    ("cuda:0", "cuda"),
+], ids=["cuda_host-cuda", "cuda_host-cuda0", "cuda_host-torch_device", "cuda-cuda"])
+def test_the_torch_dataset_with_a_cuda_device_yields_cuda_tensors(plans, topic_device, device):
+    """``sluice.torch.IterableDataset(..., device="cuda")`` on a cuda_host (CPU) topic
+    copies each batch to the GPU and yields CUDA tensors with the right values; on a
+    ``cuda:0`` topic it yields the GPU batches as before."""
+    torch = pytest.importorskip("torch")
+    import sluice.torch as sluice_torch
+
+    if device == "torch.device":
+        device = torch.device("cuda", 0)
+    producer = sluice.Producer(
+        plans.plan(rows=500, batch_rows=100, select=NUMERIC,
+                   extra=f"SET sluice.device = '{topic_device}';\n"),
+        min_subscribers=1)
+    dataset = sluice_torch.IterableDataset(plans.topic, timeout=60, device=device)
+    ids = []
+    for batch in dataset:
+        for name in ("id", "x", "vec"):
+            assert batch[name].is_cuda and batch[name].device.index == 0, (name, batch[name].device)
+        assert batch["vec"].shape[1:] == (4,)
+        # Values checked on the GPU, on torch's current stream (ordered after the copy).
+        assert torch.equal(batch["x"], batch["id"].double() * 0.5)
+        ids += batch["id"].cpu().tolist()
+        del batch
+    dataset.close()
+    producer.wait(timeout=60)
+    assert sorted(ids) == list(range(500))

@@ -363,6 +363,32 @@ impl Device {
         })
     }
 
+    /// Queues a copy of `len` host bytes at `src` to device address `dst` on the
+    /// consumer's `stream` (on the legacy default stream for [`ConsumerStream::NoSync`]).
+    /// From pinned (registered) memory it is an asynchronous DMA; from pageable memory
+    /// the driver stages it and returns once the source has been read.
+    ///
+    /// # Safety
+    /// `src..src + len` must stay mapped and unchanged, and `dst..dst + len` must be
+    /// device memory of this context that stays alive, until the copy completes (record
+    /// an event on the same stream after it and wait for that); nothing may write `dst`
+    /// meanwhile.
+    pub unsafe fn copy_htod_on(
+        &self,
+        stream: ConsumerStream,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+    ) -> Result<()> {
+        let handle = stream.driver_handle().unwrap_or(1);
+        self.bind()?;
+        // SAFETY: the caller guarantees both ranges stay valid until the copy completes;
+        // the stream handle is as in `make_wait`; the context is current.
+        check("cuMemcpyHtoDAsync", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, handle as sys::CUstream)
+        })
+    }
+
     /// Blocks the host until the work queued on the consumer's `stream` is done (the
     /// legacy default stream for [`ConsumerStream::NoSync`]).
     pub fn synchronize_on(&self, stream: ConsumerStream) -> Result<()> {
@@ -697,27 +723,47 @@ impl Drop for PinnedHost {
 }
 
 /// Existing host memory (a shared-memory segment) registered as pinned, for the
-/// `cuda_host` mode: the driver can then copy from it asynchronously.
+/// `cuda_host` mode: the driver can then copy from it asynchronously, by DMA.
 #[derive(Debug)]
 pub struct HostRegistration {
     ptr: *mut c_void,
     ctx: Arc<Context>,
 }
 
+// SAFETY: the registration is an address the driver knows; unregistering it (the only
+// use) is valid from any thread once the context is bound, which `drop` does.
+unsafe impl Send for HostRegistration {}
+// SAFETY: `&self` exposes nothing.
+unsafe impl Sync for HostRegistration {}
+
 impl HostRegistration {
-    /// Registers `len` bytes at `ptr`.
+    /// Registers `len` bytes at `ptr` (portable: every context may copy from them).
+    /// `read_only` memory (a subscriber's read-only view of a producer's segment) must
+    /// say so, or the driver refuses it.
     ///
     /// # Safety
-    /// `ptr..ptr+len` must be mapped for as long as the registration lives, and must not
-    /// overlap another registration.
-    pub unsafe fn register(device: &Device, ptr: *mut u8, len: usize) -> Result<Self> {
+    /// `ptr..ptr+len` must be mapped for as long as the registration lives (drop it
+    /// before unmapping: the driver would otherwise keep using the old pages for that
+    /// address), and must not overlap another registration.
+    pub unsafe fn register(
+        device: &Device,
+        ptr: *const u8,
+        len: usize,
+        read_only: bool,
+    ) -> Result<Self> {
         device.bind()?;
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE
+            | if read_only {
+                sys::CU_MEMHOSTREGISTER_READ_ONLY
+            } else {
+                0
+            };
         // SAFETY: the caller keeps the range mapped; the device's context is current.
         check("cuMemHostRegister", unsafe {
-            sys::cuMemHostRegister_v2(ptr.cast(), len, sys::CU_MEMHOSTREGISTER_PORTABLE)
+            sys::cuMemHostRegister_v2(ptr.cast_mut().cast(), len, flags)
         })?;
         Ok(Self {
-            ptr: ptr.cast(),
+            ptr: ptr.cast_mut().cast(),
             ctx: device.ctx.clone(),
         })
     }

@@ -7,7 +7,7 @@ use arrow::array::RecordBatch;
 use arrow::buffer::Buffer;
 
 use crate::descriptor::{DeviceDescriptor, HANDLE_BYTES, Mode};
-use crate::driver::{Device, Event, IpcMapping, Stream};
+use crate::driver::{Device, DeviceMemory, Event, IpcMapping, Stream};
 use crate::error::{CudaError, Result};
 use crate::layout::unpack;
 use crate::registry::{EXPORTED, ExportedSlot};
@@ -21,6 +21,18 @@ pub enum Mapping {
     /// Exported by this very process (a producer in the same process): the allocation
     /// itself, kept alive by its holders even after the producer stopped.
     Local(Arc<ExportedSlot>),
+    /// This subscriber's own copy of a host batch (the `cuda_host` mode).
+    Owned(Arc<OwnedSlot>),
+}
+
+/// Device memory a subscriber filled itself from host memory (`cuda_host`), and the
+/// event recorded after the copies into it: work on any other stream waits on it.
+#[derive(Debug)]
+pub struct OwnedSlot {
+    /// The memory, laid out as a producer's slot (see [`crate::layout`]).
+    pub memory: DeviceMemory,
+    /// Completes when the copies into `memory` have.
+    pub ready: Event,
 }
 
 impl Mapping {
@@ -29,6 +41,7 @@ impl Mapping {
         match self {
             Self::Ipc(m) => m.device_ptr(),
             Self::Local(s) => s.memory.device_ptr(),
+            Self::Owned(s) => s.memory.device_ptr(),
         }
     }
 }
@@ -152,10 +165,20 @@ impl DeviceImporter {
     pub fn to_host(&mut self, d: &DeviceDescriptor) -> Result<RecordBatch> {
         let imported = self.import(d, ConsumerStream::Handle(self.stream.as_raw()))?;
         self.stream.synchronize()?;
+        self.read_back(d, &imported.mapping)
+    }
+
+    /// Rebuilds the batch `d` describes from `mapping` (a slot the importer's stream
+    /// already waited for, or a subscriber's own copy, whose copies are awaited here).
+    pub fn read_back(&self, d: &DeviceDescriptor, mapping: &Mapping) -> Result<RecordBatch> {
         let mut bytes = vec![0u8; d.used_bytes as usize];
-        match &*imported.mapping {
+        match mapping {
             Mapping::Ipc(m) => m.copy_to_host(0, &mut bytes)?,
             Mapping::Local(s) => s.memory.copy_to_host(0, &mut bytes)?,
+            Mapping::Owned(s) => {
+                s.ready.synchronize()?;
+                s.memory.copy_to_host(0, &mut bytes)?
+            }
         }
         unpack(&d.schema, d.rows, &d.nodes, &Buffer::from(bytes))
     }

@@ -117,6 +117,41 @@ impl Planned {
     }
 }
 
+impl Planned {
+    /// Every buffer of the batch, as host bytes and their planned place in the slot, in
+    /// the order of [`Self::nodes`]: what a copy into a slot must move, without packing
+    /// the batch first (the `cuda_host` mode copies each buffer straight from shared
+    /// memory).
+    pub fn sources(&self) -> Result<Vec<(&[u8], BufferRef)>> {
+        let mut out = Vec::new();
+        let mut nodes = self.nodes.iter();
+        for d in &self.data {
+            sources_of(d, &mut nodes, &mut out)?;
+        }
+        Ok(out)
+    }
+}
+
+fn sources_of<'a, 'n>(
+    d: &'a ArrayData,
+    nodes: &mut impl Iterator<Item = &'n NodeLayout>,
+    out: &mut Vec<(&'a [u8], BufferRef)>,
+) -> Result<()> {
+    let node = nodes
+        .next()
+        .ok_or_else(|| CudaError::Unsupported("internal: fewer nodes than arrays".into()))?;
+    if let (Some(n), Some(at)) = (d.nulls(), &node.validity) {
+        out.push((n.buffer().as_slice(), *at));
+    }
+    for (b, at) in d.buffers().iter().zip(&node.buffers) {
+        out.push((b.as_slice(), *at));
+    }
+    for c in d.child_data() {
+        sources_of(c, nodes, out)?;
+    }
+    Ok(())
+}
+
 fn reserve(used: &mut u64, len: usize) -> BufferRef {
     let r = BufferRef {
         offset: *used,

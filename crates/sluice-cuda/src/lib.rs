@@ -42,7 +42,7 @@ pub use descriptor::{DeviceDescriptor, Mode};
 pub use driver::{Device, DeviceMemory, Event, driver_present};
 pub use error::{CudaError, NO_DRIVER, Result};
 pub use identity::DeviceUuid;
-pub use importer::{DeviceImporter, Imported, Mapping};
+pub use importer::{DeviceImporter, Imported, Mapping, OwnedSlot};
 pub use ledger::{Grant, SlotLedger};
 pub use retire::{Completion, Retiring};
 pub use ring::RingPlan;

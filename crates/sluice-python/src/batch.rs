@@ -279,6 +279,29 @@ impl PyBatch {
         Ok(Self::new(batch, self.epoch, self.index, None))
     }
 
+    /// Copies the batch to a GPU of this process (the ``cuda_host`` mode; works for any
+    /// batch): one asynchronous host-to-device copy per Arrow buffer, straight from the
+    /// shared memory, which is registered as pinned memory once per segment. The copies
+    /// are queued on ``stream`` (DLPack's convention: ``None``/1 the legacy default
+    /// stream, 2 the per-thread default, -1 copy and wait here, or a stream handle such
+    /// as ``torch.cuda.current_stream().cuda_stream``, where 0 is the legacy default);
+    /// the shared memory is handed back once they complete. ``device`` is an ordinal, ``"cuda"``, ``"cuda:N"`` or a
+    /// ``torch.device`` (default 0). The result is this process's own memory, so writes
+    /// to its tensors are private.
+    #[pyo3(signature = (device=None, stream=None))]
+    fn to_device(
+        &self,
+        py: Python<'_>,
+        device: Option<&Bound<'_, PyAny>>,
+        stream: Option<i64>,
+    ) -> PyResult<crate::gpu::PyDeviceBatch> {
+        let ordinal = crate::gpu::device_ordinal(device)?;
+        let batch = crate::gpu::copy_to_device(py, &self.batch, ordinal, stream)?;
+        Ok(crate::gpu::PyDeviceBatch::new(
+            batch, self.epoch, self.index,
+        ))
+    }
+
     /// The batch as a `pyarrow.RecordBatch` (zero-copy; needs pyarrow).
     fn to_pyarrow<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();

@@ -17,9 +17,10 @@
 //! made (memory that is not a shared file mapping, a segment removed from `/dev/shm`),
 //! the caller copies instead.
 
-use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
+
+use sluice::shm::{Backing as Shared, backing_file};
 
 /// What is behind some values, for a consumer that may write to them.
 #[derive(Debug)]
@@ -53,16 +54,16 @@ impl PrivateMapping {
             return Backing::NotShared;
         }
         match backing_file(bytes.as_ptr() as usize, bytes.len()) {
-            Shared::No => Backing::NotShared,
+            Shared::NotShared => Backing::NotShared,
             Shared::Unusable => Backing::Unavailable,
-            Shared::File(file, offset) => match Self::map(&file, offset, bytes.len()) {
+            Shared::File { path, offset, .. } => match Self::map(&path, offset, bytes.len()) {
                 Some((mapping, data)) => Backing::Private(mapping, data),
                 None => Backing::Unavailable,
             },
         }
     }
 
-    fn map(file: &str, file_offset: usize, len: usize) -> Option<(Self, *mut u8)> {
+    fn map(file: &std::path::Path, file_offset: usize, len: usize) -> Option<(Self, *mut u8)> {
         // SAFETY: sysconf has no preconditions.
         let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
         let aligned = file_offset - file_offset % page;
@@ -103,62 +104,4 @@ impl Drop for PrivateMapping {
         // after the consumer stopped using the memory.
         unsafe { libc::munmap(self.base.as_ptr(), self.len) };
     }
-}
-
-enum Shared {
-    /// Not in a shared mapping.
-    No,
-    /// In a shared mapping that cannot be opened again.
-    Unusable,
-    /// In a shared mapping of this file, at this offset.
-    File(String, usize),
-}
-
-/// The file and the offset in it behind `[addr, addr + len)`, when that range lies in
-/// one shared file mapping of this process (from `/proc/self/maps`).
-fn backing_file(addr: usize, len: usize) -> Shared {
-    let Ok(maps) = std::fs::File::open("/proc/self/maps") else {
-        return Shared::Unusable;
-    };
-    for line in BufReader::new(maps).lines() {
-        let Ok(line) = line else {
-            return Shared::Unusable;
-        };
-        // start-end perms offset dev inode path
-        let mut fields = line.split_whitespace();
-        let (Some(range), Some(perms), Some(offset), Some(_dev), Some(_inode)) = (
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-        ) else {
-            continue;
-        };
-        let Some((start, end)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(start), Ok(end)) = (
-            usize::from_str_radix(start, 16),
-            usize::from_str_radix(end, 16),
-        ) else {
-            continue;
-        };
-        if addr < start || addr >= end {
-            continue;
-        }
-        if perms.as_bytes().get(3) != Some(&b's') {
-            return Shared::No;
-        }
-        let path = fields.collect::<Vec<_>>().join(" ");
-        // A removed file shows as "PATH (deleted)": it cannot be opened again.
-        if !path.starts_with('/') || path.ends_with(" (deleted)") || addr + len > end {
-            return Shared::Unusable;
-        }
-        let Ok(offset) = usize::from_str_radix(offset, 16) else {
-            return Shared::Unusable;
-        };
-        return Shared::File(path, offset + (addr - start));
-    }
-    Shared::No
 }

@@ -38,6 +38,8 @@ struct Stream {
     sub: Option<Subscriber>,
     peeked: Option<Event>,
     ended: bool,
+    /// `Subscriber::last_published_ns` as of the last event taken.
+    last_published_ns: Option<u64>,
 }
 
 impl Stream {
@@ -52,6 +54,7 @@ impl Stream {
             return Ok(Event::End);
         };
         let event = sub.next_event_within(timeout)?;
+        self.last_published_ns = sub.last_published_ns().or(self.last_published_ns);
         if matches!(event, Event::End) {
             self.ended = true;
         }
@@ -237,6 +240,9 @@ pub struct PySubscriber {
 impl PySubscriber {
     /// The next event, waiting (GIL released, Ctrl-C honoured) up to the timeout.
     fn next_event(&self, py: Python<'_>) -> PyResult<Event> {
+        // Host batches copied to a GPU whose copies completed go back to the producer
+        // now, before this subscriber's held samples are counted.
+        crate::gpu::collect_host_copies();
         let start = Instant::now();
         let deadline = self.timeout.map(|t| start + t);
         loop {
@@ -360,9 +366,18 @@ impl PySubscriber {
                 sub: Some(sub),
                 peeked: None,
                 ended: false,
+                last_published_ns: None,
             })),
             last_epoch: Mutex::new(None),
         })
+    }
+
+    /// When the producer published the newest of its batches this subscriber received:
+    /// ``CLOCK_MONOTONIC`` nanoseconds, the clock of ``time.monotonic_ns()`` in every
+    /// process of the machine (publish-to-use latency); ``None`` before the first batch.
+    #[getter]
+    fn last_published_ns(&self) -> Option<u64> {
+        lock(&self.stream).last_published_ns
     }
 
     /// The topic.

@@ -7,7 +7,7 @@ use iceoryx2::prelude::ZeroCopySend;
 /// It lives in shared memory, so a subscriber copies it out once and validates it before
 /// use.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ZeroCopySend)]
-#[type_name("SluiceFrameHeader1")]
+#[type_name("SluiceFrameHeader2")]
 #[repr(C)]
 pub struct FrameHeader {
     /// A [`sluice_core::FrameKind`] as `u32`.
@@ -24,4 +24,20 @@ pub struct FrameHeader {
     pub len: u64,
     /// Sequence number of the message on the topic, from 0, without gaps.
     pub seq: u64,
+    /// When the producer published the message: `CLOCK_MONOTONIC` nanoseconds, a clock
+    /// every process on the machine shares (publish-to-use latency, `sluice-bench`).
+    pub published_ns: u64,
+}
+
+/// Now, on the clock of [`FrameHeader::published_ns`].
+pub fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    (t.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec as u64)
 }

@@ -28,14 +28,16 @@ mod header;
 mod interest;
 mod namespace;
 mod publisher;
+pub mod segment;
 mod subscriber;
 #[cfg(test)]
 mod tests;
 
-pub use header::FrameHeader;
+pub use header::{FrameHeader, monotonic_ns};
 pub use interest::{Interest, pending_interest};
 pub use namespace::{Namespace, shm_available};
 pub use publisher::{TopicConfig, TopicPublisher};
+pub use segment::{Backing, Maps, SegmentMap, backing_file};
 pub use subscriber::{Frame, SamplePayload, TopicSubscriber, subscriber_count};
 
 /// The iceoryx2 service flavour Sluice uses: inter-process, with thread-safe ports so

@@ -470,6 +470,7 @@ impl TopicPublisher {
         for b in &mut payload[len..] {
             b.write(0);
         }
+        header.published_ns = crate::monotonic_ns();
         *sample.user_header_mut() = header;
         // SAFETY: every byte of the payload was written above: `fill` wrote the first
         // `len` bytes (Encoded::write_to checks it covers its destination exactly, error

@@ -156,6 +156,8 @@ pub struct TopicSubscriber {
     ready: Listener<Ipc>,
     released: Notifier<Ipc>,
     next_seq: Option<u64>,
+    /// `published_ns` of the newest batch received.
+    last_published_ns: Option<u64>,
     stashed: Option<Sample<Ipc, [u8], FrameHeader>>,
     producer_seen: bool,
     ended: bool,
@@ -305,6 +307,7 @@ impl TopicSubscriber {
             ready,
             released,
             next_seq: None,
+            last_published_ns: None,
             stashed: None,
             producer_seen: false,
             ended: false,
@@ -322,6 +325,12 @@ impl TopicSubscriber {
     /// array of them is alive).
     pub fn held(&self) -> usize {
         self.held.load(Ordering::Relaxed)
+    }
+
+    /// When the producer published the newest batch received
+    /// ([`crate::FrameHeader::published_ns`]); `None` before the first.
+    pub fn last_published_ns(&self) -> Option<u64> {
+        self.last_published_ns
     }
 
     /// The sequence number of the next message expected: messages received so far from
@@ -426,6 +435,9 @@ impl TopicSubscriber {
         }
         self.next_seq = Some(header.seq + 1);
         let kind = FrameKind::try_from(header.kind)?;
+        if matches!(kind, FrameKind::Batch | FrameKind::DeviceBatch) {
+            self.last_published_ns = Some(header.published_ns);
+        }
         let payload = sample.payload();
         let len = usize::try_from(header.len).unwrap_or(usize::MAX);
         if len > payload.len() {

@@ -20,9 +20,11 @@ use arrow::record_batch::RecordBatch;
 use sluice_core::{Result, Rows, SluiceError};
 use sluice_cuda::{
     ConsumerStream, Device, DeviceDescriptor, DeviceImporter, DeviceMemory, Event, Imported,
-    Retiring,
+    Mapping, OwnedSlot, Retiring,
 };
 use sluice_shm::SamplePayload;
+
+use crate::host_copy::PinnedSegment;
 
 /// The importer of one subscriber, opened on the first use of a device batch, and the
 /// columns whose last view is gone but whose consumers' kernels may still read them.
@@ -39,6 +41,29 @@ impl std::fmt::Debug for ImporterCell {
 }
 
 impl ImporterCell {
+    /// A cell whose importer is on `device` already (a [`crate::HostCopier`]'s).
+    pub(crate) fn on(device: Device) -> Result<Self> {
+        Ok(Self {
+            importer: Mutex::new(Some(DeviceImporter::new(device)?)),
+            retiring: Mutex::default(),
+        })
+    }
+
+    /// Runs `f` on the importer, which must be open.
+    pub(crate) fn with_open<T>(
+        &self,
+        f: impl FnOnce(&mut DeviceImporter) -> Result<T>,
+    ) -> Result<T> {
+        let mut slot = self
+            .importer
+            .lock()
+            .map_err(|_| SluiceError::Internal("a device import panicked earlier".into()))?;
+        let importer = slot
+            .as_mut()
+            .ok_or_else(|| SluiceError::Internal("no device importer yet".into()))?;
+        f(importer)
+    }
+
     fn with<T>(
         &self,
         d: &DeviceDescriptor,
@@ -56,7 +81,7 @@ impl ImporterCell {
     }
 
     /// Hands back the columns whose consumers' work has completed.
-    fn collect(&self) {
+    pub(crate) fn collect(&self) {
         let mut retiring = self.retiring.lock().unwrap_or_else(PoisonError::into_inner);
         let (_, errors) = retiring.collect();
         for e in errors {
@@ -66,7 +91,7 @@ impl ImporterCell {
 
     /// Holds `held` until the work queued on `stream` so far has completed. Without an
     /// event to record (the device is gone) nothing can still run on it: release now.
-    fn retire(&self, held: Held, stream: ConsumerStream) {
+    pub(crate) fn retire(&self, held: Held, stream: ConsumerStream) {
         let event = self
             .importer
             .lock()
@@ -106,12 +131,15 @@ impl Drop for ImporterCell {
     }
 }
 
-/// Rows `offset..offset + rows` of one producer batch in a device slot.
+/// Rows `offset..offset + rows` of one producer batch in a device slot, or of a host
+/// batch this subscriber copied to the device itself ([`HostCopier`]).
 #[derive(Clone)]
 pub struct DevicePart {
     descriptor: Arc<DeviceDescriptor>,
-    /// The sample the descriptor came in: it pins the slot.
-    _sample: SamplePayload,
+    /// The sample the descriptor came in: it pins the slot (`None` for a copy).
+    _sample: Option<SamplePayload>,
+    /// This subscriber's own copy of the rows (the `cuda_host` mode).
+    copy: Option<Arc<OwnedSlot>>,
     offset: usize,
     rows: usize,
 }
@@ -127,6 +155,35 @@ impl std::fmt::Debug for DevicePart {
 }
 
 impl DevicePart {
+    /// Maps the part's memory in this process and makes `stream` wait until it is filled
+    /// (by the producer's copy into its slot, or by this subscriber's own copy).
+    fn import(&self, i: &mut DeviceImporter, stream: ConsumerStream) -> Result<Imported> {
+        match &self.copy {
+            None => Ok(i.import(&self.descriptor, stream)?),
+            Some(own) => {
+                i.device().make_wait(stream, &own.ready)?;
+                Ok(Imported {
+                    base: own.memory.device_ptr(),
+                    slot: self.descriptor.slot,
+                    mapping: Arc::new(Mapping::Owned(own.clone())),
+                })
+            }
+        }
+    }
+
+    /// The whole batch the part is a range of, copied back to host memory.
+    fn to_host(&self, i: &mut DeviceImporter) -> Result<RecordBatch> {
+        match &self.copy {
+            None => Ok(i.to_host(&self.descriptor)?),
+            Some(own) => Ok(i.read_back(&self.descriptor, &Mapping::Owned(own.clone()))?),
+        }
+    }
+
+    /// Whether the part is this subscriber's own copy rather than the producer's slot.
+    pub fn is_own_copy(&self) -> bool {
+        self.copy.is_some()
+    }
+
     /// The producer batch's descriptor.
     pub fn descriptor(&self) -> &DeviceDescriptor {
         &self.descriptor
@@ -244,7 +301,8 @@ impl DeviceBatch {
             schema: descriptor.schema.clone(),
             parts: vec![DevicePart {
                 descriptor: Arc::new(descriptor),
-                _sample: sample,
+                _sample: Some(sample),
+                copy: None,
                 offset: 0,
                 rows,
             }],
@@ -273,10 +331,7 @@ impl DeviceBatch {
     pub fn import(&self, stream: ConsumerStream) -> Result<Vec<Imported>> {
         self.parts
             .iter()
-            .map(|p| {
-                self.importer
-                    .with(&p.descriptor, |i| Ok(i.import(&p.descriptor, stream)?))
-            })
+            .map(|p| self.importer.with(&p.descriptor, |i| p.import(i, stream)))
             .collect()
     }
 
@@ -335,7 +390,7 @@ impl DeviceBatch {
             let parts = self
                 .parts
                 .iter()
-                .map(|p| Ok((p.clone(), i.import(&p.descriptor, wait_on)?)))
+                .map(|p| Ok((p.clone(), p.import(i, wait_on)?)))
                 .collect::<Result<Vec<_>>>()?;
             let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
             let ordinal = i.device().ordinal();
@@ -348,6 +403,7 @@ impl DeviceBatch {
                     Held {
                         _parts: parts,
                         _owned: None,
+                        _host: None,
                     },
                     stream,
                 ));
@@ -380,6 +436,7 @@ impl DeviceBatch {
                 Held {
                     _parts: parts,
                     _owned: Some(owned),
+                    _host: None,
                 },
                 wait_on,
             ))
@@ -401,9 +458,7 @@ impl DeviceBatch {
             .parts
             .iter()
             .map(|p| {
-                let whole = self
-                    .importer
-                    .with(&p.descriptor, |i| Ok(i.to_host(&p.descriptor)?))?;
+                let whole = self.importer.with(&p.descriptor, |i| p.to_host(i))?;
                 Ok(whole.slice(p.offset, p.rows))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -475,11 +530,49 @@ impl Rows for DeviceBatch {
     }
 }
 
+impl Held {
+    /// A host batch whose rows a `cuda_host` copy reads, and the segment it reads them
+    /// from: both must stay until the copy completes.
+    pub(crate) fn host(batch: RecordBatch, segments: Vec<Arc<PinnedSegment>>) -> Self {
+        Self {
+            _parts: Vec::new(),
+            _owned: None,
+            _host: Some((batch, segments)),
+        }
+    }
+}
+
+impl DeviceBatch {
+    /// A batch this subscriber copied to the device itself.
+    pub(crate) fn own_copy(
+        descriptor: DeviceDescriptor,
+        copy: OwnedSlot,
+        importer: Arc<ImporterCell>,
+    ) -> Result<Self> {
+        let rows = usize::try_from(descriptor.rows)
+            .map_err(|_| SluiceError::Internal("more rows than the address space".into()))?;
+        Ok(Self {
+            schema: descriptor.schema.clone(),
+            parts: vec![DevicePart {
+                descriptor: Arc::new(descriptor),
+                _sample: None,
+                copy: Some(Arc::new(copy)),
+                offset: 0,
+                rows,
+            }],
+            rows,
+            importer,
+        })
+    }
+}
+
 /// What a device column keeps alive: the parts (their samples pin the producer's
 /// slots), their mappings, and the column's own memory when it was assembled.
 pub(crate) struct Held {
     _parts: Vec<(DevicePart, Imported)>,
     _owned: Option<DeviceMemory>,
+    /// A host batch (its samples) and the pinned segment a `cuda_host` copy reads.
+    _host: Option<(RecordBatch, Vec<Arc<PinnedSegment>>)>,
 }
 
 /// One column of a [`DeviceBatch`] as a contiguous range of device memory in this

@@ -7,7 +7,7 @@
 //! before the topic exists.
 
 use arrow::record_batch::RecordBatch;
-use sluice_core::{DeviceSpec, Result, SluiceError};
+use sluice_core::{DeviceSpec, Result};
 use sluice_cuda::{Device, DeviceStager, Footprint, RingPlan};
 
 /// The GPU a plan publishes to, or `None` for the CPU path. On a machine without a
@@ -17,13 +17,17 @@ pub(crate) fn open_device(spec: DeviceSpec) -> Result<Option<Device>> {
         DeviceSpec::Cpu => Ok(None),
         DeviceSpec::Cuda(ordinal) => Ok(Some(Device::open(ordinal)?)),
         DeviceSpec::CudaHost(ordinal) => {
-            // Check the driver first: on a machine without one that is the error to fix.
+            // The batches stay in shared memory (the CPU path) and each subscriber copies
+            // them to its own GPU (`HostCopier`). The producer needs no GPU itself, but a
+            // plan that names one is checked here, so that a node without a driver or
+            // without that GPU fails at start rather than in every trainer.
             let device = Device::open(ordinal)?;
-            Err(SluiceError::Device(format!(
-                "sluice.device = '{spec}': found {}, but the cuda_host mode is not built yet \
-                 (docs/gpu.md); use sluice.device = 'cuda:{ordinal}' or 'cpu'",
+            tracing::info!(
+                "sluice.device = '{spec}' ({}): batches stay in shared memory; subscribers \
+                 copy them to their GPU (Batch.to_device)",
                 device.name()
-            )))
+            );
+            Ok(None)
         }
     }
 }

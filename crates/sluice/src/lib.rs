@@ -42,12 +42,14 @@ pub mod checkpoint;
 pub mod demo;
 pub mod device;
 mod gpu;
+mod host_copy;
 mod producer;
 pub mod status;
 mod subscriber;
 
 pub use checkpoint::Checkpoint;
 pub use device::{DeviceBatch, DeviceColumn, DevicePart};
+pub use host_copy::HostCopier;
 pub use producer::{Producer, Progress, RunOptions, RunStats};
 pub use sluice_core::{Checksum, Position, Result, SluiceError};
 pub use sluice_plan::{Plan, Shard, SluiceOptions, StoreStats};

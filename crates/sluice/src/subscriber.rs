@@ -245,6 +245,15 @@ pub struct Subscriber {
 }
 
 impl Subscriber {
+    /// When the producer published the newest producer batch this subscriber received
+    /// (`CLOCK_MONOTONIC` nanoseconds, see [`sluice_shm::monotonic_ns`]): with
+    /// `monotonic_ns()` taken when a batch is usable, the publish-to-use latency.
+    pub fn last_published_ns(&self) -> Option<u64> {
+        self.inner
+            .as_ref()
+            .and_then(TopicSubscriber::last_published_ns)
+    }
+
     /// Attaches to `topic`, waiting for its producer if it has not started yet.
     pub fn connect(topic: &str, options: SubscribeOptions) -> Result<Self> {
         let namespace = match options.namespace {

@@ -126,6 +126,17 @@ class Batch:
     ) -> tuple[object, object]: ...
     def copy(self) -> Batch:
         """A deep copy in process memory, which holds no shared memory."""
+    def to_device(self, device: int | str | Any | None = None, stream: int | None = None) -> DeviceBatch:
+        """Copies the batch to a GPU of this process (the ``cuda_host`` mode; any batch).
+
+        One asynchronous host-to-device copy per Arrow buffer, straight from the shared
+        memory (registered as pinned memory once per segment), queued on ``stream``
+        (``None``/1 legacy default, 2 per-thread default, -1 copy and wait here, or a
+        stream handle such as ``torch.cuda.current_stream().cuda_stream``). The shared
+        memory goes back to the producer once the copies complete. ``device``: an
+        ordinal, ``"cuda"``, ``"cuda:N"`` or a CUDA ``torch.device`` (default 0). The
+        result is this process's own GPU memory: writes to its tensors are private.
+        Raises :class:`SluiceError` ("no CUDA driver found ...") without a GPU."""
     def to_pyarrow(self) -> Any:
         """``pyarrow.record_batch(self)``: zero-copy."""
 
@@ -281,6 +292,12 @@ class Subscriber(Iterator[Batch]):
     @property
     def last_epoch(self) -> EpochSummary | None:
         """Summary of the last epoch that ended."""
+    @property
+    def last_published_ns(self) -> int | None:
+        """When the producer published the newest of its batches received so far, in
+        ``CLOCK_MONOTONIC`` nanoseconds (``time.monotonic_ns()`` in any process of the
+        machine): ``time.monotonic_ns() - sub.last_published_ns`` once a batch is
+        usable is its publish-to-use latency. ``None`` before the first batch."""
     def __iter__(self) -> Subscriber: ...
     def __next__(self) -> Batch | DeviceBatch: ...
     def epochs(self) -> Epochs: ...

@@ -20,6 +20,23 @@ On a GPU topic (``sluice.device = 'cuda:N'``) numeric columns become CUDA tensor
 torch's current stream, without a host copy; they are shared with the other trainers,
 so ``.clone()`` what you modify.
 
+``device="cuda"`` (or ``"cuda:N"``, or a ``torch.device``) asks for CUDA tensors whatever
+the topic::
+
+    ds = sluice.torch.IterableDataset("demo", batch_size=256, device="cuda")
+
+On a host topic (``cpu`` or ``cuda_host:N``) each batch is then copied to that GPU with
+:meth:`sluice.Batch.to_device`, an asynchronous host-to-device copy queued on torch's
+current stream of that device (on a ``cuda_host:N`` topic the shared memory is pinned, so
+the copy runs at full speed), and the shared-memory sample is handed back as soon as the
+copy has completed. These tensors are this process's own copies: writing into them
+changes nothing for the other trainers. Columns that are not tensors stay zero-copy
+pyarrow arrays on the host, as on the CPU path (they hold the sample). On a ``cuda:N``
+topic the batches already are on the GPU; ``device`` must then name that GPU (or be
+``"cuda"``). ``device="cpu"`` gives CPU tensors, copying GPU batches back with
+:meth:`sluice.DeviceBatch.to_host`. The default, ``device=None``, leaves every batch
+where the topic puts it.
+
 Numeric columns (and fixed-size lists of numbers, as 2-D or N-D tensors) become CPU
 tensors through DLPack, without a copy: they view shared memory, so treat them as
 read-only (``.clone()`` what you modify) and move them to the GPU with ``.to(device)``
@@ -75,14 +92,63 @@ def _require_torch() -> Any:
     return _torch
 
 
-def batch_to_tensors(
-    batch: sluice.Batch | sluice.DeviceBatch, columns: Sequence[str] | None = None
-) -> dict[str, Any]:
-    """The batch as a dict: DLPack-able columns as zero-copy tensors (CPU tensors, or CUDA
-    tensors on a GPU topic), others as pyarrow arrays."""
+def _dlpack_stream(stream: Any) -> int:
+    """The DLPack stream value of a torch CUDA stream.
+
+    torch's legacy default stream has the handle 0, which DLPack does not allow (it is
+    ambiguous); DLPack spells that stream 1, as ``torch.from_dlpack`` itself does."""
+    handle = int(stream.cuda_stream)
+    return 1 if handle == 0 else handle
+
+
+def _parse_device(device: Any) -> Any:
+    """``device=`` as a ``torch.device`` (``None`` stays ``None``); only CPU and CUDA."""
+    if device is None:
+        return None
     torch = _require_torch()
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N': {error}") from error
+    if parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', not {device!r}")
+    return parsed
+
+
+def _cuda_index(torch: Any, device: Any) -> int:
+    """The ordinal of a CUDA ``torch.device`` in this process; ``"cuda"`` without an index
+    is torch's current device, looked up when the batch arrives (a DataLoader worker may
+    have set another one than the process that built the dataset)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def batch_to_tensors(
+    batch: sluice.Batch | sluice.DeviceBatch,
+    columns: Sequence[str] | None = None,
+    *,
+    device: Any = None,
+) -> dict[str, Any]:
+    """The batch as a dict: DLPack-able columns as tensors, others as pyarrow arrays.
+
+    ``device=None``: zero-copy tensors where the batch is (CPU tensors viewing shared
+    memory, or CUDA tensors on a GPU topic). A CUDA ``device`` (``"cuda"``, ``"cuda:N"``,
+    a ``torch.device``): a host batch is copied to that GPU first
+    (:meth:`sluice.Batch.to_device` on torch's current stream there); a GPU batch must
+    already be on it. ``device="cpu"``: a GPU batch is copied back to the host first.
+    """
+    torch = _require_torch()
+    device = _parse_device(device)
+    names = list(columns) if columns is not None else batch.column_names
+    if device is not None and device.type == "cuda":
+        index = _cuda_index(torch, device)
+        if isinstance(batch, sluice.DeviceBatch):
+            _check_same_gpu(batch, index)
+        else:
+            return _host_batch_to_cuda(torch, batch, names, index)
+    elif device is not None and isinstance(batch, sluice.DeviceBatch):  # device="cpu"
+        batch = batch.to_host()
     out: dict[str, Any] = {}
-    for name in columns if columns is not None else batch.column_names:
+    for name in names:
         column = batch[name]
         if isinstance(column, sluice.DeviceColumn):
             # A GPU topic: torch passes its current stream, which waits for the data; the
@@ -99,11 +165,80 @@ def batch_to_tensors(
     return out
 
 
+def _check_same_gpu(batch: sluice.DeviceBatch, index: int) -> None:
+    """A GPU topic's batches stay on their GPU: copying each one to another GPU would be a
+    hidden peer copy per batch, so a mismatch is a configuration error."""
+    have = batch.__dlpack_device__()[1]
+    if have != index:
+        raise ValueError(
+            f"the topic's batches are on cuda:{have} (as this process numbers its GPUs), "
+            f"but the dataset was asked for cuda:{index}; use device=None or 'cuda:{have}'"
+        )
+
+
+def _host_batch_to_cuda(
+    torch: Any, batch: sluice.Batch, names: Sequence[str], index: int
+) -> dict[str, Any]:
+    """Copies a host batch to GPU ``index`` and returns its columns as CUDA tensors.
+
+    The copy is queued on torch's current stream of that GPU, the stream the model's
+    kernels run on, so they are ordered after it without a host synchronization; the
+    tensors are this process's own memory. Sluice keeps the shared-memory sample only
+    until the copy has completed, however long the tensors live."""
+    tensor_columns = [name for name in names if batch[name].shape is not None]
+    moved = None
+    if tensor_columns:
+        stream = _dlpack_stream(torch.cuda.current_stream(index))
+        moved = batch.to_device(device=index, stream=stream)
+    out: dict[str, Any] = {}
+    for name in names:
+        if moved is not None and name in tensor_columns:
+            # torch.from_dlpack passes torch's current stream of the column's device,
+            # which the copy above was queued on: no extra wait.
+            out[name] = torch.from_dlpack(moved[name])
+        else:
+            # Not a tensor column (strings, nested lists, nulls): it stays on the host,
+            # as on the CPU path, as a zero-copy pyarrow array (which holds the sample).
+            import pyarrow as pa
+
+            out[name] = pa.array(batch[name])
+    return out
+
+
+def move_batch(batch: sluice.Batch | sluice.DeviceBatch, device: Any) -> Any:
+    """The batch on ``device`` (as for :class:`IterableDataset`): a host batch copied to a
+    CUDA device (a :class:`sluice.DeviceBatch`), a GPU batch copied back for ``"cpu"``,
+    anything else as it is. What a ``transform`` receives when ``device`` is given."""
+    torch = _require_torch()
+    device = _parse_device(device)
+    if device is None:
+        return batch
+    if device.type == "cuda":
+        index = _cuda_index(torch, device)
+        if isinstance(batch, sluice.DeviceBatch):
+            _check_same_gpu(batch, index)
+            return batch
+        return batch.to_device(
+            device=index, stream=_dlpack_stream(torch.cuda.current_stream(index))
+        )
+    return batch.to_host() if isinstance(batch, sluice.DeviceBatch) else batch
+
+
 class IterableDataset(_Base):  # type: ignore[misc,valid-type]
     """A ``torch.utils.data.IterableDataset`` that yields one Sluice epoch per pass.
 
     Parameters mirror :func:`sluice.subscribe`; ``columns`` selects columns (default: all),
     ``transform`` replaces the default conversion (:func:`batch_to_tensors`).
+
+    ``device``: where the tensors should be. ``None`` (the default) leaves each batch
+    where the topic puts it: CPU tensors viewing shared memory on a host topic, CUDA
+    tensors viewing the producer's device memory on a ``cuda:N`` topic. ``"cuda"``,
+    ``"cuda:N"`` or a ``torch.device``: on a host topic (``cpu``, ``cuda_host:N``) each
+    batch is copied to that GPU with :meth:`sluice.Batch.to_device` on torch's current
+    stream there, giving CUDA tensors that are this process's own (writable) copies; on a
+    ``cuda:N`` topic it must be the topic's GPU. ``"cpu"``: GPU batches are copied back.
+    With ``transform``, the function receives the moved batch (a
+    :class:`sluice.DeviceBatch` after a copy to the GPU).
     """
 
     def __init__(
@@ -116,9 +251,13 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         on_lag: str = "error",
         columns: Sequence[str] | None = None,
         transform: Callable[[sluice.Batch], Any] | None = None,
+        device: Any = None,
     ) -> None:
         _require_torch()
         super().__init__()
+        # Parsed here so that a wrong value fails when the dataset is built, not at the
+        # first batch; "cuda" without an index is resolved per batch (see _cuda_index).
+        self.device = _parse_device(device)
         self.topic = topic
         self.batch_size = batch_size
         self.join = join
@@ -155,9 +294,19 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         epoch = next(self._connect(), None)
         if epoch is None:
             return
-        convert = self.transform or (lambda b: batch_to_tensors(b, self.columns))
+        transform, device, columns = self.transform, self.device, self.columns
+
+        def convert(batch: sluice.Batch | sluice.DeviceBatch) -> Any:
+            if transform is not None:
+                return transform(move_batch(batch, device))
+            return batch_to_tensors(batch, columns, device=device)
+
         for batch in epoch:
-            yield convert(batch)
+            converted = convert(batch)
+            # Not kept across the yield: after a copy to the GPU the host batch is not
+            # needed, and its sample goes back as soon as the copy has completed.
+            del batch
+            yield converted
 
     @property
     def last_epoch(self) -> sluice.EpochSummary | None:
