@@ -3,6 +3,7 @@
 //! file. Run one part with a filter, e.g. `cargo test --test integration cross_process::`.
 
 mod common;
+mod conformance;
 mod cross_process;
 mod cuda_host;
 mod functions;

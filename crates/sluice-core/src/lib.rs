@@ -23,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod checksum;
+pub mod delivery;
 pub mod device;
 pub mod error;
 pub mod frame;
@@ -34,6 +35,10 @@ pub mod shuffle;
 pub mod wire;
 
 pub use checksum::Checksum;
+pub use delivery::{
+    EpochSummary, Inbound, Inlet, Join, OnLag, Outbound, Outlet, Receiver, ReceiverOptions,
+    Subscription,
+};
 pub use device::{ByteSize, DeviceSpec};
 pub use error::{Result, SluiceError};
 pub use frame::{FrameKind, TopicName};

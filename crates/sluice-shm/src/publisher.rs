@@ -747,3 +747,25 @@ impl BackpressureWaiter {
         found
     }
 }
+
+/// The topic as a transport of the delivery protocol (`sluice_core::delivery`): each
+/// batch is encoded and written once into shared memory.
+impl sluice_core::Outlet<arrow::record_batch::RecordBatch> for TopicPublisher {
+    fn batch(
+        &mut self,
+        epoch: u64,
+        index: u64,
+        payload: &arrow::record_batch::RecordBatch,
+    ) -> Result<()> {
+        let encoded = sluice_core::wire::encode(payload)?;
+        self.publish_batch(epoch, index, payload.num_rows() as u64, &encoded)
+    }
+
+    fn end_of_epoch(&mut self, epoch: u64, batches: u64, rows: u64) -> Result<()> {
+        self.publish_end_of_epoch(epoch, batches, rows)
+    }
+
+    fn end_of_stream(&mut self, epochs: u64) -> Result<()> {
+        self.publish_end_of_stream(epochs)
+    }
+}

@@ -566,3 +566,40 @@ pub fn subscriber_count(namespace: &Namespace, topic: &TopicName) -> Result<Opti
         Err(_) => Ok(None),
     }
 }
+
+/// The topic as a transport of the delivery protocol (`sluice_core::delivery`): host
+/// batches only (device messages need `sluice::Subscriber`, which imports them).
+impl sluice_core::Inlet<RecordBatch> for TopicSubscriber {
+    fn recv(&mut self, timeout: Option<Duration>) -> Result<sluice_core::Inbound<RecordBatch>> {
+        use sluice_core::Inbound;
+        Ok(match TopicSubscriber::recv(self, timeout)? {
+            Frame::Batch {
+                epoch,
+                index,
+                batch,
+                ..
+            } => Inbound::Batch {
+                epoch,
+                index,
+                payload: batch,
+            },
+            Frame::DeviceBatch { .. } => {
+                return Err(SluiceError::Device(format!(
+                    "topic '{}' carries GPU batches: subscribe with sluice::Subscriber",
+                    self.topic
+                )));
+            }
+            Frame::EndOfEpoch {
+                epoch,
+                batches,
+                rows,
+            } => Inbound::EndOfEpoch {
+                epoch,
+                batches,
+                rows,
+            },
+            Frame::EndOfStream => Inbound::EndOfStream,
+            Frame::Missed { messages } => Inbound::Missed { messages },
+        })
+    }
+}

@@ -8,65 +8,14 @@ use std::sync::Arc;
 
 use arrow::array::ArrayData;
 use arrow::record_batch::RecordBatch;
-use sluice_core::{Position, Rebatcher, Result, Resume, Rows, SluiceError, TopicName, Verdict};
+use sluice_core::delivery::{Inbound, Outbound, Receiver, ReceiverOptions};
+use sluice_core::{Result, Rows, SluiceError, TopicName};
 use sluice_shm::{Frame, Namespace, TopicSubscriber};
 
 use crate::device::{DeviceBatch, ImporterCell};
 use crate::status::{Reporter, SubscriberReport, unix_now};
 
-/// Where a subscriber that attaches to a running stream starts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Join {
-    /// With the next message: the current epoch is then flagged partial.
-    #[default]
-    Now,
-    /// With the first batch of the next epoch, so every epoch it sees is whole.
-    NextEpoch,
-    /// With the oldest message the producer still holds (up to `sluice.window` messages
-    /// back), then live. The first epoch is flagged partial unless the replay reached
-    /// back to its first batch.
-    Replay,
-}
-
-impl std::str::FromStr for Join {
-    type Err = SluiceError;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "now" => Ok(Self::Now),
-            "next_epoch" => Ok(Self::NextEpoch),
-            "replay" => Ok(Self::Replay),
-            other => Err(SluiceError::Config(format!(
-                "unknown join mode '{other}'; use 'now', 'next_epoch' or 'replay'"
-            ))),
-        }
-    }
-}
-
-/// What a subscriber does when the producer skipped batches for it because it fell
-/// further behind than the topic's lag limit (`sluice.lag_limit_ms`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum OnLag {
-    /// Fail with [`SluiceError::Lagged`] and detach.
-    #[default]
-    Error,
-    /// Go on; the epoch is reported incomplete, with the batches missed.
-    Skip,
-}
-
-impl std::str::FromStr for OnLag {
-    type Err = SluiceError;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "error" => Ok(Self::Error),
-            "skip" => Ok(Self::Skip),
-            other => Err(SluiceError::Config(format!(
-                "unknown on_lag mode '{other}'; use 'error' or 'skip'"
-            ))),
-        }
-    }
-}
+pub use sluice_core::delivery::{EpochSummary, Join, OnLag};
 
 /// How to attach to a topic.
 #[derive(Debug, Clone, Default)]
@@ -86,26 +35,6 @@ pub struct SubscribeOptions {
     /// producer (`sluice run --resume`) and continue where this subscriber left off, with
     /// no duplicate and no missing row. `None`: fail with [`SluiceError::ProducerLost`].
     pub reconnect: Option<Duration>,
-}
-
-/// The end of an epoch as one subscriber saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EpochSummary {
-    /// The epoch.
-    pub epoch: u64,
-    /// Batches the producer published in it.
-    pub batches: u64,
-    /// Rows the producer published in it.
-    pub rows: u64,
-    /// Batches this subscriber received in it (in its own batch size).
-    pub received_batches: u64,
-    /// Rows this subscriber received in it.
-    pub received_rows: u64,
-    /// Messages the producer skipped for this subscriber in this epoch (lag limit).
-    pub missed: u64,
-    /// Whether this subscriber saw the whole epoch (false for an epoch it joined late or
-    /// in which it missed batches).
-    pub complete: bool,
 }
 
 /// What a subscriber receives.
@@ -187,61 +116,26 @@ impl Rows for Payload {
     }
 }
 
-/// A received message, with batches (host or device) already decoded.
-#[derive(Debug)]
-enum Incoming {
-    Batch {
-        epoch: u64,
-        index: u64,
-        payload: Payload,
-        /// The shared-memory sample of a host batch.
-        shm_range: Option<Range<usize>>,
-    },
-    Other(Frame),
-}
-
-#[derive(Debug, Default)]
-struct EpochState {
-    epoch: Option<u64>,
-    ended: bool,
-    producer_batches: u64,
-    joined_late: bool,
-    missed: u64,
-    out_batches: u64,
-    out_rows: u64,
-}
-
 /// Receives a topic's stream.
 #[derive(Debug)]
 pub struct Subscriber {
     /// The topic's subscriber port; `None` only while reconnecting.
     inner: Option<TopicSubscriber>,
     topic: TopicName,
-    max_held: usize,
     namespace: Namespace,
     reconnect: Option<Duration>,
-    /// Where this subscriber is in the producer's stream, to join a restarted producer's
-    /// stream onto it.
-    resume: Resume,
     timeout: Option<Duration>,
     /// Reports for `sluice status`.
     reporter: Reporter,
-    /// Rows and missed messages, all epochs.
-    total_rows: u64,
-    total_missed: u64,
     join: Join,
-    on_lag: OnLag,
-    /// A batch received but not yet processed (after a synthesized epoch end).
-    deferred: Option<Incoming>,
-    waiting_for_boundary: bool,
-    rebatcher: Option<Rebatcher<Payload>>,
+    /// The delivery protocol: join, re-batching, epochs, lag, resume.
+    receiver: Receiver<Payload>,
+    /// Whether batches are cut to the subscriber's size.
+    rebatching: bool,
     /// Sample ranges of producer batches the re-batcher may still be slicing.
     ranges: VecDeque<Range<usize>>,
-    ready: VecDeque<Payload>,
     /// Opens the device slots of a GPU topic, on first use.
     importer: Arc<ImporterCell>,
-    state: EpochState,
-    pending_end: Option<Event>,
 }
 
 impl Subscriber {
@@ -261,34 +155,31 @@ impl Subscriber {
             None => Namespace::from_env()?,
         };
         let topic = TopicName::new(topic)?;
-        let rebatcher = options.batch_size.map(Rebatcher::new).transpose()?;
         let inner = TopicSubscriber::connect(
             &namespace,
             &topic,
             options.timeout,
             options.join == Join::Replay,
         )?;
+        let receiver = Receiver::new(ReceiverOptions {
+            topic: topic.to_string(),
+            batch_size: options.batch_size,
+            join: options.join,
+            on_lag: options.on_lag,
+            max_held: inner.max_held(),
+        })?;
         Ok(Self {
             reporter: Reporter::new(&namespace, &topic, "subscriber"),
-            total_rows: 0,
-            total_missed: 0,
-            max_held: inner.max_held(),
             inner: Some(inner),
             topic,
             namespace,
             reconnect: options.reconnect,
-            resume: Resume::new(),
             timeout: options.timeout,
             join: options.join,
-            on_lag: options.on_lag,
-            deferred: None,
-            waiting_for_boundary: options.join == Join::NextEpoch,
-            rebatcher,
+            receiver,
+            rebatching: options.batch_size.is_some(),
             ranges: VecDeque::new(),
-            ready: VecDeque::new(),
             importer: Arc::default(),
-            state: EpochState::default(),
-            pending_end: None,
         })
     }
 
@@ -316,213 +207,65 @@ impl Subscriber {
             self.report();
         }
         loop {
-            if let Some(batch) = self.ready.pop_front() {
-                return Ok(self.emit(batch));
+            match self.receiver.poll() {
+                Ok(Some(out)) => return Ok(self.event(out)),
+                Ok(None) => {}
+                Err(e) => return Err(self.failed(e)),
             }
-            if let Some(end) = self.pending_end.take() {
-                return Ok(end);
-            }
-            let incoming = match self.deferred.take() {
-                Some(incoming) => incoming,
-                None => match self.port()?.recv(timeout) {
-                    Err(SluiceError::ProducerLost(_)) if self.reconnect.is_some() => {
-                        self.reconnect_to_successor()?;
-                        continue;
-                    }
-                    received => self.decode(received?)?,
-                },
+            let frame = match self.port()?.recv(timeout) {
+                Err(SluiceError::ProducerLost(_)) if self.reconnect.is_some() => {
+                    self.reconnect_to_successor()?;
+                    continue;
+                }
+                received => received?,
             };
-            match incoming {
-                Incoming::Other(Frame::Missed { messages }) => match self.on_lag {
-                    OnLag::Error => {
-                        self.close();
-                        return Err(SluiceError::Lagged {
-                            topic: self.topic().to_string(),
-                            missed: messages,
-                        });
-                    }
-                    OnLag::Skip => {
-                        self.state.missed += messages;
-                        self.total_missed += messages;
-                    }
-                },
-                Incoming::Batch {
-                    epoch,
-                    index,
-                    payload,
-                    shm_range,
-                } => {
-                    if self.waiting_for_boundary {
-                        if index != 0 {
-                            continue;
-                        }
-                        self.waiting_for_boundary = false;
-                    }
-                    let verdict = self.resume.batch(Position::new(epoch, index));
-                    if tracing::enabled!(tracing::Level::TRACE)
-                        && let Payload::Host(batch) = &payload
-                    {
-                        let mut sum = sluice_core::Checksum::default();
-                        let _ = sum.update(batch);
-                        tracing::trace!(epoch, index, rows = batch.num_rows(), sum = %sum.hex(), ?verdict, "producer batch");
-                    }
-                    if !self.admit(verdict)? {
-                        continue;
-                    }
-                    if let Some(current) = self.state.epoch
-                        && current != epoch
-                        && !self.state.ended
-                    {
-                        // The end of the current epoch was among the messages missed:
-                        // close it (incomplete) before the next epoch starts.
-                        if let Some(rebatcher) = &mut self.rebatcher {
-                            self.ready.extend(rebatcher.finish()?);
-                        }
-                        let queued_rows: u64 = self.ready.iter().map(|b| b.num_rows() as u64).sum();
-                        self.pending_end = Some(Event::EpochEnd(EpochSummary {
-                            epoch: current,
-                            batches: 0,
-                            rows: 0,
-                            received_batches: self.state.out_batches + self.ready.len() as u64,
-                            received_rows: self.state.out_rows + queued_rows,
-                            missed: self.state.missed.max(1),
-                            complete: false,
-                        }));
-                        self.state.ended = true;
-                        self.deferred = Some(Incoming::Batch {
-                            epoch,
-                            index,
-                            payload,
-                            shm_range,
-                        });
-                        continue;
-                    }
-                    if self.state.epoch != Some(epoch) || self.state.ended {
-                        let missed = if self.state.ended {
-                            0
-                        } else {
-                            self.state.missed
-                        };
-                        self.state = EpochState {
-                            epoch: Some(epoch),
-                            joined_late: index != 0,
-                            missed,
-                            ..EpochState::default()
-                        };
-                    }
-                    self.state.producer_batches += 1;
-                    match &mut self.rebatcher {
-                        None => {
-                            self.ranges.clear();
-                            self.ranges.extend(shm_range);
-                            self.ready.push_back(payload);
-                        }
-                        Some(rebatcher) => {
-                            self.ranges.extend(shm_range);
-                            self.ready.extend(rebatcher.push(payload)?);
-                            // A batch spanning many producer batches would pin that many
-                            // samples; copy the older ones so the subscriber stays within
-                            // the samples it may hold (the batches handed out hold some).
-                            let keep = (self.max_held / 2).max(1);
-                            rebatcher.release_inputs(keep)?;
-                            while self.ranges.len() > keep + 1 {
-                                self.ranges.pop_front();
-                            }
-                        }
-                    }
-                }
-                Incoming::Other(Frame::EndOfEpoch {
-                    epoch,
-                    batches,
-                    rows,
-                }) => {
-                    if self.waiting_for_boundary {
-                        self.waiting_for_boundary = false;
-                        continue;
-                    }
-                    let verdict = self.resume.end_of_epoch(epoch, batches);
-                    if !self.admit(verdict)? {
-                        continue;
-                    }
-                    if let Some(rebatcher) = &mut self.rebatcher {
-                        self.ready.extend(rebatcher.finish()?);
-                    }
-                    let seen = self.state.epoch == Some(epoch) && !self.state.ended;
-                    let missed = self.state.missed;
-                    let (producer_batches, joined_late) = if seen {
-                        (self.state.producer_batches, self.state.joined_late)
-                    } else {
-                        (0, batches > 0)
-                    };
-                    // Counts are provisional until the batches still queued are emitted.
-                    let queued_rows: u64 = self.ready.iter().map(|b| b.num_rows() as u64).sum();
-                    let (out_batches, out_rows) = if seen {
-                        (
-                            self.state.out_batches + self.ready.len() as u64,
-                            self.state.out_rows + queued_rows,
-                        )
-                    } else {
-                        (self.ready.len() as u64, queued_rows)
-                    };
-                    self.pending_end = Some(Event::EpochEnd(EpochSummary {
-                        epoch,
-                        batches,
-                        rows,
-                        received_batches: out_batches,
-                        received_rows: out_rows,
-                        missed,
-                        // Messages arrive in order and gaps are reported (the transport
-                        // checks sequence numbers), so an epoch was seen whole exactly
-                        // when the subscriber saw its first batch and every row.
-                        complete: !joined_late
-                            && missed == 0
-                            && producer_batches == batches
-                            && out_rows == rows,
-                    }));
-                    // Batches still queued belong to the ending epoch.
-                    self.state.epoch = Some(epoch);
-                    self.state.ended = true;
-                    self.state.missed = 0;
-                }
-                Incoming::Other(Frame::EndOfStream) => {
-                    if let Some(rebatcher) = &mut self.rebatcher {
-                        self.ready.extend(rebatcher.finish()?);
-                    }
-                    if self.ready.is_empty() {
-                        return Ok(Event::End);
-                    }
-                    // Deliver what is queued first; End comes on a later call.
-                    self.pending_end = Some(Event::End);
-                }
-                Incoming::Other(Frame::Batch { .. } | Frame::DeviceBatch { .. }) => {
-                    return Err(SluiceError::Internal(
-                        "a batch frame was not decoded".into(),
-                    ));
-                }
+            let message = self.inbound(frame)?;
+            if let Err(e) = self.receiver.push(message) {
+                return Err(self.failed(e));
             }
         }
     }
 
-    /// Batches, host or device, into [`Incoming::Batch`]; other frames as they are.
-    fn decode(&self, frame: Frame) -> Result<Incoming> {
+    /// The protocol failed (lag, a resume gap, a corrupt stream): leave the topic.
+    fn failed(&mut self, e: SluiceError) -> SluiceError {
+        self.close();
+        e
+    }
+
+    /// A frame as the delivery protocol takes it: batches, host or device, decoded, and
+    /// the samples of host batches remembered for [`Event::Batch`]'s `shm_range`.
+    fn inbound(&mut self, frame: Frame) -> Result<Inbound<Payload>> {
         Ok(match frame {
             Frame::Batch {
                 epoch,
                 index,
                 batch,
                 shm_range,
-            } => Incoming::Batch {
-                epoch,
-                index,
-                payload: Payload::Host(batch),
-                shm_range: Some(shm_range),
-            },
+            } => {
+                if tracing::enabled!(tracing::Level::TRACE) {
+                    let mut sum = sluice_core::Checksum::default();
+                    let _ = sum.update(&batch);
+                    tracing::trace!(epoch, index, rows = batch.num_rows(), sum = %sum.hex(), "producer batch");
+                }
+                if !self.rebatching {
+                    self.ranges.clear();
+                }
+                self.ranges.push_back(shm_range);
+                while self.ranges.len() > self.receiver.inputs_kept() {
+                    self.ranges.pop_front();
+                }
+                Inbound::Batch {
+                    epoch,
+                    index,
+                    payload: Payload::Host(batch),
+                }
+            }
             Frame::DeviceBatch {
                 epoch,
                 index,
                 rows,
                 payload,
-            } => Incoming::Batch {
+            } => Inbound::Batch {
                 epoch,
                 index,
                 payload: Payload::Device(DeviceBatch::from_sample(
@@ -530,27 +273,19 @@ impl Subscriber {
                     rows,
                     self.importer.clone(),
                 )?),
-                shm_range: None,
             },
-            other => Incoming::Other(other),
+            Frame::EndOfEpoch {
+                epoch,
+                batches,
+                rows,
+            } => Inbound::EndOfEpoch {
+                epoch,
+                batches,
+                rows,
+            },
+            Frame::EndOfStream => Inbound::EndOfStream,
+            Frame::Missed { messages } => Inbound::Missed { messages },
         })
-    }
-
-    /// Whether a message passes the resume filter: duplicates from a restarted producer
-    /// are dropped, a gap is an error.
-    fn admit(&mut self, verdict: Verdict) -> Result<bool> {
-        match verdict {
-            Verdict::Deliver => Ok(true),
-            Verdict::Duplicate => Ok(false),
-            Verdict::Gap { expected, found } => {
-                self.close();
-                Err(SluiceError::ResumeGap {
-                    topic: self.topic().to_string(),
-                    expected,
-                    found,
-                })
-            }
-        }
     }
 
     /// The producer is gone: let go of its topic (a restarted producer can only create it
@@ -561,10 +296,8 @@ impl Subscriber {
         let topic = self.topic.clone();
         tracing::info!(topic = %topic, "producer lost; waiting up to {wait:?} for a restarted one");
         // Rows the re-batcher still slices out of the old topic's samples are copied, so
-        // no sample of the old topic is held.
-        if let Some(rebatcher) = &mut self.rebatcher {
-            rebatcher.release_inputs(0)?;
-        }
+        // no sample of the old topic is held; the successor's repeats will be dropped.
+        self.receiver.reconnecting()?;
         self.ranges.clear();
         // Declared before letting go of the old topic: the successor can create the topic
         // only once every subscriber has let go, and must then find this one waiting.
@@ -578,9 +311,8 @@ impl Subscriber {
                 SluiceError::Timeout { .. } => SluiceError::ProducerLost(topic.to_string()),
                 other => other,
             })?;
-        self.max_held = successor.max_held();
+        self.receiver.set_max_held(successor.max_held());
         self.inner = Some(successor);
-        self.resume.reconnecting();
         Ok(())
     }
 
@@ -591,9 +323,9 @@ impl Subscriber {
             .map_or((0, 0), |i| (i.next_seq(), i.held()));
         let topic = self.topic.to_string();
         let (epoch, rows, missed) = (
-            self.state.epoch.unwrap_or(0),
-            self.total_rows,
-            self.total_missed,
+            self.receiver.epoch(),
+            self.receiver.total_rows(),
+            self.receiver.total_missed(),
         );
         self.reporter.write(rows, |rows_per_s| SubscriberReport {
             pid: std::process::id(),
@@ -608,20 +340,13 @@ impl Subscriber {
         });
     }
 
-    fn emit(&mut self, payload: Payload) -> Event {
-        self.total_rows += payload.num_rows() as u64;
-        let epoch = self.state.epoch.unwrap_or(0);
-        let index = self.state.out_batches;
-        self.state.out_batches += 1;
-        self.state.out_rows += payload.num_rows() as u64;
-        if self.ready.is_empty()
-            && let Some(Event::EpochEnd(_)) = &self.pending_end
-        {
-            // The epoch's last batch is out: the next epoch starts from zero.
-            self.state = EpochState::default();
-        }
-        match payload {
-            Payload::Host(batch) => {
+    fn event(&self, out: Outbound<Payload>) -> Event {
+        match out {
+            Outbound::Batch {
+                epoch,
+                index,
+                payload: Payload::Host(batch),
+            } => {
                 let shm_range = self.ranges.iter().find(|r| lies_within(&batch, r)).cloned();
                 Event::Batch {
                     epoch,
@@ -630,17 +355,24 @@ impl Subscriber {
                     shm_range,
                 }
             }
-            Payload::Device(batch) => Event::DeviceBatch {
+            Outbound::Batch {
+                epoch,
+                index,
+                payload: Payload::Device(batch),
+            } => Event::DeviceBatch {
                 epoch,
                 index,
                 batch,
             },
+            Outbound::EpochEnd(summary) => Event::EpochEnd(summary),
+            Outbound::End => Event::End,
         }
     }
 
     /// Leaves the topic now; the producer stops waiting for this subscriber. Batches
     /// already received stay valid.
     pub fn close(&mut self) {
+        self.receiver.close();
         if let Some(inner) = &mut self.inner {
             inner.detach();
         }

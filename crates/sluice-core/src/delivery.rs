@@ -1,0 +1,951 @@
+//! The subscriber's half of the delivery protocol, as a pure state machine.
+//!
+//! A transport (shared memory today; any backend that delivers a producer's messages in
+//! order and reports gaps) hands the [`Receiver`] what arrived, as [`Inbound`] messages,
+//! and the receiver hands the subscriber's user what to see, as [`Outbound`] events:
+//!
+//! ```text
+//! transport ──Inbound──► Receiver::push ─┐            ┌─► Outbound::Batch (own batch size)
+//!                                        ├─ state ────┼─► Outbound::EpochEnd(summary)
+//!            Receiver::poll ◄────────────┘            └─► Outbound::End
+//! ```
+//!
+//! It holds the contract's rules and nothing else (no I/O, no clock, no threads):
+//! * **Join.** `next_epoch` skips messages up to the next epoch's first batch; any join
+//!   mid-epoch flags that epoch partial ([`EpochSummary::complete`] false).
+//! * **Batch size.** Producer batches are cut to the subscriber's size ([`Rebatcher`]);
+//!   the last batch of an epoch may be shorter and is never dropped.
+//! * **End of epoch.** After the epoch's last rows; a summary says what the producer
+//!   published and what this subscriber got. An epoch whose end was among missed messages
+//!   is closed, incomplete, when the next epoch's first batch arrives.
+//! * **Lag.** A gap reported by the transport ([`Inbound::Missed`]) is an error
+//!   ([`SluiceError::Lagged`]) or, with [`OnLag::Skip`], counted in the epoch's summary.
+//! * **Resume.** After [`Receiver::reconnecting`], a restarted producer's messages that
+//!   this subscriber already had are dropped and a gap is an error
+//!   ([`SluiceError::ResumeGap`]), so a reconnect has no duplicate and no hole.
+//! * **End of stream** comes after every queued batch.
+//!
+//! The payload is generic ([`Rows`]): record batches in shared memory, device batches,
+//! or anything a test makes up.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::position::{Position, Resume, Verdict};
+use crate::rebatch::{Rebatcher, Rows};
+use crate::{Result, SluiceError};
+
+/// Where a subscriber that attaches to a running stream starts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Join {
+    /// With the next message: the current epoch is then flagged partial.
+    #[default]
+    Now,
+    /// With the first batch of the next epoch, so every epoch it sees is whole.
+    NextEpoch,
+    /// With the oldest message the producer still holds (up to `sluice.window` messages
+    /// back), then live. The first epoch is flagged partial unless the replay reached
+    /// back to its first batch.
+    Replay,
+}
+
+impl std::str::FromStr for Join {
+    type Err = SluiceError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "now" => Ok(Self::Now),
+            "next_epoch" => Ok(Self::NextEpoch),
+            "replay" => Ok(Self::Replay),
+            other => Err(SluiceError::Config(format!(
+                "unknown join mode '{other}'; use 'now', 'next_epoch' or 'replay'"
+            ))),
+        }
+    }
+}
+
+/// What a subscriber does when the producer skipped batches for it because it fell
+/// further behind than the topic's lag limit (`sluice.lag_limit`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnLag {
+    /// Fail with [`SluiceError::Lagged`] and detach.
+    #[default]
+    Error,
+    /// Go on; the epoch is reported incomplete, with the batches missed.
+    Skip,
+}
+
+impl std::str::FromStr for OnLag {
+    type Err = SluiceError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "error" => Ok(Self::Error),
+            "skip" => Ok(Self::Skip),
+            other => Err(SluiceError::Config(format!(
+                "unknown on_lag mode '{other}'; use 'error' or 'skip'"
+            ))),
+        }
+    }
+}
+
+/// The end of an epoch as one subscriber saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EpochSummary {
+    /// The epoch.
+    pub epoch: u64,
+    /// Batches the producer published in it.
+    pub batches: u64,
+    /// Rows the producer published in it.
+    pub rows: u64,
+    /// Batches this subscriber received in it (in its own batch size).
+    pub received_batches: u64,
+    /// Rows this subscriber received in it.
+    pub received_rows: u64,
+    /// Messages the producer skipped for this subscriber in this epoch (lag limit).
+    pub missed: u64,
+    /// Whether this subscriber saw the whole epoch (false for an epoch it joined late or
+    /// in which it missed batches).
+    pub complete: bool,
+}
+
+/// A producer's message, as the transport delivers it, in order.
+#[derive(Debug)]
+pub enum Inbound<P> {
+    /// A producer batch: batch `index` of `epoch`.
+    Batch {
+        /// Epoch, from 0.
+        epoch: u64,
+        /// Index of the batch within its epoch, in the producer's batches.
+        index: u64,
+        /// The rows.
+        payload: P,
+    },
+    /// The producer ended `epoch` after `batches` batches of `rows` rows in all.
+    EndOfEpoch {
+        /// The epoch.
+        epoch: u64,
+        /// Batches published in it.
+        batches: u64,
+        /// Rows published in it.
+        rows: u64,
+    },
+    /// No more messages will come.
+    EndOfStream,
+    /// The transport lost this many messages for this subscriber (lag limit).
+    Missed {
+        /// Messages missed.
+        messages: u64,
+    },
+}
+
+/// What the subscriber's user sees.
+#[derive(Debug)]
+pub enum Outbound<P> {
+    /// A batch in the subscriber's batch size: batch `index` of `epoch` as this
+    /// subscriber counts them.
+    Batch {
+        /// Epoch of the batch.
+        epoch: u64,
+        /// Index of the batch in its epoch, in this subscriber's batches.
+        index: u64,
+        /// The rows.
+        payload: P,
+    },
+    /// An epoch ended.
+    EpochEnd(EpochSummary),
+    /// The stream ended.
+    End,
+}
+
+#[derive(Debug, Default)]
+struct EpochState {
+    epoch: Option<u64>,
+    ended: bool,
+    producer_batches: u64,
+    joined_late: bool,
+    missed: u64,
+    out_batches: u64,
+    out_rows: u64,
+}
+
+/// How a [`Receiver`] starts.
+#[derive(Debug, Clone)]
+pub struct ReceiverOptions {
+    /// The topic, for error messages.
+    pub topic: String,
+    /// Rows per batch for the subscriber; `None` keeps the producer's batches.
+    pub batch_size: Option<usize>,
+    /// Where to start in a running stream.
+    pub join: Join,
+    /// What to do after falling behind the producer's lag limit.
+    pub on_lag: OnLag,
+    /// Producer batches the re-batcher may keep in the transport's memory (the rest of
+    /// a long subscriber batch is copied), so the subscriber stays within the messages
+    /// it may hold.
+    pub max_held: usize,
+}
+
+/// The subscriber's state machine (see the module docs): push what arrived, poll what to
+/// show. Pure: it never blocks and does no I/O.
+#[derive(Debug)]
+pub struct Receiver<P> {
+    topic: String,
+    on_lag: OnLag,
+    max_held: usize,
+    waiting_for_boundary: bool,
+    resume: Resume,
+    rebatcher: Option<Rebatcher<P>>,
+    ready: VecDeque<P>,
+    pending_end: Option<Outbound<P>>,
+    /// A batch of a new epoch that arrived before the previous epoch's end, which is
+    /// synthesized first.
+    deferred: Option<Inbound<P>>,
+    state: EpochState,
+    total_rows: u64,
+    total_missed: u64,
+    /// Set once the protocol failed or the subscriber left: nothing more is accepted.
+    closed: bool,
+    /// Set by the end of the stream: [`Outbound::End`] from then on.
+    ended: bool,
+}
+
+impl<P: Rows> Receiver<P> {
+    /// A receiver that has seen nothing yet.
+    pub fn new(options: ReceiverOptions) -> Result<Self> {
+        Ok(Self {
+            topic: options.topic,
+            on_lag: options.on_lag,
+            max_held: options.max_held,
+            waiting_for_boundary: options.join == Join::NextEpoch,
+            resume: Resume::new(),
+            rebatcher: options.batch_size.map(Rebatcher::new).transpose()?,
+            ready: VecDeque::new(),
+            pending_end: None,
+            deferred: None,
+            state: EpochState::default(),
+            total_rows: 0,
+            total_missed: 0,
+            closed: false,
+            ended: false,
+        })
+    }
+
+    /// The next event to hand out, if any; `None`: push the next message first.
+    pub fn poll(&mut self) -> Result<Option<Outbound<P>>> {
+        loop {
+            if let Some(batch) = self.ready.pop_front() {
+                return Ok(Some(self.emit(batch)));
+            }
+            if let Some(end) = self.pending_end.take() {
+                return Ok(Some(end));
+            }
+            match self.deferred.take() {
+                Some(message) => self.push(message)?,
+                None if self.ended => return Ok(Some(Outbound::End)),
+                None => return Ok(None),
+            }
+        }
+    }
+
+    /// Takes the next message of the transport. Call [`Self::poll`] until it returns
+    /// `None` before each push.
+    ///
+    /// Errors: [`SluiceError::Lagged`] (a gap with [`OnLag::Error`]),
+    /// [`SluiceError::ResumeGap`] (a restarted producer's stream does not continue this
+    /// one), [`SluiceError::Corrupt`] (a message after the end of the stream, a batch
+    /// that cannot be cut); after an error the receiver accepts nothing more.
+    pub fn push(&mut self, message: Inbound<P>) -> Result<()> {
+        if self.ended {
+            return Err(SluiceError::Corrupt(format!(
+                "a message on topic '{}' after the end of its stream",
+                self.topic
+            )));
+        }
+        if self.closed {
+            return Err(SluiceError::Config(format!(
+                "the subscription to topic '{}' was closed or failed; subscribe again",
+                self.topic
+            )));
+        }
+        let result = self.take(message);
+        if result.is_err() {
+            self.closed = true;
+        }
+        result
+    }
+
+    fn take(&mut self, message: Inbound<P>) -> Result<()> {
+        match message {
+            Inbound::Missed { messages } => match self.on_lag {
+                OnLag::Error => Err(SluiceError::Lagged {
+                    topic: self.topic.clone(),
+                    missed: messages,
+                }),
+                OnLag::Skip => {
+                    self.state.missed += messages;
+                    self.total_missed += messages;
+                    Ok(())
+                }
+            },
+            Inbound::Batch {
+                epoch,
+                index,
+                payload,
+            } => self.batch(epoch, index, payload),
+            Inbound::EndOfEpoch {
+                epoch,
+                batches,
+                rows,
+            } => self.end_of_epoch(epoch, batches, rows),
+            Inbound::EndOfStream => {
+                if let Some(rebatcher) = &mut self.rebatcher {
+                    self.ready.extend(rebatcher.finish()?);
+                }
+                self.ended = true;
+                Ok(())
+            }
+        }
+    }
+
+    fn batch(&mut self, epoch: u64, index: u64, payload: P) -> Result<()> {
+        if self.waiting_for_boundary {
+            if index != 0 {
+                return Ok(());
+            }
+            self.waiting_for_boundary = false;
+        }
+        let verdict = self.resume.batch(Position::new(epoch, index));
+        if !self.admit(verdict)? {
+            return Ok(());
+        }
+        if let Some(current) = self.state.epoch
+            && current != epoch
+            && !self.state.ended
+        {
+            // The end of the current epoch was among the messages missed: close it
+            // (incomplete) before the next epoch starts.
+            if let Some(rebatcher) = &mut self.rebatcher {
+                self.ready.extend(rebatcher.finish()?);
+            }
+            let queued_rows: u64 = self.ready.iter().map(|b| b.num_rows() as u64).sum();
+            self.pending_end = Some(Outbound::EpochEnd(EpochSummary {
+                epoch: current,
+                batches: 0,
+                rows: 0,
+                received_batches: self.state.out_batches + self.ready.len() as u64,
+                received_rows: self.state.out_rows + queued_rows,
+                missed: self.state.missed.max(1),
+                complete: false,
+            }));
+            self.state.ended = true;
+            // Taken again by `poll` once the end is out (judging it again is harmless:
+            // the resume filter delivers a position it just delivered).
+            self.deferred = Some(Inbound::Batch {
+                epoch,
+                index,
+                payload,
+            });
+            return Ok(());
+        }
+        if self.state.epoch != Some(epoch) || self.state.ended {
+            let missed = if self.state.ended {
+                0
+            } else {
+                self.state.missed
+            };
+            self.state = EpochState {
+                epoch: Some(epoch),
+                joined_late: index != 0,
+                missed,
+                ..EpochState::default()
+            };
+        }
+        self.state.producer_batches += 1;
+        let keep = self.keep_inputs();
+        match &mut self.rebatcher {
+            None => self.ready.push_back(payload),
+            Some(rebatcher) => {
+                self.ready.extend(rebatcher.push(payload)?);
+                // A batch spanning many producer batches would pin that many messages;
+                // copy the older ones so the subscriber stays within the messages it may
+                // hold (the batches handed out hold some).
+                rebatcher.release_inputs(keep)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn end_of_epoch(&mut self, epoch: u64, batches: u64, rows: u64) -> Result<()> {
+        if self.waiting_for_boundary {
+            self.waiting_for_boundary = false;
+            return Ok(());
+        }
+        let verdict = self.resume.end_of_epoch(epoch, batches);
+        if !self.admit(verdict)? {
+            return Ok(());
+        }
+        if let Some(rebatcher) = &mut self.rebatcher {
+            self.ready.extend(rebatcher.finish()?);
+        }
+        let seen = self.state.epoch == Some(epoch) && !self.state.ended;
+        let missed = self.state.missed;
+        let (producer_batches, joined_late) = if seen {
+            (self.state.producer_batches, self.state.joined_late)
+        } else {
+            (0, batches > 0)
+        };
+        // Counts are provisional until the batches still queued are emitted.
+        let queued_rows: u64 = self.ready.iter().map(|b| b.num_rows() as u64).sum();
+        let (out_batches, out_rows) = if seen {
+            (
+                self.state.out_batches + self.ready.len() as u64,
+                self.state.out_rows + queued_rows,
+            )
+        } else {
+            (self.ready.len() as u64, queued_rows)
+        };
+        self.pending_end = Some(Outbound::EpochEnd(EpochSummary {
+            epoch,
+            batches,
+            rows,
+            received_batches: out_batches,
+            received_rows: out_rows,
+            missed,
+            // Messages arrive in order and gaps are reported (the transport checks
+            // sequence numbers), so an epoch was seen whole exactly when the subscriber
+            // saw its first batch and every row.
+            complete: !joined_late
+                && missed == 0
+                && producer_batches == batches
+                && out_rows == rows,
+        }));
+        // Batches still queued belong to the ending epoch.
+        self.state.epoch = Some(epoch);
+        self.state.ended = true;
+        self.state.missed = 0;
+        Ok(())
+    }
+
+    /// Whether a message passes the resume filter: duplicates from a restarted producer
+    /// are dropped, a gap is an error.
+    fn admit(&self, verdict: Verdict) -> Result<bool> {
+        match verdict {
+            Verdict::Deliver => Ok(true),
+            Verdict::Duplicate => Ok(false),
+            Verdict::Gap { expected, found } => Err(SluiceError::ResumeGap {
+                topic: self.topic.clone(),
+                expected,
+                found,
+            }),
+        }
+    }
+
+    fn emit(&mut self, payload: P) -> Outbound<P> {
+        let rows = payload.num_rows() as u64;
+        self.total_rows += rows;
+        let epoch = self.state.epoch.unwrap_or(0);
+        let index = self.state.out_batches;
+        self.state.out_batches += 1;
+        self.state.out_rows += rows;
+        if self.ready.is_empty()
+            && let Some(Outbound::EpochEnd(_)) = &self.pending_end
+        {
+            // The epoch's last batch is out: the next epoch starts from zero.
+            self.state = EpochState::default();
+        }
+        Outbound::Batch {
+            epoch,
+            index,
+            payload,
+        }
+    }
+
+    fn keep_inputs(&self) -> usize {
+        (self.max_held / 2).max(1)
+    }
+
+    /// Producer batches the re-batcher may still slice rows out of (a transport keeps
+    /// that many of its latest messages' memory attributed to them).
+    pub fn inputs_kept(&self) -> usize {
+        self.keep_inputs() + 1
+    }
+
+    /// The producer was lost and a restarted one will continue the stream: rows still
+    /// held in the old producer's memory are copied (`Rows::to_private`), so the old
+    /// messages can go, and the successor's messages are filtered so that this
+    /// subscriber sees no duplicate and no gap.
+    pub fn reconnecting(&mut self) -> Result<()> {
+        if let Some(rebatcher) = &mut self.rebatcher {
+            rebatcher.release_inputs(0)?;
+        }
+        self.resume.reconnecting();
+        Ok(())
+    }
+
+    /// The messages the subscriber may hold changed (a successor topic's setting).
+    pub fn set_max_held(&mut self, max_held: usize) {
+        self.max_held = max_held;
+    }
+
+    /// Leaves the stream: nothing more is accepted (an error that ends the subscription,
+    /// or the user closed it).
+    pub fn close(&mut self) {
+        self.closed = true;
+    }
+
+    /// Whether the stream has ended (every later [`Self::poll`] gives [`Outbound::End`]
+    /// once the queued batches are out).
+    pub fn is_ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Whether the receiver accepts no more messages: it failed, or was closed.
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// The epoch the subscriber is in (0 before the first batch).
+    pub fn epoch(&self) -> u64 {
+        self.state.epoch.unwrap_or(0)
+    }
+
+    /// Rows handed out, all epochs.
+    pub fn total_rows(&self) -> u64 {
+        self.total_rows
+    }
+
+    /// Messages missed (lag limit), all epochs.
+    pub fn total_missed(&self) -> u64 {
+        self.total_missed
+    }
+}
+
+/// The subscriber's end of a transport: a producer's messages, in order, with gaps
+/// reported as [`Inbound::Missed`]. Shared memory (`sluice-shm`), Arrow Flight and
+/// [`memory`] implement it; [`Subscription`] puts the protocol on top.
+pub trait Inlet<P> {
+    /// The next message, waiting up to `timeout` (`None`: as long as it takes). Errors:
+    /// [`SluiceError::Timeout`] when none came (nothing is lost: call again), the
+    /// producer's failure or loss.
+    fn recv(&mut self, timeout: Option<Duration>) -> Result<Inbound<P>>;
+}
+
+impl<P, I: Inlet<P> + ?Sized> Inlet<P> for Box<I> {
+    fn recv(&mut self, timeout: Option<Duration>) -> Result<Inbound<P>> {
+        (**self).recv(timeout)
+    }
+}
+
+/// The producer's end of a transport: publishes to every subscriber, in order, waiting
+/// for room when a subscriber's queue is full (the slowest sets the pace).
+pub trait Outlet<P> {
+    /// Batch `index` of `epoch`.
+    fn batch(&mut self, epoch: u64, index: u64, payload: &P) -> Result<()>;
+    /// The end of `epoch`, after `batches` batches of `rows` rows in all.
+    fn end_of_epoch(&mut self, epoch: u64, batches: u64, rows: u64) -> Result<()>;
+    /// The end of the stream, after `epochs` epochs.
+    fn end_of_stream(&mut self, epochs: u64) -> Result<()>;
+}
+
+/// A subscription over any transport: the delivery protocol ([`Receiver`]) fed by an
+/// [`Inlet`].
+#[derive(Debug)]
+pub struct Subscription<P, I> {
+    receiver: Receiver<P>,
+    inlet: I,
+}
+
+impl<P: Rows, I: Inlet<P>> Subscription<P, I> {
+    /// The protocol over `inlet`.
+    pub fn new(options: ReceiverOptions, inlet: I) -> Result<Self> {
+        Ok(Self {
+            receiver: Receiver::new(options)?,
+            inlet,
+        })
+    }
+
+    /// The next event, waiting up to `timeout` for each message.
+    pub fn next(&mut self, timeout: Option<Duration>) -> Result<Outbound<P>> {
+        loop {
+            if let Some(out) = self.receiver.poll()? {
+                return Ok(out);
+            }
+            let message = self.inlet.recv(timeout)?;
+            self.receiver.push(message)?;
+        }
+    }
+
+    /// The protocol's state.
+    pub fn receiver(&self) -> &Receiver<P> {
+        &self.receiver
+    }
+}
+
+/// An in-memory transport: bounded channels, one per subscriber, for tests of the
+/// protocol and of code built on it, with no shared memory or network.
+pub mod memory {
+    use std::sync::mpsc::{Receiver as Rx, RecvTimeoutError, SyncSender, sync_channel};
+    use std::time::Duration;
+
+    use super::{Inbound, Inlet, Outlet};
+    use crate::{Result, SluiceError};
+
+    /// The producer's end: sends every message to each subscriber's queue of `window`.
+    #[derive(Debug)]
+    pub struct MemoryOutlet<P> {
+        queues: Vec<SyncSender<Inbound<P>>>,
+    }
+
+    /// A subscriber's end.
+    #[derive(Debug)]
+    pub struct MemoryInlet<P> {
+        queue: Rx<Inbound<P>>,
+        topic: String,
+    }
+
+    /// A topic with `subscribers` subscribers, each with a queue of `window` messages.
+    pub fn topic<P: Clone>(
+        topic: &str,
+        window: usize,
+        subscribers: usize,
+    ) -> (MemoryOutlet<P>, Vec<MemoryInlet<P>>) {
+        let (queues, inlets) = (0..subscribers)
+            .map(|_| {
+                let (tx, rx) = sync_channel(window.max(1));
+                (
+                    tx,
+                    MemoryInlet {
+                        queue: rx,
+                        topic: topic.to_string(),
+                    },
+                )
+            })
+            .unzip();
+        (MemoryOutlet { queues }, inlets)
+    }
+
+    impl<P: Clone> MemoryOutlet<P> {
+        fn send(&mut self, message: impl Fn() -> Inbound<P>) -> Result<()> {
+            // A subscriber that went away no longer counts, as on every transport.
+            self.queues.retain(|q| q.send(message()).is_ok());
+            Ok(())
+        }
+    }
+
+    impl<P: Clone> Outlet<P> for MemoryOutlet<P> {
+        fn batch(&mut self, epoch: u64, index: u64, payload: &P) -> Result<()> {
+            self.send(|| Inbound::Batch {
+                epoch,
+                index,
+                payload: payload.clone(),
+            })
+        }
+
+        fn end_of_epoch(&mut self, epoch: u64, batches: u64, rows: u64) -> Result<()> {
+            self.send(|| Inbound::EndOfEpoch {
+                epoch,
+                batches,
+                rows,
+            })
+        }
+
+        fn end_of_stream(&mut self, _epochs: u64) -> Result<()> {
+            self.send(|| Inbound::EndOfStream)
+        }
+    }
+
+    impl<P> Inlet<P> for MemoryInlet<P> {
+        fn recv(&mut self, timeout: Option<Duration>) -> Result<Inbound<P>> {
+            let lost = || SluiceError::ProducerLost(self.topic.clone());
+            match timeout {
+                None => self.queue.recv().map_err(|_| lost()),
+                Some(t) => self.queue.recv_timeout(t).map_err(|e| match e {
+                    RecvTimeoutError::Timeout => SluiceError::Timeout {
+                        what: format!("the next message on topic '{}'", self.topic),
+                        seconds: t.as_secs_f64(),
+                    },
+                    RecvTimeoutError::Disconnected => lost(),
+                }),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Rows as their ids: enough to check order, loss and duplication.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct Ids(Vec<u64>);
+
+    impl Rows for Ids {
+        fn num_rows(&self) -> usize {
+            self.0.len()
+        }
+        fn slice(&self, offset: usize, len: usize) -> Self {
+            Self(self.0[offset..offset + len].to_vec())
+        }
+        fn concat(parts: Vec<Self>) -> Result<Self> {
+            Ok(Self(parts.into_iter().flat_map(|p| p.0).collect()))
+        }
+        fn to_private(&self) -> Result<Option<Self>> {
+            Ok(Some(self.clone()))
+        }
+    }
+
+    fn receiver(batch_size: Option<usize>, join: Join, on_lag: OnLag) -> Receiver<Ids> {
+        Receiver::new(ReceiverOptions {
+            topic: "t".into(),
+            batch_size,
+            join,
+            on_lag,
+            max_held: 4,
+        })
+        .unwrap()
+    }
+
+    /// A producer's stream: `epochs[e]` holds the sizes of epoch e's batches; row ids
+    /// are `epoch * 1_000_000 + row`.
+    fn stream(epochs: &[Vec<usize>]) -> Vec<Inbound<Ids>> {
+        let mut out = Vec::new();
+        for (e, sizes) in epochs.iter().enumerate() {
+            let mut row = 0u64;
+            for (i, &n) in sizes.iter().enumerate() {
+                let ids = (row..row + n as u64).map(|r| e as u64 * 1_000_000 + r);
+                out.push(Inbound::Batch {
+                    epoch: e as u64,
+                    index: i as u64,
+                    payload: Ids(ids.collect()),
+                });
+                row += n as u64;
+            }
+            out.push(Inbound::EndOfEpoch {
+                epoch: e as u64,
+                batches: sizes.len() as u64,
+                rows: row,
+            });
+        }
+        out.push(Inbound::EndOfStream);
+        out
+    }
+
+    /// Everything the receiver hands out for `messages`, polling before each push.
+    fn run(r: &mut Receiver<Ids>, messages: Vec<Inbound<Ids>>) -> Result<Vec<Outbound<Ids>>> {
+        let mut out = Vec::new();
+        for m in messages {
+            while let Some(o) = r.poll()? {
+                out.push(o);
+            }
+            r.push(m)?;
+        }
+        while let Some(o) = r.poll()? {
+            let end = matches!(o, Outbound::End);
+            out.push(o);
+            if end {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Per epoch: its rows in the order handed out, the batch sizes, and the summary.
+    type Seen = Vec<(Vec<u64>, Vec<usize>, EpochSummary)>;
+
+    fn by_epoch(out: &[Outbound<Ids>]) -> (Seen, bool) {
+        let mut seen = Vec::new();
+        let (mut rows, mut sizes) = (Vec::new(), Vec::new());
+        let mut ended = false;
+        for o in out {
+            match o {
+                Outbound::Batch { payload, .. } => {
+                    assert!(!ended, "a batch after the end");
+                    sizes.push(payload.0.len());
+                    rows.extend(&payload.0);
+                }
+                Outbound::EpochEnd(s) => seen.push((
+                    std::mem::take(&mut rows),
+                    std::mem::take(&mut sizes),
+                    s.clone(),
+                )),
+                Outbound::End => ended = true,
+            }
+        }
+        assert!(rows.is_empty(), "rows after the last end of epoch");
+        (seen, ended)
+    }
+
+    fn sizes() -> impl Strategy<Value = Vec<Vec<usize>>> {
+        prop::collection::vec(prop::collection::vec(1usize..20, 0..8), 1..4)
+    }
+
+    proptest! {
+        /// Every row of every epoch exactly once, in order, in the subscriber's batch
+        /// size (only an epoch's last batch may be shorter), each epoch complete, then
+        /// the end — whatever the producer's and the subscriber's batch sizes.
+        #[test]
+        fn every_row_once_in_any_batch_size(epochs in sizes(), size in prop::option::of(1usize..30)) {
+            let mut r = receiver(size, Join::Now, OnLag::Error);
+            let out = run(&mut r, stream(&epochs)).unwrap();
+            let (seen, ended) = by_epoch(&out);
+            prop_assert!(ended);
+            prop_assert_eq!(seen.len(), epochs.len());
+            for (e, ((rows, got, summary), produced)) in seen.iter().zip(&epochs).enumerate() {
+                let total: usize = produced.iter().sum();
+                let want: Vec<u64> = (0..total as u64).map(|r| e as u64 * 1_000_000 + r).collect();
+                prop_assert_eq!(rows, &want);
+                match size {
+                    Some(n) => {
+                        if let Some((last, full)) = got.split_last() {
+                            prop_assert!(full.iter().all(|&s| s == n) && *last <= n && *last > 0);
+                        }
+                    }
+                    None => prop_assert_eq!(got, produced),
+                }
+                prop_assert!(summary.complete, "{:?}", summary);
+                prop_assert_eq!(summary.received_rows, total as u64);
+                prop_assert_eq!(summary.received_batches, got.len() as u64);
+            }
+            // The end stays the end.
+            prop_assert!(matches!(r.poll().unwrap(), Some(Outbound::End)));
+        }
+
+        /// A subscriber whose producer died after `cut` messages reconnects to a
+        /// successor that replays the stream from its start: it sees exactly what an
+        /// uninterrupted subscriber sees.
+        #[test]
+        fn a_reconnection_to_a_replaying_successor_has_no_duplicate_and_no_gap(
+            epochs in sizes(), size in prop::option::of(1usize..30), cut in 0usize..40
+        ) {
+            let all = stream(&epochs);
+            let cut = cut.min(all.len() - 1);
+            let mut whole = receiver(size, Join::Now, OnLag::Error);
+            let want = by_epoch(&run(&mut whole, stream(&epochs)).unwrap());
+            let mut r = receiver(size, Join::Now, OnLag::Error);
+            let mut out = Vec::new();
+            for m in stream(&epochs).into_iter().take(cut) {
+                while let Some(o) = r.poll().unwrap() {
+                    out.push(o);
+                }
+                r.push(m).unwrap();
+            }
+            r.reconnecting().unwrap();
+            out.extend(run(&mut r, stream(&epochs)).unwrap());
+            let got = by_epoch(&out);
+            prop_assert_eq!(got.0.iter().map(|s| &s.0).collect::<Vec<_>>(), want.0.iter().map(|s| &s.0).collect::<Vec<_>>());
+            prop_assert!(got.1);
+        }
+
+        /// Whatever arrives — epochs out of order, gaps, ends twice — the receiver never
+        /// panics, and counts exactly the rows it hands out.
+        #[test]
+        fn arbitrary_messages_never_panic(
+            messages in prop::collection::vec((0u8..5, 0u64..3, 0u64..6, 0usize..12), 0..60),
+            size in prop::option::of(1usize..10),
+            skip in any::<bool>(),
+            join in 0u8..3,
+        ) {
+            let join = [Join::Now, Join::NextEpoch, Join::Replay][join as usize];
+            let on_lag = if skip { OnLag::Skip } else { OnLag::Error };
+            let mut r = receiver(size, join, on_lag);
+            let mut handed = 0u64;
+            for (kind, epoch, index, n) in messages {
+                let m = match kind {
+                    0 | 1 => Inbound::Batch { epoch, index, payload: Ids((0..n as u64).collect()) },
+                    2 => Inbound::EndOfEpoch { epoch, batches: index, rows: n as u64 },
+                    3 => Inbound::Missed { messages: index + 1 },
+                    _ => Inbound::EndOfStream,
+                };
+                if kind == 4 && index == 0 {
+                    r.reconnecting().unwrap();
+                }
+                loop {
+                    match r.poll() {
+                        Ok(Some(Outbound::Batch { payload, .. })) => handed += payload.0.len() as u64,
+                        Ok(Some(Outbound::End)) | Ok(None) | Err(_) => break,
+                        Ok(Some(_)) => {}
+                    }
+                }
+                if r.push(m).is_err() {
+                    break;
+                }
+            }
+            while let Ok(Some(o)) = r.poll() {
+                match o {
+                    Outbound::Batch { payload, .. } => handed += payload.0.len() as u64,
+                    Outbound::End => break,
+                    Outbound::EpochEnd(_) => {}
+                }
+            }
+            prop_assert_eq!(r.total_rows(), handed);
+        }
+    }
+
+    #[test]
+    fn joining_mid_epoch_flags_that_epoch_partial_and_the_next_complete() {
+        let all = stream(&[vec![5, 5, 5], vec![4, 4]]);
+        let mut r = receiver(Some(3), Join::Now, OnLag::Error);
+        let (seen, ended) = by_epoch(&run(&mut r, all.into_iter().skip(1).collect()).unwrap());
+        assert!(ended);
+        assert_eq!(seen[0].0, (5..15).collect::<Vec<u64>>());
+        assert!(!seen[0].2.complete && seen[0].2.received_rows == 10 && seen[0].2.rows == 15);
+        assert!(seen[1].2.complete && seen[1].2.received_rows == 8);
+    }
+
+    #[test]
+    fn next_epoch_waits_for_the_next_epochs_first_batch() {
+        let all = stream(&[vec![5, 5, 5], vec![4, 4]]);
+        let mut r = receiver(None, Join::NextEpoch, OnLag::Error);
+        let (seen, _) = by_epoch(&run(&mut r, all.into_iter().skip(1).collect()).unwrap());
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].2.epoch, 1);
+        assert!(seen[0].2.complete);
+    }
+
+    #[test]
+    fn a_gap_is_an_error_by_default_and_nothing_more_is_accepted() {
+        let mut r = receiver(None, Join::Now, OnLag::Error);
+        let err = r.push(Inbound::Missed { messages: 3 }).unwrap_err();
+        assert!(
+            matches!(err, SluiceError::Lagged { missed: 3, .. }),
+            "{err}"
+        );
+        assert!(r.is_closed());
+        assert!(r.push(Inbound::EndOfStream).is_err());
+    }
+
+    #[test]
+    fn a_skipped_gap_and_a_lost_end_of_epoch_close_the_epoch_incomplete() {
+        let mut all = stream(&[vec![5, 5, 5], vec![4]]);
+        // Batch 2 and the end of epoch 0 were lost: two messages.
+        all.drain(2..4);
+        all.insert(2, Inbound::Missed { messages: 2 });
+        let mut r = receiver(Some(4), Join::Now, OnLag::Skip);
+        let (seen, ended) = by_epoch(&run(&mut r, all).unwrap());
+        assert!(ended);
+        assert_eq!(seen[0].0, (0..10).collect::<Vec<u64>>());
+        assert!(!seen[0].2.complete && seen[0].2.missed == 2);
+        assert!(seen[1].2.complete && seen[1].0 == (1_000_000..1_000_004).collect::<Vec<u64>>());
+        assert_eq!(r.total_missed(), 2);
+    }
+
+    #[test]
+    fn a_successor_that_resumes_past_the_subscriber_is_a_resume_gap() {
+        let mut r = receiver(None, Join::Now, OnLag::Error);
+        let mut all = stream(&[vec![5, 5, 5, 5]]);
+        run_until(&mut r, all.drain(..2));
+        r.reconnecting().unwrap();
+        let err = r.push(all.remove(1)).unwrap_err();
+        assert!(matches!(err, SluiceError::ResumeGap { .. }), "{err}");
+    }
+
+    fn run_until(r: &mut Receiver<Ids>, messages: impl Iterator<Item = Inbound<Ids>>) {
+        for m in messages {
+            while r.poll().unwrap().is_some() {}
+            r.push(m).unwrap();
+        }
+        while r.poll().unwrap().is_some() {}
+    }
+}
