@@ -6,6 +6,7 @@ mod common;
 mod conformance;
 mod cross_process;
 mod cuda_host;
+mod flight;
 mod functions;
 mod gpu_cli;
 mod gpu_subscriber;

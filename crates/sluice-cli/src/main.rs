@@ -1,6 +1,7 @@
 //! The `sluice` command: argument parsing and glue; the work happens in the libraries.
 
 mod demo;
+mod serve;
 mod status;
 mod subscribe;
 
@@ -59,6 +60,8 @@ enum Command {
     },
     /// Receive a topic and report what arrived.
     Subscribe(subscribe::SubscribeArgs),
+    /// Serve this node's topics to trainers on other machines (Arrow Flight).
+    Serve(serve::ServeArgs),
     /// Print a plan's resolved options, schema and DataFusion physical plan.
     Explain {
         /// The plan file.
@@ -206,6 +209,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Subscribe(args) => subscribe::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Explain { plan } => {
             let rt = runtime()?;
             let plan = rt.block_on(Plan::load(&plan))?;

@@ -3,12 +3,15 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use sluice::core::{Outbound, ReceiverOptions, Subscription};
 use sluice::{Checksum, Event, Join, OnLag, SubscribeOptions, Subscriber};
+use sluice_flight::{FlightInlet, FlightTarget};
 
 /// Arguments of `sluice subscribe`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct SubscribeArgs {
-    /// The topic (sluice.topic of the producer's plan).
+    /// The topic (sluice.topic of the producer's plan), or flight://HOST:PORT/TOPIC for a
+    /// topic served by `sluice serve --flight` on another machine (token: SLUICE_TOKEN).
     topic: String,
     /// One JSON object per epoch (rows, batches, checksum) and one for the whole stream.
     #[arg(long)]
@@ -56,18 +59,82 @@ impl Tally {
     }
 }
 
+/// A local topic, or a remote one over Arrow Flight.
+enum Source {
+    Local(Box<Subscriber>),
+    Remote(
+        Box<Subscription<arrow::record_batch::RecordBatch, FlightInlet>>,
+        Option<Duration>,
+    ),
+}
+
+impl Source {
+    fn connect(args: &SubscribeArgs) -> anyhow::Result<Self> {
+        let timeout = args.timeout.map(Duration::from_secs_f64);
+        if let Some(target) = FlightTarget::parse(&args.topic) {
+            let target = target?;
+            if args.reconnect.is_some() {
+                anyhow::bail!(
+                    "--reconnect is not supported for remote topics yet; subscribe again \
+                     after a restart"
+                );
+            }
+            let token = std::env::var("SLUICE_TOKEN").ok();
+            let inlet = FlightInlet::connect(
+                &target,
+                token.as_deref(),
+                args.join == Join::Replay,
+                timeout,
+            )?;
+            let sub = Subscription::new(
+                ReceiverOptions {
+                    topic: target.to_string(),
+                    batch_size: args.batch_size,
+                    join: args.join,
+                    on_lag: args.on_lag,
+                    // Flight batches are in this process's memory: nothing to hand back.
+                    max_held: usize::MAX / 4,
+                },
+                inlet,
+            )?;
+            return Ok(Self::Remote(Box::new(sub), timeout));
+        }
+        Ok(Self::Local(Box::new(Subscriber::connect(
+            &args.topic,
+            SubscribeOptions {
+                timeout,
+                namespace: None,
+                batch_size: args.batch_size,
+                join: args.join,
+                on_lag: args.on_lag,
+                reconnect: args.reconnect.map(Duration::from_secs_f64),
+            },
+        )?)))
+    }
+
+    fn next_event(&mut self) -> sluice::Result<Event> {
+        match self {
+            Self::Local(sub) => sub.next_event(),
+            Self::Remote(sub, timeout) => Ok(match sub.next(*timeout)? {
+                Outbound::Batch {
+                    epoch,
+                    index,
+                    payload,
+                } => Event::Batch {
+                    epoch,
+                    index,
+                    batch: payload,
+                    shm_range: None,
+                },
+                Outbound::EpochEnd(summary) => Event::EpochEnd(summary),
+                Outbound::End => Event::End,
+            }),
+        }
+    }
+}
+
 pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
-    let mut sub = Subscriber::connect(
-        &args.topic,
-        SubscribeOptions {
-            timeout: args.timeout.map(Duration::from_secs_f64),
-            namespace: None,
-            batch_size: args.batch_size,
-            join: args.join,
-            on_lag: args.on_lag,
-            reconnect: args.reconnect.map(Duration::from_secs_f64),
-        },
-    )?;
+    let mut sub = Source::connect(&args)?;
     let delay = args.delay_ms.map(Duration::from_millis);
     let checksums = !args.no_checksum;
     let stdout = std::io::stdout();

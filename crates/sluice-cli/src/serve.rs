@@ -1,0 +1,68 @@
+//! `sluice serve --flight HOST:PORT`: this node's topics for trainers on other machines.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use sluice::Namespace;
+use sluice_flight::{FlightServer, ServeOptions};
+
+/// Arguments of `sluice serve`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ServeArgs {
+    /// Serve over Arrow Flight on HOST:PORT (port 0: any free port, printed at start).
+    /// Anything but a loopback address needs --token-file.
+    #[arg(long, value_name = "HOST:PORT")]
+    flight: String,
+    /// A file holding the bearer token clients must send (SLUICE_TOKEN on their side).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+}
+
+pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let addr: SocketAddr = args
+        .flight
+        .to_socket_addrs()
+        .with_context(|| format!("--flight {}: not HOST:PORT", args.flight))?
+        .next()
+        .with_context(|| format!("--flight {}: resolves to no address", args.flight))?;
+    let token = match &args.token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the token file {}", path.display()))?
+                .trim()
+                .to_string(),
+        )
+        .filter(|t| !t.is_empty())
+        .with_context(|| format!("the token file {} is empty", path.display()))
+        .map(Some)?,
+        None => None,
+    };
+    let server = FlightServer::start(
+        addr,
+        ServeOptions {
+            namespace: Namespace::from_env()?,
+            token,
+        },
+    )?;
+    // The address on stdout (scripts read the port of --flight HOST:0 from it).
+    println!("serving on {}", server.local_addr());
+    eprintln!(
+        "serving this node's topics over Arrow Flight on {}: subscribe with \
+         `sluice subscribe flight://{}/TOPIC`; Ctrl-C stops",
+        server.local_addr(),
+        server.local_addr()
+    );
+    server.run_until(async {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    })?;
+    Ok(())
+}

@@ -1,0 +1,55 @@
+//! Sluice topics for trainers on other machines, over Arrow Flight.
+//!
+//! ```text
+//! producer ──shm──► FlightServer (same node) ══ gRPC do_get ══► FlightInlet ──► Receiver (delivery protocol)
+//!                   one TopicSubscriber per        FlightData: batches (standard Flight framing)
+//!                   remote subscriber               + app_metadata: epoch, index, ends, gaps
+//! ```
+//!
+//! `sluice serve --flight HOST:PORT` runs a [`FlightServer`] on the producer's node. Each
+//! `do_get` is one remote subscriber: the server attaches a shared-memory subscriber to
+//! the topic for it and forwards the producer's messages, in order, as Flight messages.
+//! Batches are ordinary Flight record batch messages (a plain Flight client can read
+//! them); each carries the protocol's position in its `app_metadata` ([`meta`]), and the
+//! other messages (end of epoch, end of stream, a gap under a lag limit) are metadata-only
+//! messages. The client ([`FlightInlet`]) hands them to the same delivery state machine
+//! as a local subscriber (`sluice_core::delivery`), so a remote subscriber gets the same
+//! contract: every row of every epoch once, in its own batch size, epoch ends, the
+//! producer's errors.
+//!
+//! **Flow control.** The server takes a message from shared memory only when the gRPC
+//! stream has room (a queue of two messages, then HTTP/2's 1 MiB window), so a slow remote
+//! subscriber holds the producer back like a slow local one; under a lag limit it misses
+//! messages like a local one.
+//!
+//! **Failures.** The producer's failure reaches the client as gRPC `ABORTED` with the
+//! producer's message ([`sluice_core::SluiceError::ProducerFailed`]); a lost producer, or
+//! a lost server, as `UNAVAILABLE` or a broken stream
+//! ([`sluice_core::SluiceError::ProducerLost`]). A client that goes away detaches its
+//! shared-memory subscriber at once.
+//!
+//! **Security.** The server listens on loopback unless given a bearer token; with a
+//! token, every request must carry `authorization: Bearer <token>`, and a wrong one is
+//! refused with `UNAUTHENTICATED` and nothing else. TLS is not built yet: use an SSH
+//! tunnel or a private network for non-loopback traffic.
+#![warn(missing_docs)]
+
+mod client;
+pub mod meta;
+mod server;
+
+pub use client::{FlightInlet, FlightTarget};
+pub use server::{FlightServer, ServeOptions};
+
+/// What a client asks for in its `do_get` ticket (JSON).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct TicketRequest {
+    /// The topic.
+    pub topic: String,
+    /// Start with the oldest message the producer still holds (`join = replay`).
+    #[serde(default)]
+    pub replay: bool,
+    /// Seconds the server waits for the topic's producer (default 60).
+    #[serde(default)]
+    pub wait_s: Option<f64>,
+}

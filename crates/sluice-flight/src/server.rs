@@ -1,0 +1,403 @@
+//! `sluice serve --flight`: a node's topics for remote subscribers.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::utils::batches_to_flight_data;
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
+};
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use sluice_core::{Result, SluiceError, TopicName};
+use sluice_shm::{Frame, Namespace, TopicSubscriber};
+use tokio::sync::mpsc;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::TicketRequest;
+use crate::meta::Meta;
+
+/// HTTP/2 stream window (the connection's is twice as large). It bounds what a remote
+/// subscriber can have in flight beyond the server's queue of two messages, so it is
+/// also how far a slow remote subscriber can fall behind before it paces the producer:
+/// 1 MiB keeps that close to the topic's window for ordinary batches while leaving
+/// loopback and LAN throughput unthrottled (a batch larger than the window is simply
+/// sent in several HTTP/2 frames).
+pub(crate) const WINDOW: u32 = 1 << 20;
+/// How often the server's subscriber looks whether its client is still there.
+const POLL: Duration = Duration::from_millis(200);
+
+/// How to serve.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The namespace whose topics are served.
+    pub namespace: Namespace,
+    /// The bearer token every request must carry; required unless the server listens on
+    /// loopback.
+    pub token: Option<String>,
+}
+
+/// A running Flight server; stops when dropped or when [`Self::run_until`] returns.
+pub struct FlightServer {
+    rt: tokio::runtime::Runtime,
+    addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>>>,
+}
+
+impl std::fmt::Debug for FlightServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlightServer")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl FlightServer {
+    /// Listens on `addr` (port 0: any free port) and serves `options.namespace`'s topics.
+    /// A non-loopback address without a token is refused.
+    pub fn start(addr: SocketAddr, options: ServeOptions) -> Result<Self> {
+        if !addr.ip().is_loopback() && options.token.as_deref().is_none_or(str::is_empty) {
+            return Err(SluiceError::Config(format!(
+                "serving on {addr}, which is not a loopback address, needs a bearer token \
+                 (--token-file FILE); trainers then set SLUICE_TOKEN"
+            )));
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("sluice-flight")
+            .enable_all()
+            .build()
+            .map_err(|e| SluiceError::Transport(format!("cannot start the Flight server: {e}")))?;
+        let incoming = {
+            let _guard = rt.enter();
+            TcpIncoming::bind(addr)
+                .map_err(|e| SluiceError::Transport(format!("cannot listen on {addr}: {e}")))?
+        };
+        let addr = incoming
+            .local_addr()
+            .map_err(|e| SluiceError::Transport(format!("the server's address: {e}")))?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let service = FlightServiceServer::new(TopicService {
+            namespace: options.namespace,
+            token: options.token.filter(|t| !t.is_empty()).map(Arc::new),
+        });
+        let task = rt.spawn(
+            Server::builder()
+                .initial_stream_window_size(WINDOW)
+                .initial_connection_window_size(2 * WINDOW)
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = rx.await;
+                }),
+        );
+        tracing::info!(%addr, "serving topics over Arrow Flight");
+        Ok(Self {
+            rt,
+            addr,
+            shutdown: Some(tx),
+            task: Some(task),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serves until `stop` completes (Ctrl-C in the CLI), then stops.
+    pub fn run_until(mut self, stop: impl std::future::Future<Output = ()>) -> Result<()> {
+        let task = self.task.take();
+        let result = self.rt.block_on(async {
+            match task {
+                Some(task) => {
+                    tokio::pin!(task);
+                    tokio::select! {
+                        done = &mut task => Some(done),
+                        () = stop => None,
+                    }
+                }
+                None => None,
+            }
+        });
+        match result {
+            Some(Ok(Ok(()))) | None => Ok(()),
+            Some(Ok(Err(e))) => Err(SluiceError::Transport(format!(
+                "the Flight server failed: {e}"
+            ))),
+            Some(Err(e)) => Err(SluiceError::Internal(format!(
+                "the Flight server panicked: {e}"
+            ))),
+        }
+    }
+}
+
+impl Drop for FlightServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = self
+                .rt
+                .block_on(async { tokio::time::timeout(Duration::from_secs(5), task).await });
+        }
+    }
+}
+
+#[derive(Clone)]
+struct TopicService {
+    namespace: Namespace,
+    token: Option<Arc<String>>,
+}
+
+type Resp<T> = BoxStream<'static, std::result::Result<T, Status>>;
+
+impl TopicService {
+    fn authorize<T>(&self, request: &Request<T>) -> std::result::Result<(), Status> {
+        let Some(token) = &self.token else {
+            return Ok(());
+        };
+        let given = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        // Constant-time: the comparison does not tell how much of a guess was right.
+        let same = given.len() == token.len()
+            && given
+                .bytes()
+                .zip(token.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0;
+        if same {
+            Ok(())
+        } else {
+            Err(Status::unauthenticated("missing or wrong bearer token"))
+        }
+    }
+}
+
+/// A metadata-only Flight message: an IPC message header of type NONE (what Flight
+/// readers expect of a message without data), and the protocol's metadata.
+fn control(meta: Meta) -> FlightData {
+    static NONE: OnceLock<Bytes> = OnceLock::new();
+    let header = NONE.get_or_init(|| {
+        let mut fbb = flatbuffers::FlatBufferBuilder::new();
+        let mut message = arrow_ipc::MessageBuilder::new(&mut fbb);
+        message.add_version(arrow_ipc::MetadataVersion::V5);
+        message.add_header_type(arrow_ipc::MessageHeader::NONE);
+        message.add_bodyLength(0);
+        let message = message.finish();
+        fbb.finish(message, None);
+        Bytes::copy_from_slice(fbb.finished_data())
+    });
+    FlightData {
+        data_header: header.clone(),
+        app_metadata: meta.encode(),
+        ..FlightData::default()
+    }
+}
+
+/// A topic error as the gRPC status the client maps back (see `client::from_status`).
+fn status(e: SluiceError) -> Status {
+    match e {
+        SluiceError::ProducerFailed(m) => Status::aborted(m),
+        SluiceError::ProducerLost(topic) => {
+            Status::unavailable(format!("the producer of topic '{topic}' is gone"))
+        }
+        e @ SluiceError::Timeout { .. } => Status::deadline_exceeded(e.to_string()),
+        e @ (SluiceError::Config(_) | SluiceError::Device(_)) => {
+            Status::failed_precondition(e.to_string())
+        }
+        e => Status::internal(e.to_string()),
+    }
+}
+
+/// Forwards the topic's messages to `tx` until the end of the stream, an error, or the
+/// client going away (runs on a blocking thread: shared-memory waits block).
+fn forward(
+    namespace: &Namespace,
+    request: &TicketRequest,
+    tx: &mpsc::Sender<std::result::Result<FlightData, Status>>,
+) -> std::result::Result<(), Status> {
+    let topic = TopicName::new(&request.topic).map_err(status)?;
+    let wait = Duration::from_secs_f64(request.wait_s.unwrap_or(60.0).clamp(0.0, 86_400.0));
+    let mut sub =
+        TopicSubscriber::connect(namespace, &topic, Some(wait), request.replay).map_err(status)?;
+    let mut schema: Option<SchemaRef> = None;
+    let send = |data: FlightData| tx.blocking_send(Ok(data)).is_ok();
+    loop {
+        if tx.is_closed() {
+            sub.detach();
+            return Ok(());
+        }
+        let frame = match sub.recv(Some(POLL)) {
+            Err(SluiceError::Timeout { .. }) => continue,
+            other => other.map_err(status)?,
+        };
+        let sent = match frame {
+            Frame::Batch {
+                epoch,
+                index,
+                batch,
+                ..
+            } => batch_messages(&batch, &mut schema, Meta::Batch { epoch, index })
+                .map_err(status)?
+                .into_iter()
+                .all(send),
+            Frame::DeviceBatch { .. } => {
+                return Err(Status::failed_precondition(format!(
+                    "topic '{topic}' keeps its batches in GPU memory, which cannot be sent \
+                     to another machine: run the plan with sluice.device = 'cpu' or \
+                     'cuda_host:N' for remote subscribers"
+                )));
+            }
+            Frame::EndOfEpoch {
+                epoch,
+                batches,
+                rows,
+            } => send(control(Meta::EndOfEpoch {
+                epoch,
+                batches,
+                rows,
+            })),
+            Frame::Missed { messages } => send(control(Meta::Missed { messages })),
+            Frame::EndOfStream => {
+                send(control(Meta::EndOfStream { epochs: 0 }));
+                return Ok(());
+            }
+        };
+        if !sent {
+            // The client went away.
+            sub.detach();
+            return Ok(());
+        }
+    }
+}
+
+/// A batch as Flight messages: the schema when it is new, dictionaries, the batch (with
+/// `meta`).
+fn batch_messages(
+    batch: &RecordBatch,
+    schema: &mut Option<SchemaRef>,
+    meta: Meta,
+) -> Result<Vec<FlightData>> {
+    let mut messages = batches_to_flight_data(batch.schema_ref(), vec![batch.clone()])?;
+    if schema.as_ref() == Some(batch.schema_ref()) {
+        // The first message is the schema, which the client has.
+        messages.remove(0);
+    } else {
+        *schema = Some(batch.schema());
+    }
+    if let Some(last) = messages.last_mut() {
+        last.app_metadata = meta.encode();
+    }
+    Ok(messages)
+}
+
+#[tonic::async_trait]
+impl FlightService for TopicService {
+    type HandshakeStream = Resp<HandshakeResponse>;
+    type ListFlightsStream = Resp<FlightInfo>;
+    type DoGetStream = Resp<FlightData>;
+    type DoPutStream = Resp<PutResult>;
+    type DoActionStream = Resp<arrow_flight::Result>;
+    type ListActionsStream = Resp<ActionType>;
+    type DoExchangeStream = Resp<FlightData>;
+
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> std::result::Result<Response<Self::DoGetStream>, Status> {
+        self.authorize(&request)?;
+        let ticket: TicketRequest = serde_json::from_slice(&request.get_ref().ticket)
+            .map_err(|e| Status::invalid_argument(format!("not a Sluice ticket: {e}")))?;
+        let (tx, mut rx) = mpsc::channel(2);
+        let namespace = self.namespace.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(status) = forward(&namespace, &ticket, &tx) {
+                let _ = tx.blocking_send(Err(status));
+            }
+        });
+        let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn handshake(
+        &self,
+        _request: Request<Streaming<HandshakeRequest>>,
+    ) -> std::result::Result<Response<Self::HandshakeStream>, Status> {
+        Err(Status::unimplemented(
+            "handshake: send the bearer token with each request",
+        ))
+    }
+
+    async fn list_flights(
+        &self,
+        _request: Request<Criteria>,
+    ) -> std::result::Result<Response<Self::ListFlightsStream>, Status> {
+        Err(Status::unimplemented(
+            "list_flights: ask `sluice status` on the node",
+        ))
+    }
+
+    async fn get_flight_info(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> std::result::Result<Response<FlightInfo>, Status> {
+        Err(Status::unimplemented("get_flight_info"))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> std::result::Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented("poll_flight_info"))
+    }
+
+    async fn get_schema(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> std::result::Result<Response<SchemaResult>, Status> {
+        Err(Status::unimplemented("get_schema"))
+    }
+
+    async fn do_put(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> std::result::Result<Response<Self::DoPutStream>, Status> {
+        Err(Status::unimplemented(
+            "do_put: topics are published by `sluice run`",
+        ))
+    }
+
+    async fn do_action(
+        &self,
+        _request: Request<Action>,
+    ) -> std::result::Result<Response<Self::DoActionStream>, Status> {
+        Err(Status::unimplemented("do_action"))
+    }
+
+    async fn list_actions(
+        &self,
+        _request: Request<Empty>,
+    ) -> std::result::Result<Response<Self::ListActionsStream>, Status> {
+        Err(Status::unimplemented("list_actions"))
+    }
+
+    async fn do_exchange(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> std::result::Result<Response<Self::DoExchangeStream>, Status> {
+        Err(Status::unimplemented("do_exchange"))
+    }
+}

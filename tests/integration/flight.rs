@@ -1,0 +1,182 @@
+//! Remote subscribers over Arrow Flight, as separate processes on 127.0.0.1: a
+//! producer (`sluice run`), a server (`sluice serve --flight`) on the same node, and
+//! subscribers (`sluice subscribe flight://HOST:PORT/TOPIC`) that get the same contract as
+//! local ones — every row of every epoch once, in their own batch size — and clear
+//! errors when the server dies or their token is wrong. A killed remote subscriber does
+//! not hold the producer back.
+
+use std::time::{Duration, Instant};
+
+use crate::common::{Harness, Proc, assert_exactly_once};
+
+const LIMIT: Duration = Duration::from_secs(120);
+const TOKEN: &str = "s3cret-token-of-the-test";
+
+fn plan(h: &Harness, topic: &str, epochs: u64) {
+    h.plan(
+        "p.sql",
+        &format!(
+            "SET sluice.topic = '{topic}';\nSET sluice.batch_rows = 1000;\nSET sluice.epochs = {epochs};\n\
+             CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION 'data/';\n\
+             SELECT id, label, text, features FROM train WHERE label IS NOT NULL;\n"
+        ),
+    );
+}
+
+/// Starts `sluice serve --flight 127.0.0.1:0` (with the test's token) and returns it with
+/// the address it printed.
+fn serve(h: &mut Harness) -> (Proc, String) {
+    std::fs::write(h.path("token"), format!("{TOKEN}\n")).unwrap();
+    let server = h.spawn(&["serve", "--flight", "127.0.0.1:0", "--token-file", "token"]);
+    let start = Instant::now();
+    loop {
+        if let Some(addr) = server
+            .stdout_so_far()
+            .lines()
+            .find_map(|l| l.strip_prefix("serving on ").map(str::to_string))
+        {
+            return (server, addr);
+        }
+        assert!(start.elapsed() < LIMIT, "the server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Spawns `sluice subscribe ARGS` with `SLUICE_TOKEN=token`.
+fn subscribe(h: &mut Harness, token: &str, args: &[&str]) -> Proc {
+    h.env.push(("SLUICE_TOKEN".into(), token.into()));
+    let mut all = vec!["subscribe"];
+    all.extend_from_slice(args);
+    let p = h.spawn(&all);
+    h.env.pop();
+    p
+}
+
+/// Three remote subscribers (the producer's batches, 333 rows, 4096 rows) receive both
+/// epochs whole, with the source's checksum, through the server.
+#[test]
+fn remote_subscribers_get_every_row_of_every_epoch_in_their_batch_size() {
+    let mut h = Harness::new();
+    h.dataset(20_000);
+    plan(&h, "remote", 2);
+    let (rows, sum) = h.source_checksum(&h.path("p.sql"));
+    let (server, addr) = serve(&mut h);
+    let url = format!("flight://{addr}/remote");
+    let subs: Vec<_> = [None, Some("333"), Some("4096")]
+        .into_iter()
+        .map(|size| {
+            let mut args = vec![url.as_str(), "--json", "--timeout", "120"];
+            if let Some(size) = size {
+                args.extend(["--batch-size", size]);
+            }
+            subscribe(&mut h, TOKEN, &args)
+        })
+        .collect();
+    let producer = h.spawn_producer(3, &[]);
+    for sub in subs {
+        assert_exactly_once(&sub.wait(LIMIT), 2, rows, &sum);
+    }
+    assert!(producer.wait(LIMIT).status.success());
+    server.kill9();
+}
+
+/// A server killed mid-stream fails its remote subscribers with "producer lost" (exit
+/// code 3) within seconds, and the producer, whose subscriber in the server died with
+/// it, finishes.
+#[test]
+fn a_killed_server_fails_its_remote_subscribers_within_seconds() {
+    let mut h = Harness::new();
+    h.dataset(20_000);
+    plan(&h, "killed", 5);
+    let (server, addr) = serve(&mut h);
+    let url = format!("flight://{addr}/killed");
+    // 20 batches an epoch (about 3 MB), 100 ms each: the four epochs after the first
+    // take 8 s more, and what the client may have buffered (HTTP/2 windows of 1 and
+    // 2 MiB) is less than one of them.
+    let sub = subscribe(
+        &mut h,
+        TOKEN,
+        &[&url, "--json", "--timeout", "120", "--delay-ms", "100"],
+    );
+    let producer = h.spawn_producer(1, &[]);
+    // Once the first epoch is through, kill the server.
+    let start = Instant::now();
+    while !sub.stdout_so_far().contains("\"epoch\":0") {
+        assert!(
+            start.elapsed() < LIMIT,
+            "no epoch arrived: {}",
+            sub.stdout_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let killed = Instant::now();
+    server.kill9();
+    let out = sub.wait(LIMIT);
+    let took = killed.elapsed();
+    assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("is gone") || out.stderr.contains("closed the stream"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "the subscriber took {took:?} to notice"
+    );
+    assert!(producer.wait(LIMIT).status.success());
+}
+
+/// A remote subscriber killed with SIGKILL does not hold the producer back: the server
+/// detaches its subscriber, the other remote subscriber gets everything.
+#[test]
+fn a_killed_remote_subscriber_does_not_hold_the_others_back() {
+    let mut h = Harness::new();
+    h.dataset(20_000);
+    plan(&h, "leaver", 2);
+    let (rows, sum) = h.source_checksum(&h.path("p.sql"));
+    let (server, addr) = serve(&mut h);
+    let url = format!("flight://{addr}/leaver");
+    let slow = subscribe(
+        &mut h,
+        TOKEN,
+        &[&url, "--json", "--timeout", "120", "--delay-ms", "200"],
+    );
+    let other = subscribe(&mut h, TOKEN, &[&url, "--json", "--timeout", "120"]);
+    let producer = h.spawn_producer(2, &[]);
+    std::thread::sleep(Duration::from_millis(600));
+    slow.kill9();
+    assert_exactly_once(&other.wait(LIMIT), 2, rows, &sum);
+    assert!(producer.wait(LIMIT).status.success());
+    server.kill9();
+}
+
+/// A wrong or missing token is refused (exit code 2) with a message that says what to
+/// set and reveals nothing of the server's token; a non-loopback address without a token
+/// is refused at start.
+#[test]
+fn a_wrong_token_is_refused_and_a_public_address_needs_one() {
+    let mut h = Harness::new();
+    let (server, addr) = serve(&mut h);
+    let url = format!("flight://{addr}/whatever");
+    for token in ["wrong", ""] {
+        let out = subscribe(&mut h, token, &[&url, "--timeout", "10"]).wait(LIMIT);
+        assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+        assert!(out.stderr.contains("SLUICE_TOKEN"), "{}", out.stderr);
+        assert!(!out.stderr.contains(TOKEN), "{}", out.stderr);
+    }
+    server.kill9();
+    let out = h.run(&["serve", "--flight", "0.0.0.0:0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("needs a bearer token"),
+        "{}",
+        out.stderr
+    );
+    let out = h.run(&["subscribe", "flight://nowhere/x"]);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("flight://HOST:PORT/TOPIC"),
+        "{}",
+        out.stderr
+    );
+}
