@@ -114,7 +114,8 @@ fn arrow_flight(n: usize) -> (Outlets, Inlets, Keep) {
     let inlets: Inlets = (0..n)
         .map(|_| {
             Box::new(
-                FlightInlet::connect(&target, None, false, Some(Duration::from_secs(30))).unwrap(),
+                FlightInlet::connect(&target, None, false, Some(Duration::from_secs(30)), None)
+                    .unwrap(),
             ) as _
         })
         .collect();

@@ -180,3 +180,67 @@ fn a_wrong_token_is_refused_and_a_public_address_needs_one() {
         out.stderr
     );
 }
+
+/// Remote subscribers started with `--reconnect` survive their producer's SIGKILL and a
+/// restart with `--resume`: the server attaches to the successor and the subscribers
+/// drop what they had, so each epoch arrives exactly once. A restarted server is found
+/// again the same way.
+#[test]
+fn remote_subscribers_reconnect_to_a_restarted_producer_without_duplicates_or_gaps() {
+    let mut h = Harness::new();
+    h.dataset(12_000);
+    h.plan(
+        "p.sql",
+        "SET sluice.topic = 'again';\nSET sluice.batch_rows = 150;\nSET sluice.epochs = 3;\n\
+         SET sluice.window = 2;\nSET sluice.shuffle_seed = 7;\n\
+         CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION 'data/';\n\
+         SELECT id, label, text, features FROM train WHERE label IS NOT NULL;\n",
+    );
+    let (rows, sum) = h.source_checksum(&h.path("p.sql"));
+    let (server, addr) = serve(&mut h);
+    let url = format!("flight://{addr}/again");
+    let subs = [
+        subscribe(
+            &mut h,
+            TOKEN,
+            &[&url, "--json", "--timeout", "60", "--reconnect", "30"],
+        ),
+        subscribe(
+            &mut h,
+            TOKEN,
+            &[
+                &url,
+                "--json",
+                "--timeout",
+                "60",
+                "--reconnect",
+                "30",
+                "--batch-size",
+                "333",
+                "--delay-ms",
+                "5",
+            ],
+        ),
+    ];
+    let first = h.spawn_producer(2, &[]);
+    // Kill the producer once the first epoch is through.
+    let start = Instant::now();
+    while subs[1].stdout_so_far().lines().count() < 1 {
+        assert!(start.elapsed() < LIMIT, "no epoch arrived");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    first.kill9();
+    let killed = first.wait(LIMIT);
+    // Killed mid-stream, not after it finished: the successor has work to do.
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&killed.status),
+        Some(libc::SIGKILL),
+        "the first producer finished before it was killed"
+    );
+    let second = h.spawn(&["run", "p.sql", "--quiet", "--resume"]);
+    for sub in subs {
+        assert_exactly_once(&sub.wait(LIMIT), 3, rows, &sum);
+    }
+    assert!(second.wait(LIMIT).status.success());
+    server.kill9();
+}

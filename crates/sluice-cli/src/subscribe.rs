@@ -73,18 +73,13 @@ impl Source {
         let timeout = args.timeout.map(Duration::from_secs_f64);
         if let Some(target) = FlightTarget::parse(&args.topic) {
             let target = target?;
-            if args.reconnect.is_some() {
-                anyhow::bail!(
-                    "--reconnect is not supported for remote topics yet; subscribe again \
-                     after a restart"
-                );
-            }
             let token = std::env::var("SLUICE_TOKEN").ok();
             let inlet = FlightInlet::connect(
                 &target,
                 token.as_deref(),
                 args.join == Join::Replay,
                 timeout,
+                args.reconnect.map(Duration::from_secs_f64),
             )?;
             let sub = Subscription::new(
                 ReceiverOptions {

@@ -20,7 +20,8 @@
 //!   is closed, incomplete, when the next epoch's first batch arrives.
 //! * **Lag.** A gap reported by the transport ([`Inbound::Missed`]) is an error
 //!   ([`SluiceError::Lagged`]) or, with [`OnLag::Skip`], counted in the epoch's summary.
-//! * **Resume.** After [`Receiver::reconnecting`], a restarted producer's messages that
+//! * **Resume.** After [`Receiver::reconnecting`] (or [`Inbound::Reconnected`] from a
+//!   transport that reconnects by itself), a restarted producer's messages that
 //!   this subscriber already had are dropped and a gap is an error
 //!   ([`SluiceError::ResumeGap`]), so a reconnect has no duplicate and no hole.
 //! * **End of stream** comes after every queued batch.
@@ -137,6 +138,10 @@ pub enum Inbound<P> {
         /// Messages missed.
         messages: u64,
     },
+    /// The producer was lost and the transport attached to its restarted successor (or
+    /// re-attached after its own failure): what follows may repeat what was delivered,
+    /// and must continue exactly where this subscriber is.
+    Reconnected,
 }
 
 /// What the subscriber's user sees.
@@ -298,6 +303,7 @@ impl<P: Rows> Receiver<P> {
                 batches,
                 rows,
             } => self.end_of_epoch(epoch, batches, rows),
+            Inbound::Reconnected => self.reconnecting(),
             Inbound::EndOfStream => {
                 if let Some(rebatcher) = &mut self.rebatcher {
                     self.ready.extend(rebatcher.finish()?);
@@ -831,8 +837,11 @@ mod tests {
                 }
                 r.push(m).unwrap();
             }
-            r.reconnecting().unwrap();
-            out.extend(run(&mut r, stream(&epochs)).unwrap());
+            // What a transport that reconnects by itself says before the successor's
+            // stream.
+            let mut again = vec![Inbound::Reconnected];
+            again.extend(stream(&epochs));
+            out.extend(run(&mut r, again).unwrap());
             let got = by_epoch(&out);
             prop_assert_eq!(got.0.iter().map(|s| &s.0).collect::<Vec<_>>(), want.0.iter().map(|s| &s.0).collect::<Vec<_>>());
             prop_assert!(got.1);
@@ -842,7 +851,7 @@ mod tests {
         /// panics, and counts exactly the rows it hands out.
         #[test]
         fn arbitrary_messages_never_panic(
-            messages in prop::collection::vec((0u8..5, 0u64..3, 0u64..6, 0usize..12), 0..60),
+            messages in prop::collection::vec((0u8..6, 0u64..3, 0u64..6, 0usize..12), 0..60),
             size in prop::option::of(1usize..10),
             skip in any::<bool>(),
             join in 0u8..3,
@@ -856,7 +865,8 @@ mod tests {
                     0 | 1 => Inbound::Batch { epoch, index, payload: Ids((0..n as u64).collect()) },
                     2 => Inbound::EndOfEpoch { epoch, batches: index, rows: n as u64 },
                     3 => Inbound::Missed { messages: index + 1 },
-                    _ => Inbound::EndOfStream,
+                    4 => Inbound::EndOfStream,
+                    _ => Inbound::Reconnected,
                 };
                 if kind == 4 && index == 0 {
                     r.reconnecting().unwrap();

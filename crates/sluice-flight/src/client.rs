@@ -60,6 +60,8 @@ pub struct FlightInlet {
     rt: tokio::runtime::Runtime,
     stream: FlightDataDecoder,
     target: FlightTarget,
+    token: Option<String>,
+    reconnect: Option<Duration>,
     ended: bool,
 }
 
@@ -71,56 +73,109 @@ impl std::fmt::Debug for FlightInlet {
     }
 }
 
+/// How often a reconnecting client tries the server again.
+const RETRY: Duration = Duration::from_millis(500);
+
 impl FlightInlet {
     /// Connects to `target`'s server and asks for the topic (the server waits up to
     /// `wait` for its producer, 60 s by default). `token`: the server's bearer token
     /// (`SLUICE_TOKEN`). `replay`: start with the oldest message the producer holds.
+    /// `reconnect`: when the producer is lost, the server waits this long for a
+    /// restarted one and continues with it; when the server is lost, this client tries
+    /// it again for this long; both then continue where the subscriber was
+    /// ([`Inbound::Reconnected`]).
     pub fn connect(
         target: &FlightTarget,
         token: Option<&str>,
         replay: bool,
         wait: Option<Duration>,
+        reconnect: Option<Duration>,
     ) -> Result<Self> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| SluiceError::Transport(format!("cannot start a client runtime: {e}")))?;
-        let ticket = serde_json::to_vec(&TicketRequest {
-            topic: target.topic.clone(),
-            replay,
-            wait_s: wait.map(|w| w.as_secs_f64()),
-        })
-        .map_err(|e| SluiceError::Internal(format!("cannot encode a ticket: {e}")))?;
-        let stream = rt.block_on(async {
-            let endpoint = Endpoint::from_shared(format!("http://{}", target.server))
-                .map_err(|e| SluiceError::Config(format!("{target}: {e}")))?
-                .connect_timeout(Duration::from_secs(10))
-                .initial_stream_window_size(WINDOW)
-                .initial_connection_window_size(2 * WINDOW);
-            let channel = endpoint.connect().await.map_err(|e| {
-                SluiceError::ProducerLost(format!(
-                    "{} (cannot reach the Flight server at {}: {e})",
-                    target.topic, target.server
-                ))
-            })?;
-            let mut client = FlightClient::new(channel);
-            if let Some(token) = token {
-                client
-                    .add_header("authorization", &format!("Bearer {token}"))
-                    .map_err(|e| SluiceError::Config(format!("unusable token: {e}")))?;
-            }
-            client
-                .do_get(Ticket::new(ticket))
-                .await
-                .map_err(|e| from_flight(e, target))
-        })?;
+        let stream = rt.block_on(open(target, token, replay, wait, reconnect))?;
         Ok(Self {
             rt,
-            stream: stream.into_inner(),
+            stream,
             target: target.clone(),
+            token: token.map(str::to_string),
+            reconnect,
             ended: false,
         })
     }
+
+    /// The server (or the stream to it) was lost: tries it again until the reconnection
+    /// time is over, asking for a replay so that nothing between is missed.
+    fn reopen(&mut self, lost: SluiceError) -> Result<()> {
+        let Some(reconnect) = self.reconnect else {
+            return Err(lost);
+        };
+        let deadline = std::time::Instant::now() + reconnect;
+        tracing::info!(target = %self.target, "lost ({lost}); reconnecting for up to {reconnect:?}");
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(lost);
+            }
+            let attempt = self.rt.block_on(open(
+                &self.target,
+                self.token.as_deref(),
+                true,
+                Some(left),
+                Some(left),
+            ));
+            match attempt {
+                Ok(stream) => {
+                    self.stream = stream;
+                    return Ok(());
+                }
+                Err(SluiceError::ProducerLost(_)) => std::thread::sleep(RETRY.min(left)),
+                // The server waited for a restarted producer as long as asked.
+                Err(SluiceError::Timeout { .. }) => return Err(lost),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+async fn open(
+    target: &FlightTarget,
+    token: Option<&str>,
+    replay: bool,
+    wait: Option<Duration>,
+    reconnect: Option<Duration>,
+) -> Result<FlightDataDecoder> {
+    let ticket = serde_json::to_vec(&TicketRequest {
+        topic: target.topic.clone(),
+        replay,
+        wait_s: wait.map(|w| w.as_secs_f64()),
+        reconnect_s: reconnect.map(|r| r.as_secs_f64()),
+    })
+    .map_err(|e| SluiceError::Internal(format!("cannot encode a ticket: {e}")))?;
+    let endpoint = Endpoint::from_shared(format!("http://{}", target.server))
+        .map_err(|e| SluiceError::Config(format!("{target}: {e}")))?
+        .connect_timeout(Duration::from_secs(10))
+        .initial_stream_window_size(WINDOW)
+        .initial_connection_window_size(2 * WINDOW);
+    let channel = endpoint.connect().await.map_err(|e| {
+        SluiceError::ProducerLost(format!(
+            "{} (cannot reach the Flight server at {}: {e})",
+            target.topic, target.server
+        ))
+    })?;
+    let mut client = FlightClient::new(channel);
+    if let Some(token) = token {
+        client
+            .add_header("authorization", &format!("Bearer {token}"))
+            .map_err(|e| SluiceError::Config(format!("unusable token: {e}")))?;
+    }
+    let stream = client
+        .do_get(Ticket::new(ticket))
+        .await
+        .map_err(|e| from_flight(e, target))?;
+    Ok(stream.into_inner())
 }
 
 /// A gRPC status from the server as the error a local subscriber would see.
@@ -185,12 +240,21 @@ impl Inlet<RecordBatch> for FlightInlet {
             let data = match next {
                 None => {
                     // The stream closed without its end: the server went away.
-                    return Err(SluiceError::ProducerLost(format!(
+                    let lost = SluiceError::ProducerLost(format!(
                         "{} (the Flight server at {} closed the stream)",
                         self.target.topic, self.target.server
-                    )));
+                    ));
+                    self.reopen(lost)?;
+                    return Ok(Inbound::Reconnected);
                 }
-                Some(data) => data.map_err(|e| from_flight(e, &self.target))?,
+                Some(Err(e)) => match from_flight(e, &self.target) {
+                    lost @ SluiceError::ProducerLost(_) => {
+                        self.reopen(lost)?;
+                        return Ok(Inbound::Reconnected);
+                    }
+                    other => return Err(other),
+                },
+                Some(Ok(data)) => data,
             };
             let meta = match data.payload {
                 // The schema of the batches that follow; the decoder keeps it.
@@ -222,6 +286,7 @@ impl Inlet<RecordBatch> for FlightInlet {
                     Inbound::EndOfStream
                 }
                 (Meta::Missed { messages }, DecodedPayload::None) => Inbound::Missed { messages },
+                (Meta::Reconnected, DecodedPayload::None) => Inbound::Reconnected,
                 (meta, _) => {
                     return Err(SluiceError::Corrupt(format!(
                         "{}: metadata {meta:?} on a message that does not match it",

@@ -52,4 +52,8 @@ pub struct TicketRequest {
     /// Seconds the server waits for the topic's producer (default 60).
     #[serde(default)]
     pub wait_s: Option<f64>,
+    /// When the producer is lost, seconds the server waits for a restarted one and
+    /// continues with it (the client drops repeats); `None`: the loss ends the stream.
+    #[serde(default)]
+    pub reconnect_s: Option<f64>,
 }

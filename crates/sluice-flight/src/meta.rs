@@ -8,6 +8,7 @@
 //! | 2 | end of epoch | epoch | batches | rows |
 //! | 3 | end of stream | epochs | 0 | 0 |
 //! | 4 | messages missed (lag limit) | messages | 0 | 0 |
+//! | 5 | reconnected to a restarted producer (repeats follow) | 0 | 0 | 0 |
 
 use bytes::Bytes;
 use sluice_core::{Result, SluiceError};
@@ -44,6 +45,8 @@ pub enum Meta {
         /// Messages.
         messages: u64,
     },
+    /// The server re-attached to the topic's restarted producer.
+    Reconnected,
 }
 
 impl Meta {
@@ -58,6 +61,7 @@ impl Meta {
             } => (2, epoch, batches, rows),
             Self::EndOfStream { epochs } => (3, epochs, 0, 0),
             Self::Missed { messages } => (4, messages, 0, 0),
+            Self::Reconnected => (5, 0, 0, 0),
         };
         let mut out = Vec::with_capacity(LEN);
         out.extend_from_slice(MAGIC);
@@ -95,6 +99,7 @@ impl Meta {
             },
             3 => Self::EndOfStream { epochs: a },
             4 => Self::Missed { messages: a },
+            5 => Self::Reconnected,
             _ => return Err(corrupt()),
         })
     }

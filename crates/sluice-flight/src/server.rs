@@ -242,6 +242,14 @@ fn forward(
         }
         let frame = match sub.recv(Some(POLL)) {
             Err(SluiceError::Timeout { .. }) => continue,
+            Err(SluiceError::ProducerLost(_)) if request.reconnect_s.is_some() => {
+                sub = successor(namespace, &topic, sub, request.reconnect_s.unwrap_or(0.0))?;
+                if !send(control(Meta::Reconnected)) {
+                    sub.detach();
+                    return Ok(());
+                }
+                continue;
+            }
             other => other.map_err(status)?,
         };
         let sent = match frame {
@@ -282,6 +290,26 @@ fn forward(
             return Ok(());
         }
     }
+}
+
+/// The producer of `topic` is gone: lets go of its topic (a restarted producer can create
+/// it only once every subscriber has), having declared interest first so that the
+/// successor waits for this subscriber, and attaches to the successor with replay (it may
+/// have published a few messages already; the client drops what it had).
+fn successor(
+    namespace: &Namespace,
+    topic: &TopicName,
+    old: TopicSubscriber,
+    wait_s: f64,
+) -> std::result::Result<TopicSubscriber, Status> {
+    let _interest = sluice_shm::Interest::declare(namespace, topic).map_err(status)?;
+    drop(old);
+    let wait = Duration::from_secs_f64(wait_s.clamp(0.0, 86_400.0));
+    tracing::info!(%topic, "producer lost; waiting up to {wait:?} for a restarted one");
+    TopicSubscriber::connect(namespace, topic, Some(wait), true).map_err(|e| match e {
+        SluiceError::Timeout { .. } => status(SluiceError::ProducerLost(topic.to_string())),
+        other => status(other),
+    })
 }
 
 /// A batch as Flight messages: the schema when it is new, dictionaries, the batch (with
