@@ -24,7 +24,7 @@ use sluice::core::{
 };
 use sluice::prelude::*;
 use sluice::shm::{TopicConfig, TopicPublisher, TopicSubscriber};
-use sluice_flight::{FlightInlet, FlightServer, FlightTarget, ServeOptions};
+use sluice_flight::{ClientOptions, FlightInlet, FlightServer, FlightTarget, ServeOptions};
 
 type Outlets = Box<dyn Outlet<RecordBatch> + Send>;
 type Inlets = Vec<Box<dyn Inlet<RecordBatch> + Send>>;
@@ -104,18 +104,26 @@ fn arrow_flight(n: usize) -> (Outlets, Inlets, Keep) {
         ServeOptions {
             namespace: ns.clone(),
             token: None,
+            tls: None,
         },
     )
     .unwrap();
     let target = FlightTarget {
         server: server.local_addr().to_string(),
         topic: "conformance".into(),
+        tls: false,
     };
     let inlets: Inlets = (0..n)
         .map(|_| {
             Box::new(
-                FlightInlet::connect(&target, None, false, Some(Duration::from_secs(30)), None)
-                    .unwrap(),
+                FlightInlet::connect(
+                    &target,
+                    ClientOptions {
+                        wait: Some(Duration::from_secs(30)),
+                        ..ClientOptions::default()
+                    },
+                )
+                .unwrap(),
             ) as _
         })
         .collect();

@@ -244,3 +244,126 @@ fn remote_subscribers_reconnect_to_a_restarted_producer_without_duplicates_or_ga
     assert!(second.wait(LIMIT).status.success());
     server.kill9();
 }
+
+/// With `--tls-cert`/`--tls-key` the server speaks TLS only: a `flight+tls://`
+/// subscriber that trusts the CA (`SLUICE_TLS_CA`) gets every row; one without the CA is
+/// told to set it; a plain `flight://` subscriber cannot talk to it.
+#[test]
+fn a_tls_server_serves_subscribers_that_trust_its_certificate() {
+    let mut h = Harness::new();
+    h.dataset(5_000);
+    plan(&h, "secure", 1);
+    let (rows, sum) = h.source_checksum(&h.path("p.sql"));
+    // A test CA, and a certificate for 127.0.0.1 that it signed.
+    std::fs::write(
+        h.path("leaf.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let steps: [Vec<&str>; 3] = [
+        [
+            &["req", "-x509"][..],
+            &ec,
+            &["-days", "2", "-subj", "/CN=sluice-test-ca"],
+            &["-keyout", "ca.key", "-out", "ca.pem"],
+        ]
+        .concat(),
+        [
+            &["req"][..],
+            &ec,
+            &[
+                "-subj",
+                "/CN=127.0.0.1",
+                "-keyout",
+                "key.pem",
+                "-out",
+                "leaf.csr",
+            ],
+        ]
+        .concat(),
+        vec![
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "leaf.cnf",
+            "-out",
+            "cert.pem",
+        ],
+    ];
+    for args in steps {
+        let made = std::process::Command::new("openssl")
+            .args(&args)
+            .current_dir(h.dir.path())
+            .output()
+            .expect("openssl is needed to make the test's certificates");
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    }
+    std::fs::write(h.path("token"), TOKEN).unwrap();
+    let server = h.spawn(&[
+        "serve",
+        "--flight",
+        "127.0.0.1:0",
+        "--token-file",
+        "token",
+        "--tls-cert",
+        "cert.pem",
+        "--tls-key",
+        "key.pem",
+    ]);
+    let start = Instant::now();
+    let addr = loop {
+        if let Some(addr) = server
+            .stdout_so_far()
+            .lines()
+            .find_map(|l| l.strip_prefix("serving on ").map(str::to_string))
+        {
+            break addr;
+        }
+        assert!(start.elapsed() < LIMIT, "the server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let secure = format!("flight+tls://{addr}/secure");
+    // Without the CA: told what to set.
+    let out = subscribe(&mut h, TOKEN, &[&secure, "--timeout", "10"]).wait(LIMIT);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("SLUICE_TLS_CA"), "{}", out.stderr);
+    // Plain gRPC to a TLS server: no stream.
+    let out = subscribe(
+        &mut h,
+        TOKEN,
+        &[&format!("flight://{addr}/secure"), "--timeout", "10"],
+    )
+    .wait(LIMIT);
+    assert!(!out.status.success(), "{}", out.stdout);
+    // Trusting the certificate: every row.
+    h.env.push((
+        "SLUICE_TLS_CA".into(),
+        h.path("ca.pem").display().to_string(),
+    ));
+    let sub = subscribe(&mut h, TOKEN, &[&secure, "--json", "--timeout", "120"]);
+    h.env.pop();
+    let producer = h.spawn_producer(1, &[]);
+    assert_exactly_once(&sub.wait(LIMIT), 1, rows, &sum);
+    assert!(producer.wait(LIMIT).status.success());
+    server.kill9();
+}

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use sluice::Namespace;
-use sluice_flight::{FlightServer, ServeOptions};
+use sluice_flight::{FlightServer, ServeOptions, TlsIdentity};
 
 /// Arguments of `sluice serve`.
 #[derive(Debug, clap::Args)]
@@ -17,6 +17,12 @@ pub(crate) struct ServeArgs {
     /// A file holding the bearer token clients must send (SLUICE_TOKEN on their side).
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// TLS: the server's certificate chain (PEM); clients use flight+tls://.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS: the server's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -38,18 +44,34 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         .map(Some)?,
         None => None,
     };
+    let read = |path: &PathBuf| {
+        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+    };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsIdentity {
+            cert_pem: read(cert)?,
+            key_pem: read(key)?,
+        }),
+        _ => None,
+    };
+    let scheme = if tls.is_some() {
+        "flight+tls"
+    } else {
+        "flight"
+    };
     let server = FlightServer::start(
         addr,
         ServeOptions {
             namespace: Namespace::from_env()?,
             token,
+            tls,
         },
     )?;
     // The address on stdout (scripts read the port of --flight HOST:0 from it).
     println!("serving on {}", server.local_addr());
     eprintln!(
         "serving this node's topics over Arrow Flight on {}: subscribe with \
-         `sluice subscribe flight://{}/TOPIC`; Ctrl-C stops",
+         `sluice subscribe {scheme}://{}/TOPIC`; Ctrl-C stops",
         server.local_addr(),
         server.local_addr()
     );

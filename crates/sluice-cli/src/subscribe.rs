@@ -5,13 +5,14 @@ use std::time::{Duration, Instant};
 
 use sluice::core::{Outbound, ReceiverOptions, Subscription};
 use sluice::{Checksum, Event, Join, OnLag, SubscribeOptions, Subscriber};
-use sluice_flight::{FlightInlet, FlightTarget};
+use sluice_flight::{ClientOptions, FlightInlet, FlightTarget};
 
 /// Arguments of `sluice subscribe`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct SubscribeArgs {
     /// The topic (sluice.topic of the producer's plan), or flight://HOST:PORT/TOPIC for a
-    /// topic served by `sluice serve --flight` on another machine (token: SLUICE_TOKEN).
+    /// topic served by `sluice serve --flight` on another machine (token: SLUICE_TOKEN;
+    /// flight+tls://… for a TLS server, with its CA certificate in SLUICE_TLS_CA).
     topic: String,
     /// One JSON object per epoch (rows, batches, checksum) and one for the whole stream.
     #[arg(long)]
@@ -73,13 +74,14 @@ impl Source {
         let timeout = args.timeout.map(Duration::from_secs_f64);
         if let Some(target) = FlightTarget::parse(&args.topic) {
             let target = target?;
-            let token = std::env::var("SLUICE_TOKEN").ok();
             let inlet = FlightInlet::connect(
                 &target,
-                token.as_deref(),
-                args.join == Join::Replay,
-                timeout,
-                args.reconnect.map(Duration::from_secs_f64),
+                ClientOptions {
+                    replay: args.join == Join::Replay,
+                    wait: timeout,
+                    reconnect: args.reconnect.map(Duration::from_secs_f64),
+                    ..ClientOptions::from_env()?
+                },
             )?;
             let sub = Subscription::new(
                 ReceiverOptions {

@@ -8,27 +8,33 @@ use arrow_flight::error::FlightError;
 use arrow_flight::{FlightClient, Ticket};
 use futures::StreamExt;
 use sluice_core::{Inbound, Inlet, Result, SluiceError};
-use tonic::transport::Endpoint;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
 use crate::TicketRequest;
 use crate::meta::Meta;
 use crate::server::WINDOW;
 
-/// Where a remote topic is: `flight://HOST:PORT/TOPIC`.
+/// Where a remote topic is: `flight://HOST:PORT/TOPIC`, or `flight+tls://…` for a
+/// server with TLS.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlightTarget {
     /// `HOST:PORT`.
     pub server: String,
     /// The topic.
     pub topic: String,
+    /// Whether the server speaks TLS.
+    pub tls: bool,
 }
 
 impl FlightTarget {
-    /// Parses `flight://HOST:PORT/TOPIC`; `None` for anything that does not start with
-    /// `flight://` (a local topic name).
+    /// Parses `flight://HOST:PORT/TOPIC` or `flight+tls://HOST:PORT/TOPIC`; `None` for
+    /// anything else (a local topic name).
     pub fn parse(text: &str) -> Option<Result<Self>> {
-        let rest = text.strip_prefix("flight://")?;
+        let (rest, tls) = match text.strip_prefix("flight://") {
+            Some(rest) => (rest, false),
+            None => (text.strip_prefix("flight+tls://")?, true),
+        };
         let bad = || {
             SluiceError::Config(format!(
                 "'{text}' is not flight://HOST:PORT/TOPIC (for example \
@@ -42,6 +48,7 @@ impl FlightTarget {
                 sluice_core::TopicName::new(topic).map(|_| Self {
                     server: server.to_string(),
                     topic: topic.to_string(),
+                    tls,
                 })
             }
             _ => Err(bad()),
@@ -51,7 +58,58 @@ impl FlightTarget {
 
 impl std::fmt::Display for FlightTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "flight://{}/{}", self.server, self.topic)
+        let scheme = if self.tls { "flight+tls" } else { "flight" };
+        write!(f, "{scheme}://{}/{}", self.server, self.topic)
+    }
+}
+
+/// How a remote subscriber connects.
+#[derive(Clone, Default)]
+pub struct ClientOptions {
+    /// The server's bearer token (`SLUICE_TOKEN`).
+    pub token: Option<String>,
+    /// The CA certificate (PEM) that signed a TLS server's certificate
+    /// (`SLUICE_TLS_CA`); needed for `flight+tls://`.
+    pub tls_ca: Option<Vec<u8>>,
+    /// Start with the oldest message the producer still holds (`join = replay`).
+    pub replay: bool,
+    /// How long the server waits for the topic's producer (60 s by default).
+    pub wait: Option<Duration>,
+    /// When the producer is lost, the server waits this long for a restarted one and
+    /// continues with it; when the server is lost, the client tries it again for this
+    /// long; both then continue where the subscriber was ([`Inbound::Reconnected`]).
+    pub reconnect: Option<Duration>,
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("token", &self.token.as_ref().map(|_| "…"))
+            .field("tls_ca", &self.tls_ca.is_some())
+            .field("replay", &self.replay)
+            .field("wait", &self.wait)
+            .field("reconnect", &self.reconnect)
+            .finish()
+    }
+}
+
+impl ClientOptions {
+    /// `SLUICE_TOKEN` and the file `SLUICE_TLS_CA` names, from the environment.
+    pub fn from_env() -> Result<Self> {
+        let tls_ca = match std::env::var_os("SLUICE_TLS_CA") {
+            Some(path) => Some(std::fs::read(&path).map_err(|e| {
+                SluiceError::Config(format!(
+                    "cannot read SLUICE_TLS_CA ({}): {e}",
+                    std::path::Path::new(&path).display()
+                ))
+            })?),
+            None => None,
+        };
+        Ok(Self {
+            token: std::env::var("SLUICE_TOKEN").ok(),
+            tls_ca,
+            ..Self::default()
+        })
     }
 }
 
@@ -60,8 +118,7 @@ pub struct FlightInlet {
     rt: tokio::runtime::Runtime,
     stream: FlightDataDecoder,
     target: FlightTarget,
-    token: Option<String>,
-    reconnect: Option<Duration>,
+    options: ClientOptions,
     ended: bool,
 }
 
@@ -77,31 +134,18 @@ impl std::fmt::Debug for FlightInlet {
 const RETRY: Duration = Duration::from_millis(500);
 
 impl FlightInlet {
-    /// Connects to `target`'s server and asks for the topic (the server waits up to
-    /// `wait` for its producer, 60 s by default). `token`: the server's bearer token
-    /// (`SLUICE_TOKEN`). `replay`: start with the oldest message the producer holds.
-    /// `reconnect`: when the producer is lost, the server waits this long for a
-    /// restarted one and continues with it; when the server is lost, this client tries
-    /// it again for this long; both then continue where the subscriber was
-    /// ([`Inbound::Reconnected`]).
-    pub fn connect(
-        target: &FlightTarget,
-        token: Option<&str>,
-        replay: bool,
-        wait: Option<Duration>,
-        reconnect: Option<Duration>,
-    ) -> Result<Self> {
+    /// Connects to `target`'s server and asks for the topic.
+    pub fn connect(target: &FlightTarget, options: ClientOptions) -> Result<Self> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| SluiceError::Transport(format!("cannot start a client runtime: {e}")))?;
-        let stream = rt.block_on(open(target, token, replay, wait, reconnect))?;
+        let stream = rt.block_on(open(target, &options))?;
         Ok(Self {
             rt,
             stream,
             target: target.clone(),
-            token: token.map(str::to_string),
-            reconnect,
+            options,
             ended: false,
         })
     }
@@ -109,7 +153,7 @@ impl FlightInlet {
     /// The server (or the stream to it) was lost: tries it again until the reconnection
     /// time is over, asking for a replay so that nothing between is missed.
     fn reopen(&mut self, lost: SluiceError) -> Result<()> {
-        let Some(reconnect) = self.reconnect else {
+        let Some(reconnect) = self.options.reconnect else {
             return Err(lost);
         };
         let deadline = std::time::Instant::now() + reconnect;
@@ -119,19 +163,20 @@ impl FlightInlet {
             if left.is_zero() {
                 return Err(lost);
             }
-            let attempt = self.rt.block_on(open(
-                &self.target,
-                self.token.as_deref(),
-                true,
-                Some(left),
-                Some(left),
-            ));
-            match attempt {
+            let again = ClientOptions {
+                replay: true,
+                wait: Some(left),
+                reconnect: Some(left),
+                ..self.options.clone()
+            };
+            match self.rt.block_on(open(&self.target, &again)) {
                 Ok(stream) => {
                     self.stream = stream;
                     return Ok(());
                 }
-                Err(SluiceError::ProducerLost(_)) => std::thread::sleep(RETRY.min(left)),
+                Err(SluiceError::ProducerLost(_) | SluiceError::Transport(_)) => {
+                    std::thread::sleep(RETRY.min(left))
+                }
                 // The server waited for a restarted producer as long as asked.
                 Err(SluiceError::Timeout { .. }) => return Err(lost),
                 Err(e) => return Err(e),
@@ -140,33 +185,49 @@ impl FlightInlet {
     }
 }
 
-async fn open(
-    target: &FlightTarget,
-    token: Option<&str>,
-    replay: bool,
-    wait: Option<Duration>,
-    reconnect: Option<Duration>,
-) -> Result<FlightDataDecoder> {
+async fn open(target: &FlightTarget, options: &ClientOptions) -> Result<FlightDataDecoder> {
     let ticket = serde_json::to_vec(&TicketRequest {
         topic: target.topic.clone(),
-        replay,
-        wait_s: wait.map(|w| w.as_secs_f64()),
-        reconnect_s: reconnect.map(|r| r.as_secs_f64()),
+        replay: options.replay,
+        wait_s: options.wait.map(|w| w.as_secs_f64()),
+        reconnect_s: options.reconnect.map(|r| r.as_secs_f64()),
     })
     .map_err(|e| SluiceError::Internal(format!("cannot encode a ticket: {e}")))?;
-    let endpoint = Endpoint::from_shared(format!("http://{}", target.server))
+    let scheme = if target.tls { "https" } else { "http" };
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", target.server))
         .map_err(|e| SluiceError::Config(format!("{target}: {e}")))?
         .connect_timeout(Duration::from_secs(10))
         .initial_stream_window_size(WINDOW)
         .initial_connection_window_size(2 * WINDOW);
+    if target.tls {
+        let ca = options.tls_ca.as_ref().ok_or_else(|| {
+            SluiceError::Config(format!(
+                "{target}: set SLUICE_TLS_CA to the CA certificate (PEM) that signed the \
+                 server's certificate"
+            ))
+        })?;
+        let host = target
+            .server
+            .rsplit_once(':')
+            .map_or(target.server.as_str(), |(host, _)| host)
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        endpoint = endpoint
+            .tls_config(
+                ClientTlsConfig::new()
+                    .ca_certificate(Certificate::from_pem(ca))
+                    .domain_name(host),
+            )
+            .map_err(|e| SluiceError::Config(format!("{target}: TLS: {e}")))?;
+    }
     let channel = endpoint.connect().await.map_err(|e| {
-        SluiceError::ProducerLost(format!(
-            "{} (cannot reach the Flight server at {}: {e})",
-            target.topic, target.server
+        SluiceError::Transport(format!(
+            "cannot reach the Flight server of {target}: {}",
+            error_chain(&e)
         ))
     })?;
     let mut client = FlightClient::new(channel);
-    if let Some(token) = token {
+    if let Some(token) = &options.token {
         client
             .add_header("authorization", &format!("Bearer {token}"))
             .map_err(|e| SluiceError::Config(format!("unusable token: {e}")))?;
@@ -178,16 +239,28 @@ async fn open(
     Ok(stream.into_inner())
 }
 
+/// An error and its sources, for messages that say why (a TLS failure is three levels
+/// down in a transport error).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 /// A gRPC status from the server as the error a local subscriber would see.
 fn from_status(status: &Status, target: &FlightTarget) -> SluiceError {
     let topic = &target.topic;
     match status.code() {
         Code::Aborted => SluiceError::ProducerFailed(status.message().to_string()),
-        Code::Unavailable | Code::Cancelled | Code::Unknown => SluiceError::ProducerLost(format!(
-            "{topic} (via the Flight server at {}: {})",
-            target.server,
-            status.message()
-        )),
+        Code::Unavailable | Code::Cancelled | Code::Unknown => {
+            tracing::info!(%target, "lost: {}", status.message());
+            SluiceError::ProducerLost(target.to_string())
+        }
         Code::Unauthenticated => SluiceError::Config(format!(
             "the Flight server at {} refused this subscriber: set SLUICE_TOKEN to the \
              contents of the server's --token-file",
@@ -240,10 +313,7 @@ impl Inlet<RecordBatch> for FlightInlet {
             let data = match next {
                 None => {
                     // The stream closed without its end: the server went away.
-                    let lost = SluiceError::ProducerLost(format!(
-                        "{} (the Flight server at {} closed the stream)",
-                        self.target.topic, self.target.server
-                    ));
+                    let lost = SluiceError::ProducerLost(self.target.to_string());
                     self.reopen(lost)?;
                     return Ok(Inbound::Reconnected);
                 }

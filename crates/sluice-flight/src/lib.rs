@@ -30,16 +30,17 @@
 //!
 //! **Security.** The server listens on loopback unless given a bearer token; with a
 //! token, every request must carry `authorization: Bearer <token>`, and a wrong one is
-//! refused with `UNAUTHENTICATED` and nothing else. TLS is not built yet: use an SSH
-//! tunnel or a private network for non-loopback traffic.
+//! refused with `UNAUTHENTICATED` and nothing else. With a certificate and key the
+//! server speaks TLS only, and clients connect with `flight+tls://` and the CA that signed
+//! it (`SLUICE_TLS_CA`).
 #![warn(missing_docs)]
 
 mod client;
 pub mod meta;
 mod server;
 
-pub use client::{FlightInlet, FlightTarget};
-pub use server::{FlightServer, ServeOptions};
+pub use client::{ClientOptions, FlightInlet, FlightTarget};
+pub use server::{FlightServer, ServeOptions, TlsIdentity};
 
 /// What a client asks for in its `do_get` ticket (JSON).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]

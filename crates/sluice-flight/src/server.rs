@@ -17,8 +17,8 @@ use futures::stream::BoxStream;
 use sluice_core::{Result, SluiceError, TopicName};
 use sluice_shm::{Frame, Namespace, TopicSubscriber};
 use tokio::sync::mpsc;
-use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::TicketRequest;
@@ -42,6 +42,25 @@ pub struct ServeOptions {
     /// The bearer token every request must carry; required unless the server listens on
     /// loopback.
     pub token: Option<String>,
+    /// TLS: the server's certificate chain and private key (PEM); clients then use
+    /// `flight+tls://`.
+    pub tls: Option<TlsIdentity>,
+}
+
+/// A server's TLS certificate chain and private key, PEM-encoded.
+#[derive(Clone)]
+pub struct TlsIdentity {
+    /// The certificate chain.
+    pub cert_pem: Vec<u8>,
+    /// The private key.
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for TlsIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.write_str("TlsIdentity")
+    }
 }
 
 /// A running Flight server; stops when dropped or when [`Self::run_until`] returns.
@@ -86,11 +105,26 @@ impl FlightServer {
             .map_err(|e| SluiceError::Transport(format!("the server's address: {e}")))?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let service = FlightServiceServer::new(TopicService {
-            namespace: options.namespace,
-            token: options.token.filter(|t| !t.is_empty()).map(Arc::new),
+            namespace: options.namespace.clone(),
+            token: options
+                .token
+                .clone()
+                .filter(|t| !t.is_empty())
+                .map(Arc::new),
         });
+        let mut builder = Server::builder();
+        if let Some(tls) = &options.tls {
+            builder = builder
+                .tls_config(
+                    ServerTlsConfig::new()
+                        .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem)),
+                )
+                .map_err(|e| {
+                    SluiceError::Config(format!("unusable TLS certificate or key: {e}"))
+                })?;
+        }
         let task = rt.spawn(
-            Server::builder()
+            builder
                 .initial_stream_window_size(WINDOW)
                 .initial_connection_window_size(2 * WINDOW)
                 .add_service(service)
