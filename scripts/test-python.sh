@@ -42,6 +42,11 @@ fi
   --no-deps "${wheels[0]}"
 
 echo "== Python: tests"
+# The `sluice` binary of the test build: Python subscribers of `flight://` topics are
+# tested against its `sluice serve --flight`.
+if [ -z "${SLUICE_CLI:-}" ] && [ -x target/debug/sluice ]; then
+  export SLUICE_CLI="$PWD/target/debug/sluice"
+fi
 set +e
 "$VENV/bin/python" -m pytest tests/python "$@"
 status=$?

@@ -22,9 +22,9 @@ use sluice::core::delivery::memory;
 use sluice::core::{
     Inlet, Join, OnLag, Outbound, Outlet, ReceiverOptions, Subscription, TopicName,
 };
+use sluice::flight::{ClientOptions, FlightInlet, FlightServer, FlightTarget, ServeOptions};
 use sluice::prelude::*;
 use sluice::shm::{TopicConfig, TopicPublisher, TopicSubscriber};
-use sluice_flight::{ClientOptions, FlightInlet, FlightServer, FlightTarget, ServeOptions};
 
 type Outlets = Box<dyn Outlet<RecordBatch> + Send>;
 type Inlets = Vec<Box<dyn Inlet<RecordBatch> + Send>>;

@@ -41,14 +41,96 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get((v.len().max(1) - 1) / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// Publishes `batches` `epochs` times on a bare topic to `n` subscriber threads; returns
-/// the per-subscriber rows/s (median).
+/// How the benchmark's subscribers reach the topic.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// Shared memory on this machine (`Subscriber`).
+    Local,
+    /// Through `sluice serve --flight`'s server on 127.0.0.1, as a trainer on another
+    /// machine would (`FlightInlet` + the delivery protocol).
+    Remote,
+}
+
+/// Receives a topic to its end; returns (rows, seconds from the first batch).
+fn receive(
+    ns: Namespace,
+    topic: String,
+    reach: Reach,
+    server: Option<String>,
+) -> Result<(u64, f64)> {
+    let mut first = None;
+    let mut rows = 0u64;
+    match reach {
+        Reach::Local => {
+            let mut sub = Subscriber::connect(
+                &topic,
+                SubscribeOptions {
+                    timeout: Some(Duration::from_secs(60)),
+                    namespace: Some(ns),
+                    ..SubscribeOptions::default()
+                },
+            )?;
+            loop {
+                match sub.next_event()? {
+                    Event::Batch { batch, .. } => {
+                        first.get_or_insert_with(Instant::now);
+                        rows += batch.num_rows() as u64;
+                    }
+                    Event::EpochEnd(_) => {}
+                    Event::DeviceBatch { .. } => {
+                        bail!("a CPU benchmark topic sent a GPU batch")
+                    }
+                    Event::End => break,
+                }
+            }
+        }
+        Reach::Remote => {
+            let target = sluice::flight::FlightTarget {
+                server: server.context("no Flight server")?,
+                topic: topic.clone(),
+                tls: false,
+            };
+            let inlet = sluice::flight::FlightInlet::connect(
+                &target,
+                sluice::flight::ClientOptions {
+                    wait: Some(Duration::from_secs(60)),
+                    ..Default::default()
+                },
+            )?;
+            let mut sub = sluice::core::Subscription::new(
+                sluice::core::ReceiverOptions {
+                    topic,
+                    batch_size: None,
+                    join: Join::Now,
+                    on_lag: OnLag::Error,
+                    max_held: 4,
+                },
+                inlet,
+            )?;
+            loop {
+                match sub.next(Some(Duration::from_secs(60)))? {
+                    sluice::core::Outbound::Batch { payload, .. } => {
+                        first.get_or_insert_with(Instant::now);
+                        rows += payload.num_rows() as u64;
+                    }
+                    sluice::core::Outbound::EpochEnd(_) => {}
+                    sluice::core::Outbound::End => break,
+                }
+            }
+        }
+    }
+    Ok((rows, first.map_or(f64::NAN, |t| t.elapsed().as_secs_f64())))
+}
+
+/// Publishes `batches` `epochs` times on a bare topic to `n` subscriber threads that
+/// reach it as `reach` says; returns the per-subscriber rows/s (median).
 pub fn sluice(
     ns: &Namespace,
     batches: &Arc<Vec<RecordBatch>>,
     n: usize,
     epochs: u64,
     topic: &str,
+    reach: Reach,
 ) -> Result<f64> {
     let encoded = batches
         .iter()
@@ -65,36 +147,22 @@ pub fn sluice(
         lag_limit: None,
     };
     let mut publisher = TopicPublisher::create(ns, config, stop.clone())?;
+    let server = match reach {
+        Reach::Local => None,
+        Reach::Remote => Some(sluice::flight::FlightServer::start(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            sluice::flight::ServeOptions {
+                namespace: ns.clone(),
+                token: None,
+                tls: None,
+            },
+        )?),
+    };
+    let addr = server.as_ref().map(|s| s.local_addr().to_string());
     let subs: Vec<_> = (0..n)
         .map(|_| {
-            let ns = ns.clone();
-            let topic = topic.to_string();
-            std::thread::spawn(move || -> Result<(u64, f64)> {
-                let mut sub = Subscriber::connect(
-                    &topic,
-                    SubscribeOptions {
-                        timeout: Some(Duration::from_secs(60)),
-                        namespace: Some(ns),
-                        ..SubscribeOptions::default()
-                    },
-                )?;
-                let mut first = None;
-                let mut rows = 0u64;
-                loop {
-                    match sub.next_event()? {
-                        Event::Batch { batch, .. } => {
-                            first.get_or_insert_with(Instant::now);
-                            rows += batch.num_rows() as u64;
-                        }
-                        Event::EpochEnd(_) => {}
-                        Event::DeviceBatch { .. } => {
-                            bail!("a CPU benchmark topic sent a GPU batch")
-                        }
-                        Event::End => break,
-                    }
-                }
-                Ok((rows, first.map_or(f64::NAN, |t| t.elapsed().as_secs_f64())))
-            })
+            let (ns, topic, addr) = (ns.clone(), topic.to_string(), addr.clone());
+            std::thread::spawn(move || receive(ns, topic, reach, addr))
         })
         .collect();
     let published = (|| -> Result<()> {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use sluice::Namespace;
-use sluice_flight::{FlightServer, ServeOptions, TlsIdentity};
+use sluice::flight::{FlightServer, ServeOptions, TlsIdentity};
 
 /// Arguments of `sluice serve`.
 #[derive(Debug, clap::Args)]

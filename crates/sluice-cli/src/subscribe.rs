@@ -3,9 +3,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use sluice::core::{Outbound, ReceiverOptions, Subscription};
 use sluice::{Checksum, Event, Join, OnLag, SubscribeOptions, Subscriber};
-use sluice_flight::{ClientOptions, FlightInlet, FlightTarget};
 
 /// Arguments of `sluice subscribe`.
 #[derive(Debug, clap::Args)]
@@ -60,78 +58,19 @@ impl Tally {
     }
 }
 
-/// A local topic, or a remote one over Arrow Flight.
-enum Source {
-    Local(Box<Subscriber>),
-    Remote(
-        Box<Subscription<arrow::record_batch::RecordBatch, FlightInlet>>,
-        Option<Duration>,
-    ),
-}
-
-impl Source {
-    fn connect(args: &SubscribeArgs) -> anyhow::Result<Self> {
-        let timeout = args.timeout.map(Duration::from_secs_f64);
-        if let Some(target) = FlightTarget::parse(&args.topic) {
-            let target = target?;
-            let inlet = FlightInlet::connect(
-                &target,
-                ClientOptions {
-                    replay: args.join == Join::Replay,
-                    wait: timeout,
-                    reconnect: args.reconnect.map(Duration::from_secs_f64),
-                    ..ClientOptions::from_env()?
-                },
-            )?;
-            let sub = Subscription::new(
-                ReceiverOptions {
-                    topic: target.to_string(),
-                    batch_size: args.batch_size,
-                    join: args.join,
-                    on_lag: args.on_lag,
-                    // Flight batches are in this process's memory: nothing to hand back.
-                    max_held: usize::MAX / 4,
-                },
-                inlet,
-            )?;
-            return Ok(Self::Remote(Box::new(sub), timeout));
-        }
-        Ok(Self::Local(Box::new(Subscriber::connect(
-            &args.topic,
-            SubscribeOptions {
-                timeout,
-                namespace: None,
-                batch_size: args.batch_size,
-                join: args.join,
-                on_lag: args.on_lag,
-                reconnect: args.reconnect.map(Duration::from_secs_f64),
-            },
-        )?)))
-    }
-
-    fn next_event(&mut self) -> sluice::Result<Event> {
-        match self {
-            Self::Local(sub) => sub.next_event(),
-            Self::Remote(sub, timeout) => Ok(match sub.next(*timeout)? {
-                Outbound::Batch {
-                    epoch,
-                    index,
-                    payload,
-                } => Event::Batch {
-                    epoch,
-                    index,
-                    batch: payload,
-                    shm_range: None,
-                },
-                Outbound::EpochEnd(summary) => Event::EpochEnd(summary),
-                Outbound::End => Event::End,
-            }),
-        }
-    }
-}
-
 pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
-    let mut sub = Source::connect(&args)?;
+    // A local topic, or flight://HOST:PORT/TOPIC (the same contract, over Arrow Flight).
+    let mut sub = Subscriber::connect(
+        &args.topic,
+        SubscribeOptions {
+            timeout: args.timeout.map(Duration::from_secs_f64),
+            namespace: None,
+            batch_size: args.batch_size,
+            join: args.join,
+            on_lag: args.on_lag,
+            reconnect: args.reconnect.map(Duration::from_secs_f64),
+        },
+    )?;
     let delay = args.delay_ms.map(Duration::from_millis);
     let checksums = !args.no_checksum;
     let stdout = std::io::stdout();

@@ -144,6 +144,36 @@ pub enum Inbound<P> {
     Reconnected,
 }
 
+impl<P> Inbound<P> {
+    /// The same message with its payload converted (a transport's batches into the
+    /// subscriber's payload type).
+    pub fn map<Q>(self, f: impl FnOnce(P) -> Q) -> Inbound<Q> {
+        match self {
+            Self::Batch {
+                epoch,
+                index,
+                payload,
+            } => Inbound::Batch {
+                epoch,
+                index,
+                payload: f(payload),
+            },
+            Self::EndOfEpoch {
+                epoch,
+                batches,
+                rows,
+            } => Inbound::EndOfEpoch {
+                epoch,
+                batches,
+                rows,
+            },
+            Self::EndOfStream => Inbound::EndOfStream,
+            Self::Missed { messages } => Inbound::Missed { messages },
+            Self::Reconnected => Inbound::Reconnected,
+        }
+    }
+}
+
 /// What the subscriber's user sees.
 #[derive(Debug)]
 pub enum Outbound<P> {

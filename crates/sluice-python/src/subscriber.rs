@@ -305,7 +305,15 @@ impl PySubscriber {
         on_lag: &str,
         reconnect: Option<f64>,
     ) -> PyResult<Self> {
-        TopicName::new(topic).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        // A local topic name, or flight://HOST:PORT/TOPIC (checked when connecting).
+        match sluice::flight::FlightTarget::parse(topic) {
+            Some(target) => {
+                target.map_err(|e| PyValueError::new_err(e.to_string()))?;
+            }
+            None => {
+                TopicName::new(topic).map_err(|e| PyValueError::new_err(e.to_string()))?;
+            }
+        }
         let batch_size = parse_count("batch_size", batch_size, 1)?;
         let join_mode = parse_join(join)?;
         let on_lag_mode = parse_on_lag(on_lag)?;

@@ -71,6 +71,11 @@ pub mod shm {
     pub use sluice_shm::*;
 }
 
+/// `sluice-flight`: topics for trainers on other machines, over Arrow Flight.
+pub mod flight {
+    pub use sluice_flight::*;
+}
+
 /// `sluice-cuda`: the GPU path's slots, descriptors and driver wrappers.
 pub mod cuda {
     pub use sluice_cuda::*;

@@ -8,8 +8,10 @@ use std::sync::Arc;
 
 use arrow::array::ArrayData;
 use arrow::record_batch::RecordBatch;
+use sluice_core::Inlet;
 use sluice_core::delivery::{Inbound, Outbound, Receiver, ReceiverOptions};
 use sluice_core::{Result, Rows, SluiceError, TopicName};
+use sluice_flight::{ClientOptions, FlightInlet, FlightTarget};
 use sluice_shm::{Frame, Namespace, TopicSubscriber};
 
 use crate::device::{DeviceBatch, ImporterCell};
@@ -119,14 +121,16 @@ impl Rows for Payload {
 /// Receives a topic's stream.
 #[derive(Debug)]
 pub struct Subscriber {
-    /// The topic's subscriber port; `None` only while reconnecting.
+    /// The topic's subscriber port; `None` only while reconnecting, and for a remote topic.
     inner: Option<TopicSubscriber>,
+    /// A topic on another machine (`flight://`), through `sluice serve --flight`.
+    remote: Option<FlightInlet>,
     topic: TopicName,
     namespace: Namespace,
     reconnect: Option<Duration>,
     timeout: Option<Duration>,
-    /// Reports for `sluice status`.
-    reporter: Reporter,
+    /// Reports for `sluice status` (local topics).
+    reporter: Option<Reporter>,
     join: Join,
     /// The delivery protocol: join, re-batching, epochs, lag, resume.
     receiver: Receiver<Payload>,
@@ -149,11 +153,19 @@ impl Subscriber {
     }
 
     /// Attaches to `topic`, waiting for its producer if it has not started yet.
+    ///
+    /// `flight://HOST:PORT/TOPIC` (or `flight+tls://…`) subscribes to a topic that
+    /// `sluice serve --flight` serves on another machine, with the same contract; the
+    /// bearer token comes from `SLUICE_TOKEN`, a TLS server's CA from `SLUICE_TLS_CA`
+    /// (see docs/scale-out.md).
     pub fn connect(topic: &str, options: SubscribeOptions) -> Result<Self> {
-        let namespace = match options.namespace {
+        let namespace = match options.namespace.clone() {
             Some(ns) => ns,
             None => Namespace::from_env()?,
         };
+        if let Some(target) = FlightTarget::parse(topic) {
+            return Self::connect_remote(&target?, namespace, options);
+        }
         let topic = TopicName::new(topic)?;
         let inner = TopicSubscriber::connect(
             &namespace,
@@ -169,8 +181,48 @@ impl Subscriber {
             max_held: inner.max_held(),
         })?;
         Ok(Self {
-            reporter: Reporter::new(&namespace, &topic, "subscriber"),
+            reporter: Some(Reporter::new(&namespace, &topic, "subscriber")),
             inner: Some(inner),
+            remote: None,
+            topic,
+            namespace,
+            reconnect: options.reconnect,
+            timeout: options.timeout,
+            join: options.join,
+            receiver,
+            rebatching: options.batch_size.is_some(),
+            ranges: VecDeque::new(),
+            importer: Arc::default(),
+        })
+    }
+
+    fn connect_remote(
+        target: &FlightTarget,
+        namespace: Namespace,
+        options: SubscribeOptions,
+    ) -> Result<Self> {
+        let topic = TopicName::new(&target.topic)?;
+        let inlet = FlightInlet::connect(
+            target,
+            ClientOptions {
+                replay: options.join == Join::Replay,
+                wait: options.timeout,
+                reconnect: options.reconnect,
+                ..ClientOptions::from_env()?
+            },
+        )?;
+        let receiver = Receiver::new(ReceiverOptions {
+            topic: target.to_string(),
+            batch_size: options.batch_size,
+            join: options.join,
+            on_lag: options.on_lag,
+            // Remote batches are this process's memory: nothing to hand back early.
+            max_held: usize::MAX / 4,
+        })?;
+        Ok(Self {
+            reporter: None,
+            inner: None,
+            remote: Some(inlet),
             topic,
             namespace,
             reconnect: options.reconnect,
@@ -203,7 +255,7 @@ impl Subscriber {
     /// The next event, waiting up to `timeout` (`None`: as long as it takes). A timeout
     /// loses nothing: call again to keep waiting.
     pub fn next_event_within(&mut self, timeout: Option<Duration>) -> Result<Event> {
-        if self.reporter.due() {
+        if self.reporter.as_ref().is_some_and(Reporter::due) {
             self.report();
         }
         loop {
@@ -212,14 +264,20 @@ impl Subscriber {
                 Ok(None) => {}
                 Err(e) => return Err(self.failed(e)),
             }
-            let frame = match self.port()?.recv(timeout) {
-                Err(SluiceError::ProducerLost(_)) if self.reconnect.is_some() => {
-                    self.reconnect_to_successor()?;
-                    continue;
+            let message = match &mut self.remote {
+                // The inlet reconnects by itself (`ClientOptions::reconnect`).
+                Some(remote) => remote.recv(timeout)?.map(Payload::Host),
+                None => {
+                    let frame = match self.port()?.recv(timeout) {
+                        Err(SluiceError::ProducerLost(_)) if self.reconnect.is_some() => {
+                            self.reconnect_to_successor()?;
+                            continue;
+                        }
+                        received => received?,
+                    };
+                    self.inbound(frame)?
                 }
-                received => received?,
             };
-            let message = self.inbound(frame)?;
             if let Err(e) = self.receiver.push(message) {
                 return Err(self.failed(e));
             }
@@ -327,7 +385,10 @@ impl Subscriber {
             self.receiver.total_rows(),
             self.receiver.total_missed(),
         );
-        self.reporter.write(rows, |rows_per_s| SubscriberReport {
+        let Some(reporter) = &mut self.reporter else {
+            return;
+        };
+        reporter.write(rows, |rows_per_s| SubscriberReport {
             pid: std::process::id(),
             topic,
             epoch,
@@ -373,6 +434,8 @@ impl Subscriber {
     /// already received stay valid.
     pub fn close(&mut self) {
         self.receiver.close();
+        // Dropping the stream tells the server, which detaches at once.
+        self.remote = None;
         if let Some(inner) = &mut self.inner {
             inner.detach();
         }
