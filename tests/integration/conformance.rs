@@ -46,7 +46,8 @@ fn in_memory(n: usize) -> (Outlets, Inlets, Keep) {
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
-fn shared_memory(n: usize) -> (Outlets, Inlets, Keep) {
+/// A topic of its own namespace for `n` subscribers, with queues of two messages.
+fn topic(n: usize) -> (Namespace, TopicName, TopicPublisher) {
     let ns = Namespace::new(&format!(
         "cf{}x{}",
         std::process::id(),
@@ -62,8 +63,19 @@ fn shared_memory(n: usize) -> (Outlets, Inlets, Keep) {
         max_message_bytes: 1 << 12,
         lag_limit: None,
     };
-    let stop = AtomicBool::new(false);
     let publisher = TopicPublisher::create(&ns, config, Arc::new(AtomicBool::new(false))).unwrap();
+    (ns, topic, publisher)
+}
+
+/// Waits until `n` subscribers are attached, as a producer does before its first batch.
+fn attached(publisher: &TopicPublisher, n: usize) {
+    publisher
+        .wait_for_subscribers(n, Some(Duration::from_secs(30)), &AtomicBool::new(false))
+        .unwrap();
+}
+
+fn shared_memory(n: usize) -> (Outlets, Inlets, Keep) {
+    let (ns, topic, publisher) = topic(n);
     let inlets: Inlets = (0..n)
         .map(|_| {
             Box::new(
@@ -72,9 +84,7 @@ fn shared_memory(n: usize) -> (Outlets, Inlets, Keep) {
             ) as _
         })
         .collect();
-    publisher
-        .wait_for_subscribers(n, Some(Duration::from_secs(30)), &stop)
-        .unwrap();
+    attached(&publisher, n);
     (Box::new(publisher), inlets, Box::new(ns))
 }
 
@@ -82,23 +92,7 @@ fn shared_memory(n: usize) -> (Outlets, Inlets, Keep) {
 /// subscribers over gRPC on 127.0.0.1: the producer's topic, a Flight server, and one
 /// `FlightInlet` (a `do_get` stream) per subscriber.
 fn arrow_flight(n: usize) -> (Outlets, Inlets, Keep) {
-    let ns = Namespace::new(&format!(
-        "cf{}x{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ))
-    .unwrap();
-    let topic = TopicName::new("conformance").unwrap();
-    let config = TopicConfig {
-        topic: topic.clone(),
-        window: 2,
-        max_subscribers: n,
-        max_held: 4,
-        max_message_bytes: 1 << 12,
-        lag_limit: None,
-    };
-    let stop = AtomicBool::new(false);
-    let publisher = TopicPublisher::create(&ns, config, Arc::new(AtomicBool::new(false))).unwrap();
+    let (ns, _, publisher) = topic(n);
     let server = FlightServer::start(
         "127.0.0.1:0".parse().unwrap(),
         ServeOptions {
@@ -127,9 +121,7 @@ fn arrow_flight(n: usize) -> (Outlets, Inlets, Keep) {
             ) as _
         })
         .collect();
-    publisher
-        .wait_for_subscribers(n, Some(Duration::from_secs(30)), &stop)
-        .unwrap();
+    attached(&publisher, n);
     (Box::new(publisher), inlets, Box::new((server, ns)))
 }
 

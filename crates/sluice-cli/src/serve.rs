@@ -75,16 +75,6 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         server.local_addr(),
         server.local_addr()
     );
-    server.run_until(async {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return,
-            };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    })?;
+    server.run_until(crate::stop_signal())?;
     Ok(())
 }

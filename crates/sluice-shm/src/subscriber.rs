@@ -79,6 +79,28 @@ pub enum Frame {
     },
 }
 
+impl Frame {
+    /// A frame without rows as the delivery protocol's message; batch frames come back
+    /// as they are (`Err`), for the caller to decode into its payload type.
+    pub fn control<P>(self) -> std::result::Result<sluice_core::Inbound<P>, Frame> {
+        use sluice_core::Inbound;
+        Ok(match self {
+            Frame::EndOfEpoch {
+                epoch,
+                batches,
+                rows,
+            } => Inbound::EndOfEpoch {
+                epoch,
+                batches,
+                rows,
+            },
+            Frame::EndOfStream => Inbound::EndOfStream,
+            Frame::Missed { messages } => Inbound::Missed { messages },
+            batch @ (Frame::Batch { .. } | Frame::DeviceBatch { .. }) => return Err(batch),
+        })
+    }
+}
+
 /// Keeps a received sample alive for as long as Arrow buffers point into it.
 struct SampleOwner {
     _sample: Sample<Ipc, [u8], FrameHeader>,
@@ -571,35 +593,22 @@ pub fn subscriber_count(namespace: &Namespace, topic: &TopicName) -> Result<Opti
 /// batches only (device messages need `sluice::Subscriber`, which imports them).
 impl sluice_core::Inlet<RecordBatch> for TopicSubscriber {
     fn recv(&mut self, timeout: Option<Duration>) -> Result<sluice_core::Inbound<RecordBatch>> {
-        use sluice_core::Inbound;
-        Ok(match TopicSubscriber::recv(self, timeout)? {
-            Frame::Batch {
+        match TopicSubscriber::recv(self, timeout)?.control() {
+            Ok(message) => Ok(message),
+            Err(Frame::Batch {
                 epoch,
                 index,
                 batch,
                 ..
-            } => Inbound::Batch {
+            }) => Ok(sluice_core::Inbound::Batch {
                 epoch,
                 index,
                 payload: batch,
-            },
-            Frame::DeviceBatch { .. } => {
-                return Err(SluiceError::Device(format!(
-                    "topic '{}' carries GPU batches: subscribe with sluice::Subscriber",
-                    self.topic
-                )));
-            }
-            Frame::EndOfEpoch {
-                epoch,
-                batches,
-                rows,
-            } => Inbound::EndOfEpoch {
-                epoch,
-                batches,
-                rows,
-            },
-            Frame::EndOfStream => Inbound::EndOfStream,
-            Frame::Missed { messages } => Inbound::Missed { messages },
-        })
+            }),
+            Err(_) => Err(SluiceError::Device(format!(
+                "topic '{}' carries GPU batches: subscribe with sluice::Subscriber",
+                self.topic
+            ))),
+        }
     }
 }

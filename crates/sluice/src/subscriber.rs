@@ -293,6 +293,10 @@ impl Subscriber {
     /// A frame as the delivery protocol takes it: batches, host or device, decoded, and
     /// the samples of host batches remembered for [`Event::Batch`]'s `shm_range`.
     fn inbound(&mut self, frame: Frame) -> Result<Inbound<Payload>> {
+        let frame = match frame.control() {
+            Ok(message) => return Ok(message),
+            Err(batch) => batch,
+        };
         Ok(match frame {
             Frame::Batch {
                 epoch,
@@ -332,17 +336,11 @@ impl Subscriber {
                     self.importer.clone(),
                 )?),
             },
-            Frame::EndOfEpoch {
-                epoch,
-                batches,
-                rows,
-            } => Inbound::EndOfEpoch {
-                epoch,
-                batches,
-                rows,
-            },
-            Frame::EndOfStream => Inbound::EndOfStream,
-            Frame::Missed { messages } => Inbound::Missed { messages },
+            other => {
+                return Err(SluiceError::Internal(format!(
+                    "a frame without rows was taken for a batch: {other:?}"
+                )));
+            }
         })
     }
 
