@@ -52,17 +52,10 @@ for line in sys.stdin:
   unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
 
   # The wheel people carry (profile.dist: fat LTO, DataFusion optimised for size,
-  # stripped; its own target directory, so that the test build's artifacts stay), then
-  # its zip entries recompressed by advzip (7-Zip's deflate: still plain deflate that pip
-  # reads, file contents and RECORD unchanged), about 3 % smaller.
+  # stripped), in a target directory of its own so that the test build's artifacts stay.
   CARGO_TARGET_DIR="${SLUICE_DIST_TARGET:-target/dist-build}" .venv/bin/maturin build \
     --locked --profile dist --strip --compression-level 9 \
     -m crates/sluice-python/Cargo.toml --out "$BUNDLE" --interpreter "$PYO3_PYTHON"
-  if ! command -v advzip > /dev/null; then
-    apt-get install -y -q advancecomp > /dev/null 2>&1 ||
-      { apt-get update -q > /dev/null 2>&1 && apt-get install -y -q advancecomp > /dev/null; }
-  fi
-  advzip -z -3 "$BUNDLE"/sluice-*.whl
   cp -r tests/python "$BUNDLE/python"
   rm -rf "$BUNDLE/python/__pycache__"
   cp benches/gpu.py scripts/gpu-probe.py scripts/gpu-check.sh "$BUNDLE/"
