@@ -336,6 +336,11 @@ def subscribe(
     to wait for the producer, then for each batch (default: forever). ``on_lag``: under a
     producer with ``sluice.lag_limit``, ``"error"`` raises :class:`Lagged` when this
     subscriber fell too far behind; ``"skip"`` goes on (the epoch is then incomplete).
+
+    ``topic`` may also be ``"flight://HOST:PORT/TOPIC"`` (or ``"flight+tls://…"``): a
+    topic that ``sluice serve --flight`` serves on another machine, with the same
+    contract; the bearer token comes from ``SLUICE_TOKEN``, a TLS server's CA certificate
+    from the file ``SLUICE_TLS_CA`` names. Batches then live in this process's memory.
     """
 
 class RunStats:
