@@ -167,6 +167,33 @@ fn sweep_namespaces_of_dead_runs() {
     });
 }
 
+/// A namespace of a test's own, for tests that create topics in-process: named like the
+/// harness's (so that the sweep above reclaims it after a killed run), checked for
+/// leftovers and removed when dropped.
+pub struct TestNamespace(pub Namespace);
+
+impl TestNamespace {
+    pub fn new() -> Self {
+        sweep_namespaces_of_dead_runs();
+        let name = format!(
+            "cp{}x{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        Self(Namespace::new(&name).unwrap())
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let left = self.0.leftovers();
+        self.0.purge();
+        if !std::thread::panicking() {
+            assert!(left.is_empty(), "left behind: {left:?}");
+        }
+    }
+}
+
 impl Harness {
     pub fn new() -> Self {
         sweep_namespaces_of_dead_runs();

@@ -13,7 +13,7 @@
 //! size, complete epochs, then the end.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use arrow::array::{Array, ArrayRef, Int64Array};
@@ -23,7 +23,8 @@ use sluice::core::{
     Inlet, Join, OnLag, Outbound, Outlet, ReceiverOptions, Subscription, TopicName,
 };
 use sluice::flight::{ClientOptions, FlightInlet, FlightServer, FlightTarget, ServeOptions};
-use sluice::prelude::*;
+
+use crate::common::TestNamespace;
 use sluice::shm::{TopicConfig, TopicPublisher, TopicSubscriber};
 
 type Outlets = Box<dyn Outlet<RecordBatch> + Send>;
@@ -44,16 +45,10 @@ fn in_memory(n: usize) -> (Outlets, Inlets, Keep) {
     )
 }
 
-static NEXT: AtomicU32 = AtomicU32::new(0);
-
 /// A topic of its own namespace for `n` subscribers, with queues of two messages.
-fn topic(n: usize) -> (Namespace, TopicName, TopicPublisher) {
-    let ns = Namespace::new(&format!(
-        "cf{}x{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ))
-    .unwrap();
+fn topic(n: usize) -> (TestNamespace, TopicName, TopicPublisher) {
+    let guard = TestNamespace::new();
+    let ns = guard.0.clone();
     let topic = TopicName::new("conformance").unwrap();
     let config = TopicConfig {
         topic: topic.clone(),
@@ -64,7 +59,7 @@ fn topic(n: usize) -> (Namespace, TopicName, TopicPublisher) {
         lag_limit: None,
     };
     let publisher = TopicPublisher::create(&ns, config, Arc::new(AtomicBool::new(false))).unwrap();
-    (ns, topic, publisher)
+    (guard, topic, publisher)
 }
 
 /// Waits until `n` subscribers are attached, as a producer does before its first batch.
@@ -79,7 +74,7 @@ fn shared_memory(n: usize) -> (Outlets, Inlets, Keep) {
     let inlets: Inlets = (0..n)
         .map(|_| {
             Box::new(
-                TopicSubscriber::connect(&ns, &topic, Some(Duration::from_secs(30)), false)
+                TopicSubscriber::connect(&ns.0, &topic, Some(Duration::from_secs(30)), false)
                     .unwrap(),
             ) as _
         })
@@ -96,7 +91,7 @@ fn arrow_flight(n: usize) -> (Outlets, Inlets, Keep) {
     let server = FlightServer::start(
         "127.0.0.1:0".parse().unwrap(),
         ServeOptions {
-            namespace: ns.clone(),
+            namespace: ns.0.clone(),
             token: None,
             tls: None,
         },

@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Int64Array, StringArray};
@@ -21,7 +21,7 @@ use sluice::prelude::*;
 use sluice::shm::{Backing, Maps, SegmentMap, TopicConfig, TopicPublisher};
 use sluice::{HostCopier, lies_within};
 
-static NEXT: AtomicU32 = AtomicU32::new(0);
+use crate::common::TestNamespace;
 
 fn batch(first: i64) -> RecordBatch {
     let values = Float32Array::from_iter_values((0..40).map(|i| (first * 4 + i) as f32));
@@ -54,12 +54,8 @@ fn batch(first: i64) -> RecordBatch {
 /// batches that span two producer batches (assembled in process memory) are not in one.
 #[test]
 fn each_buffer_of_a_received_batch_is_found_in_its_segment_file_byte_for_byte() {
-    let ns = Namespace::new(&format!(
-        "ch{}x{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ))
-    .unwrap();
+    let guard = TestNamespace::new();
+    let ns = guard.0.clone();
     let config = TopicConfig {
         topic: TopicName::new("host").unwrap(),
         window: 8,

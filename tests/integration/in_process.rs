@@ -1,38 +1,13 @@
 //! A producer and a subscriber in one process (on two threads): the transport's
 //! guarantees that need a look inside the subscriber's memory.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use arrow::array::{Array, ArrayData, AsArray};
 use arrow::datatypes::Int64Type;
 use sluice::prelude::*;
 
-static NEXT: AtomicU32 = AtomicU32::new(0);
-
-/// A namespace of this test's own, removed (and checked for leftovers) at the end.
-struct TestNamespace(Namespace);
-
-impl TestNamespace {
-    fn new() -> Self {
-        let name = format!(
-            "ip{}x{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        Self(Namespace::new(&name).unwrap())
-    }
-}
-
-impl Drop for TestNamespace {
-    fn drop(&mut self) {
-        let left = self.0.leftovers();
-        self.0.purge();
-        if !std::thread::panicking() {
-            assert!(left.is_empty(), "left behind: {left:?}");
-        }
-    }
-}
+use crate::common::TestNamespace;
 
 fn buffers(data: &ArrayData, out: &mut Vec<(usize, usize)>) {
     for b in data.buffers() {
