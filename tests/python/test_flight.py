@@ -15,7 +15,7 @@ import pytest
 import sluice
 
 CLI = os.environ.get("SLUICE_CLI")
-pytestmark = pytest.mark.skipif(
+needs_cli = pytest.mark.skipif(
     not CLI or not os.path.exists(CLI),
     reason="SLUICE_CLI (the sluice binary, set by scripts/test-python.sh) is needed for "
     "`sluice serve --flight`; skipped the Flight subscriber tests",
@@ -45,6 +45,7 @@ def server(ns, tmp_path):
         proc.wait(10)
 
 
+@needs_cli
 def test_a_remote_subscriber_gets_every_row_in_its_batch_size(plans, server, monkeypatch):
     monkeypatch.setenv("SLUICE_TOKEN", TOKEN)
     producer = sluice.Producer(plans.plan(rows=1000, batch_rows=64, epochs=2), min_subscribers=1)
@@ -64,6 +65,7 @@ def test_a_remote_subscriber_gets_every_row_in_its_batch_size(plans, server, mon
     producer.wait(timeout=60)
 
 
+@needs_cli
 def test_a_wrong_token_is_refused_naming_what_to_set(plans, server, monkeypatch):
     monkeypatch.setenv("SLUICE_TOKEN", "wrong")
     with pytest.raises(sluice.SluiceError, match="SLUICE_TOKEN"):

@@ -7,11 +7,11 @@ use std::time::Duration;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
-use arrow_flight::utils::batches_to_flight_data;
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
-    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
 };
+use arrow_ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use sluice_core::{Result, SluiceError, TopicName};
@@ -271,7 +271,7 @@ fn forward(
     let wait = Duration::from_secs_f64(request.wait_s.unwrap_or(60.0).clamp(0.0, 86_400.0));
     let mut sub =
         TopicSubscriber::connect(namespace, &topic, Some(wait), request.replay).map_err(status)?;
-    let mut schema: Option<SchemaRef> = None;
+    let mut encoder = Encoder::default();
     let send = |data: FlightData| tx.blocking_send(Ok(data)).is_ok();
     loop {
         if tx.is_closed() {
@@ -296,7 +296,8 @@ fn forward(
                 index,
                 batch,
                 ..
-            } => batch_messages(&batch, &mut schema, Meta::Batch { epoch, index })
+            } => encoder
+                .messages(&batch, Meta::Batch { epoch, index })
                 .map_err(status)?
                 .into_iter()
                 .all(send),
@@ -350,24 +351,40 @@ fn successor(
     })
 }
 
-/// A batch as Flight messages: the schema when it is new, dictionaries, the batch (with
-/// `meta`).
-fn batch_messages(
-    batch: &RecordBatch,
-    schema: &mut Option<SchemaRef>,
-    meta: Meta,
-) -> Result<Vec<FlightData>> {
-    let mut messages = batches_to_flight_data(batch.schema_ref(), vec![batch.clone()])?;
-    if schema.as_ref() == Some(batch.schema_ref()) {
-        // The first message is the schema, which the client has.
-        messages.remove(0);
-    } else {
-        *schema = Some(batch.schema());
+/// Encodes one stream's batches as Flight messages, keeping what the client already
+/// has: the schema is sent when it is new, a dictionary when it changed.
+#[derive(Default)]
+struct Encoder {
+    schema: Option<SchemaRef>,
+    generator: IpcDataGenerator,
+    dictionaries: Option<DictionaryTracker>,
+    context: IpcWriteContext,
+    options: IpcWriteOptions,
+}
+
+impl Encoder {
+    /// `batch` as Flight messages (the schema when new, dictionaries, the batch with
+    /// `meta`).
+    fn messages(&mut self, batch: &RecordBatch, meta: Meta) -> Result<Vec<FlightData>> {
+        let mut messages = Vec::new();
+        if self.schema.as_ref() != Some(batch.schema_ref()) {
+            messages.push(SchemaAsIpc::new(batch.schema_ref(), &self.options).into());
+            self.schema = Some(batch.schema());
+            // A new schema starts a new IPC stream for the decoder: dictionaries again.
+            self.dictionaries = None;
+        }
+        let tracker = self
+            .dictionaries
+            .get_or_insert_with(|| DictionaryTracker::new(false));
+        let (dictionaries, encoded) =
+            self.generator
+                .encode(batch, tracker, &self.options, &mut self.context)?;
+        messages.extend(dictionaries.into_iter().map(FlightData::from));
+        let mut data = FlightData::from(encoded);
+        data.app_metadata = meta.encode();
+        messages.push(data);
+        Ok(messages)
     }
-    if let Some(last) = messages.last_mut() {
-        last.app_metadata = meta.encode();
-    }
-    Ok(messages)
 }
 
 #[tonic::async_trait]

@@ -118,6 +118,15 @@ impl Rows for Payload {
     }
 }
 
+/// How a subscriber reaches its topic.
+enum Port {
+    /// Shared memory on this machine.
+    Local(Box<TopicSubscriber>),
+    /// `sluice serve --flight` on another (remote batches are this process's memory:
+    /// nothing to hand back early, so no limit on held batches).
+    Remote(Box<FlightInlet>),
+}
+
 /// Receives a topic's stream.
 #[derive(Debug)]
 pub struct Subscriber {
@@ -164,7 +173,24 @@ impl Subscriber {
             None => Namespace::from_env()?,
         };
         if let Some(target) = FlightTarget::parse(topic) {
-            return Self::connect_remote(&target?, namespace, options);
+            let target = target?;
+            let inlet = FlightInlet::connect(
+                &target,
+                ClientOptions {
+                    replay: options.join == Join::Replay,
+                    wait: options.timeout,
+                    reconnect: options.reconnect,
+                    ..ClientOptions::from_env()?
+                },
+            )?;
+            let topic = TopicName::new(&target.topic)?;
+            return Self::new(
+                topic,
+                target.to_string(),
+                namespace,
+                &options,
+                Port::Remote(Box::new(inlet)),
+            );
         }
         let topic = TopicName::new(topic)?;
         let inner = TopicSubscriber::connect(
@@ -173,56 +199,43 @@ impl Subscriber {
             options.timeout,
             options.join == Join::Replay,
         )?;
-        let receiver = Receiver::new(ReceiverOptions {
-            topic: topic.to_string(),
-            batch_size: options.batch_size,
-            join: options.join,
-            on_lag: options.on_lag,
-            max_held: inner.max_held(),
-        })?;
-        Ok(Self {
-            reporter: Some(Reporter::new(&namespace, &topic, "subscriber")),
-            inner: Some(inner),
-            remote: None,
+        let shown = topic.to_string();
+        Self::new(
             topic,
+            shown,
             namespace,
-            reconnect: options.reconnect,
-            timeout: options.timeout,
-            join: options.join,
-            receiver,
-            rebatching: options.batch_size.is_some(),
-            ranges: VecDeque::new(),
-            importer: Arc::default(),
-        })
+            &options,
+            Port::Local(Box::new(inner)),
+        )
     }
 
-    fn connect_remote(
-        target: &FlightTarget,
+    /// A subscriber on a connected port; `shown` names the topic in errors.
+    fn new(
+        topic: TopicName,
+        shown: String,
         namespace: Namespace,
-        options: SubscribeOptions,
+        options: &SubscribeOptions,
+        port: Port,
     ) -> Result<Self> {
-        let topic = TopicName::new(&target.topic)?;
-        let inlet = FlightInlet::connect(
-            target,
-            ClientOptions {
-                replay: options.join == Join::Replay,
-                wait: options.timeout,
-                reconnect: options.reconnect,
-                ..ClientOptions::from_env()?
-            },
-        )?;
+        let (inner, remote, reporter, max_held) = match port {
+            Port::Local(inner) => {
+                let reporter = Reporter::new(&namespace, &topic, "subscriber");
+                let max_held = inner.max_held();
+                (Some(*inner), None, Some(reporter), max_held)
+            }
+            Port::Remote(inlet) => (None, Some(*inlet), None, usize::MAX / 4),
+        };
         let receiver = Receiver::new(ReceiverOptions {
-            topic: target.to_string(),
+            topic: shown,
             batch_size: options.batch_size,
             join: options.join,
             on_lag: options.on_lag,
-            // Remote batches are this process's memory: nothing to hand back early.
-            max_held: usize::MAX / 4,
+            max_held,
         })?;
         Ok(Self {
-            reporter: None,
-            inner: None,
-            remote: Some(inlet),
+            reporter,
+            inner,
+            remote,
             topic,
             namespace,
             reconnect: options.reconnect,
