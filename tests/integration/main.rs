@@ -2,6 +2,7 @@
 //! (DataFusion, iceoryx2, object_store), so one binary links it once instead of once per
 //! file. Run one part with a filter, e.g. `cargo test --test integration cross_process::`.
 
+mod ballista;
 mod common;
 mod conformance;
 mod cross_process;

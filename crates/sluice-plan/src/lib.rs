@@ -18,6 +18,7 @@
 //! any DataFusion session.
 #![warn(missing_docs)]
 
+mod engine;
 pub mod functions;
 mod options;
 mod shard;
@@ -30,7 +31,7 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::DataFusionError;
-use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{DdlStatement, LogicalPlan, Statement as PlanStatement};
 use datafusion::physical_plan::{ExecutionPlan, displayable, execute_stream_partitioned};
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -41,6 +42,7 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 
+pub use engine::Engine;
 pub use options::SluiceOptions;
 pub use shard::Shard;
 use sluice_core::error::Location;
@@ -64,6 +66,8 @@ pub struct Plan {
     secrets: store::Secrets,
     /// Requests made through the plan's object stores (local files included).
     counters: Arc<store::Counters>,
+    /// Where the final query runs.
+    engine: Engine,
 }
 
 impl std::fmt::Debug for Plan {
@@ -159,7 +163,10 @@ impl Plan {
             )
             // Keep Arrow field metadata from Parquet files, so extension types such as
             // `arrow.fixed_shape_tensor` reach subscribers with their shape.
-            .set_bool("datafusion.execution.parquet.skip_metadata", false);
+            .set_bool("datafusion.execution.parquet.skip_metadata", false)
+            // Registered up front so that its keys travel with a Ballista job's settings;
+            // each epoch sets its values.
+            .with_option_extension(functions::FunctionContext::default());
         let ctx = SessionContext::new_with_config(config);
         functions::register(&ctx);
         // Local files go through a counting store too, so that local and remote runs
@@ -297,11 +304,19 @@ impl Plan {
                 _ => query = Some((plan, here)),
             }
         }
-        let Some((query, _)) = query else {
+        let Some((query, query_at)) = query else {
             return Err(plan_err(
                 at(end.0, end.1),
                 "expected a final SELECT query that defines the stream, found none".into(),
             ));
+        };
+        let engine = options.engine()?;
+        let (ctx, query) = if engine.is_ballista() {
+            let query =
+                engine::total_order(query).map_err(|e| plan_err(query_at, df_message(e)))?;
+            (engine::ballista_context(&ctx, &engine).await?, query)
+        } else {
+            (ctx, query)
         };
         Ok(Self {
             file: file.to_string(),
@@ -310,6 +325,7 @@ impl Plan {
             query,
             secrets: secrets.clone(),
             counters,
+            engine,
         })
     }
 
@@ -321,6 +337,11 @@ impl Plan {
     /// The resolved `sluice.*` options.
     pub fn options(&self) -> &SluiceOptions {
         &self.options
+    }
+
+    /// Where the final query runs (`sluice.engine`).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
     }
 
     /// Mutable options, for overrides from the command line.
@@ -348,14 +369,22 @@ impl Plan {
     /// DataFusion's optimized physical plan for the query, restricted to this node's
     /// shard (`sluice.shard`).
     pub async fn physical_plan(&self) -> Result<Arc<dyn ExecutionPlan>> {
-        self.physical_plan_for_epoch(0).await
+        Ok(self.physical_plan_for_epoch(0).await?.0)
     }
 
     /// The physical plan of one epoch: the random preprocessing functions
     /// (`random_crop`, `random_flip`) draw from (`sluice.shuffle_seed`, `epoch`), which
     /// reach them as a config extension ([`functions::FunctionContext`]) of the session
     /// state the epoch is planned with.
-    async fn physical_plan_for_epoch(&self, epoch: u64) -> Result<Arc<dyn ExecutionPlan>> {
+    ///
+    /// Returns the task context to execute it with: it carries the same extension, which
+    /// a Ballista job sends to its executors with its settings.
+    async fn physical_plan_for_epoch(
+        &self,
+        epoch: u64,
+    ) -> Result<(Arc<dyn ExecutionPlan>, Arc<TaskContext>)> {
+        // Options may have been overridden since the plan was loaded (`--shard`).
+        self.options.validate()?;
         let mut state = self.ctx.state();
         state
             .config_mut()
@@ -371,7 +400,8 @@ impl Plan {
             .create_physical_plan(&self.query)
             .await
             .map_err(|e| SluiceError::Execution(self.redact(&df_message(e))))?;
-        shard::apply(plan, self.options.shard()?)
+        let task = Arc::new(TaskContext::from(&state));
+        Ok((shard::apply(plan, self.options.shard()?)?, task))
     }
 
     /// Requests and bytes read through the plan's object stores so far (local files
@@ -420,8 +450,8 @@ impl Plan {
     /// permutation drawn from the seed and the epoch (the rows themselves are shuffled
     /// by the producer's shuffle buffer).
     pub async fn execute_epoch(&self, epoch: u64) -> Result<BatchStream> {
-        let physical = self.physical_plan_for_epoch(epoch).await?;
-        let mut streams = execute_stream_partitioned(physical, self.ctx.task_ctx())
+        let (physical, task) = self.physical_plan_for_epoch(epoch).await?;
+        let mut streams = execute_stream_partitioned(physical, task)
             .map_err(|e| SluiceError::Execution(self.redact(&df_message(e))))?;
         if let Some(seed) = self.options.shuffle_seed {
             let mut rng = SplitMix64::new(epoch_seed(seed, epoch));
@@ -430,10 +460,14 @@ impl Plan {
             }
         }
         let secrets = self.secrets.clone();
+        let engine = self.engine.is_ballista().then(|| self.engine.to_string());
         Ok(round_robin(streams)
             .map(move |item| {
                 item.map_err(|e| match e {
-                    SluiceError::Execution(m) => SluiceError::Execution(secrets.redact(&m)),
+                    SluiceError::Execution(m) => SluiceError::Execution(match &engine {
+                        Some(engine) => format!("{} (query run on {engine})", secrets.redact(&m)),
+                        None => secrets.redact(&m),
+                    }),
                     other => other,
                 })
             })

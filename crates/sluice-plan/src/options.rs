@@ -40,6 +40,8 @@ extensions_options! {
         pub device: String, default = "cpu".to_string()
         /// Most GPU memory a device topic preallocates for its ring of slots (e.g. '2GiB', '512MiB'); the producer refuses to start rather than allocate more, and never allocates mid-stream.
         pub device_memory: String, default = "2GiB".to_string()
+        /// Where the final query runs: 'local' (DataFusion in the producer), 'ballista:standalone' (an in-process Ballista scheduler and executor) or 'ballista://HOST:PORT' (a Ballista cluster's scheduler). Set before the query.
+        pub engine: String, default = "local".to_string()
     }
 }
 
@@ -112,8 +114,21 @@ impl SluiceOptions {
                 self.min_subscribers, self.max_subscribers
             )));
         }
-        crate::shard::Shard::parse(&self.shard)?;
+        let shard = crate::shard::Shard::parse(&self.shard)?;
+        if self.engine()?.is_ballista() && shard.world > 1 {
+            return Err(SluiceError::Config(format!(
+                "sluice.shard = '{}' cannot be combined with sluice.engine = '{}': a Ballista \
+                 cluster already spreads the scan over its executors, so run one producer \
+                 without sluice.shard",
+                self.shard, self.engine
+            )));
+        }
         Ok(())
+    }
+
+    /// The validated `sluice.engine`.
+    pub fn engine(&self) -> Result<crate::engine::Engine> {
+        crate::engine::Engine::parse(&self.engine)
     }
 
     /// The shard this node reads (`0/1`: everything).

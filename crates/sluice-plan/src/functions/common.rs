@@ -18,6 +18,8 @@ pub const IMAGE_CHANNELS_KEY: &str = "sluice.image.channels";
 const EXTENSION_NAME: &str = "ARROW:extension:name";
 const EXTENSION_METADATA: &str = "ARROW:extension:metadata";
 const TENSOR: &str = "arrow.fixed_shape_tensor";
+/// Item-field metadata key that repeats a tensor's shape (a JSON array) inside its type.
+const ITEM_SHAPE_KEY: &str = "sluice.tensor.shape";
 
 /// A nullable `arrow.fixed_shape_tensor` field of `value` elements with `shape`; a plan
 /// error when the shape holds more elements than an Arrow `FixedSizeList` can (2^31 - 1).
@@ -38,12 +40,17 @@ pub fn tensor_field(name: &str, value: DataType, shape: &[usize]) -> Result<Fiel
             serde_json::json!({ "shape": shape }).to_string(),
         ),
     ]);
-    Ok(Field::new(
-        name,
-        DataType::FixedSizeList(Arc::new(Field::new("item", value, false)), size),
-        true,
+    // The shape goes on the item field too: it is part of the data type, which survives
+    // where field metadata does not (DataFusion's plan serialization, used by Ballista,
+    // rebuilds a function's return field from its data type alone).
+    let item = Field::new("item", value, false).with_metadata(HashMap::from([(
+        ITEM_SHAPE_KEY.to_string(),
+        serde_json::json!(shape).to_string(),
+    )]));
+    Ok(
+        Field::new(name, DataType::FixedSizeList(Arc::new(item), size), true)
+            .with_metadata(metadata),
     )
-    .with_metadata(metadata))
 }
 
 /// The shape of a return field this module made, which must have `rank` dimensions.
@@ -56,24 +63,29 @@ pub fn return_shape(function: &str, field: &Field, rank: usize) -> Result<Vec<us
     }
 }
 
-/// The shape of a tensor field: its `arrow.fixed_shape_tensor` shape, or `[n]` for a
-/// plain `FixedSizeList` of `n`. `None` for anything else.
+/// The shape of a tensor field: its `arrow.fixed_shape_tensor` shape, else the shape
+/// Sluice's functions record on the item field, else `[n]` for a plain `FixedSizeList`
+/// of `n`. `None` for anything else.
 pub fn tensor_shape(field: &Field) -> Option<Vec<usize>> {
-    let DataType::FixedSizeList(_, size) = field.data_type() else {
+    let DataType::FixedSizeList(item, size) = field.data_type() else {
         return None;
     };
     let meta = field.metadata();
-    if meta.get(EXTENSION_NAME).map(String::as_str) == Some(TENSOR) {
-        let text = meta.get(EXTENSION_METADATA)?;
-        let value: serde_json::Value = serde_json::from_str(text).ok()?;
+    let shape_of = |value: &serde_json::Value| {
         let shape = value
-            .get("shape")?
             .as_array()?
             .iter()
             .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
             .collect::<Option<Vec<_>>>()?;
         let elements = shape.iter().try_fold(1usize, |n, d| n.checked_mul(*d))?;
         (elements == *size as usize).then_some(shape)
+    };
+    if meta.get(EXTENSION_NAME).map(String::as_str) == Some(TENSOR) {
+        let text = meta.get(EXTENSION_METADATA)?;
+        let value: serde_json::Value = serde_json::from_str(text).ok()?;
+        shape_of(value.get("shape")?)
+    } else if let Some(text) = item.metadata().get(ITEM_SHAPE_KEY) {
+        shape_of(&serde_json::from_str(text).ok()?)
     } else {
         Some(vec![*size as usize])
     }

@@ -10,7 +10,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::buffer::{Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Float32Type};
-use datafusion::common::{DataFusionError, Result, ScalarValue, internal_err, plan_err};
+use datafusion::common::{DataFusionError, Result, ScalarValue, exec_err, internal_err, plan_err};
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
     Volatility,
@@ -191,12 +191,18 @@ impl ScalarUDFImpl for Decode {
         ))
     }
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let channels = args
-            .return_field
-            .metadata()
-            .get(IMAGE_CHANNELS_KEY)
-            .and_then(|c| c.parse::<usize>().ok())
-            .unwrap_or(3);
+        // The channel count is the literal argument (checked at plan time), read here
+        // rather than from the return field's metadata, which a plan executed elsewhere
+        // (Ballista) does not carry.
+        let channels = match args.args.get(1) {
+            Some(ColumnarValue::Scalar(value)) => {
+                literal_usize(self.name, "channels", &[Some(value)], 0)?
+            }
+            Some(ColumnarValue::Array(_)) => {
+                return plan_err!("{}: channels must be a literal 1, 3 or 4", self.name);
+            }
+            None => 3,
+        };
         let rows = args.number_rows;
         let input = args.args[0].to_array(rows)?;
         let bytes: Vec<Option<&[u8]>> = match input.data_type() {
@@ -344,15 +350,24 @@ fn tensor_bytes(list: &FixedSizeListArray) -> Result<(Buffer, usize)> {
 }
 
 impl Images {
-    fn new(function: &str, field: &Field, array: &ArrayRef) -> Result<Self> {
-        let channels = image_channels(function, field)?;
+    /// `channels`: what the caller's return shape expects (an image struct's own
+    /// metadata may be gone when the plan ran elsewhere).
+    fn new(field: &Field, array: &ArrayRef, channels: usize) -> Result<Self> {
         if is_image_struct(array.data_type()) {
             return Ok(Images::Struct {
                 array: array.as_struct().clone(),
                 channels,
             });
         }
-        let shape = tensor_shape(field).unwrap_or_default();
+        let shape = match tensor_shape(field) {
+            Some(shape) if shape.len() == 3 && shape[2] == channels => shape,
+            other => {
+                return exec_err!(
+                    "expected a [height, width, {channels}] uint8 tensor, got a {} of shape {other:?}",
+                    field.data_type()
+                );
+            }
+        };
         let list = array.as_fixed_size_list();
         let (bytes, _) = tensor_bytes(list)?;
         Ok(Images::Tensor {
@@ -511,7 +526,7 @@ impl ScalarUDFImpl for Geometry {
         let (h, w, c) = (shape[0], shape[1], shape[2]);
         let rows = args.number_rows;
         let input = args.args[0].to_array(rows)?;
-        let images = Images::new(name, &args.arg_fields[0], &input)?;
+        let images = Images::new(&args.arg_fields[0], &input, c)?;
         let keys = match self.kind {
             GeometryKind::RandomCrop => Some(row_keys(name, &args.args[3].to_array(rows)?)?),
             _ => None,

@@ -53,28 +53,88 @@ mod image;
 mod tensor;
 mod text;
 
-use datafusion::common::config::ConfigExtension;
-use datafusion::common::extensions_options;
+use std::any::Any;
+
+use datafusion::common::DataFusionError;
+use datafusion::common::config::{ConfigEntry, ConfigExtension, ExtensionOptions};
 use datafusion::logical_expr::ScalarUDF;
 use datafusion::prelude::SessionContext;
 
 pub use common::{IMAGE_CHANNELS_KEY, tensor_field, tensor_shape};
 
-extensions_options! {
-    /// The (seed, epoch) pair that random functions draw from, set by the plan per epoch.
-    ///
-    /// Not settable from a plan file: `sluice.shuffle_seed` is the seed, and the epoch is
-    /// the one being executed.
-    pub struct FunctionContext {
-        /// The plan's seed (`sluice.shuffle_seed`, 0 when unset).
-        pub seed: u64, default = 0
-        /// The epoch being executed.
-        pub epoch: u64, default = 0
-    }
+/// The (seed, epoch) pair that random functions draw from, set by the plan per epoch.
+///
+/// Not settable from a plan file: `sluice.shuffle_seed` is the seed, and the epoch is
+/// the one being executed.
+///
+/// Written out rather than with DataFusion's `extensions_options!`, whose entries are
+/// named without the prefix (`seed`): a Ballista job carries its options as those
+/// entries and sets them on the executor by name, so the names must be the full
+/// `sluice_functions.seed` and `sluice_functions.epoch`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FunctionContext {
+    /// The plan's seed (`sluice.shuffle_seed`, 0 when unset).
+    pub seed: u64,
+    /// The epoch being executed.
+    pub epoch: u64,
 }
 
 impl ConfigExtension for FunctionContext {
     const PREFIX: &'static str = "sluice_functions";
+}
+
+impl ExtensionOptions for FunctionContext {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn cloned(&self) -> Box<dyn ExtensionOptions> {
+        Box::new(self.clone())
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> datafusion::common::Result<()> {
+        // Accept the key with or without the prefix: `ConfigOptions::set` strips it.
+        let key = key
+            .strip_prefix(Self::PREFIX)
+            .and_then(|k| k.strip_prefix('.'))
+            .unwrap_or(key);
+        let parsed = value.trim().parse::<u64>().map_err(|e| {
+            DataFusionError::Configuration(format!(
+                "{}.{key}: '{value}' is not an unsigned integer ({e})",
+                Self::PREFIX
+            ))
+        });
+        match key {
+            "seed" => self.seed = parsed?,
+            "epoch" => self.epoch = parsed?,
+            other => {
+                return Err(DataFusionError::Configuration(format!(
+                    "unknown option {}.{other}; the options are seed and epoch",
+                    Self::PREFIX
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn entries(&self) -> Vec<ConfigEntry> {
+        vec![
+            ConfigEntry {
+                key: format!("{}.seed", Self::PREFIX),
+                value: Some(self.seed.to_string()),
+                description: "The plan's seed (sluice.shuffle_seed, 0 when unset).",
+            },
+            ConfigEntry {
+                key: format!("{}.epoch", Self::PREFIX),
+                value: Some(self.epoch.to_string()),
+                description: "The epoch being executed.",
+            },
+        ]
+    }
 }
 
 /// Every preprocessing function, as fresh instances (a tokenizer cache per plan).

@@ -651,3 +651,30 @@ async fn wrong_arguments_are_plan_errors_that_say_what_is_expected() {
         assert!(err.contains(expected), "{select}: {err}");
     }
 }
+
+/// The function context survives a round trip through its entries, by their full names:
+/// how a Ballista job carries it to the executors.
+#[test]
+fn the_function_context_round_trips_through_its_named_entries() {
+    use datafusion::common::config::ConfigOptions;
+    let mut sent = ConfigOptions::new();
+    sent.extensions
+        .insert(super::FunctionContext { seed: 7, epoch: 3 });
+    let mut received = ConfigOptions::new();
+    received
+        .extensions
+        .insert(super::FunctionContext::default());
+    for entry in sent.entries() {
+        if let Some(value) = entry.value
+            && entry.key.starts_with("sluice_functions.")
+        {
+            received.set(&entry.key, &value).unwrap();
+        }
+    }
+    assert_eq!(
+        received.extensions.get::<super::FunctionContext>(),
+        Some(&super::FunctionContext { seed: 7, epoch: 3 })
+    );
+    assert!(received.set("sluice_functions.seed", "x").is_err());
+    assert!(received.set("sluice_functions.nope", "1").is_err());
+}
