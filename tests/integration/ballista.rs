@@ -225,3 +225,107 @@ fn sluice_functions_run_on_the_ballista_executor_with_the_epochs_randomness() {
     assert_ne!(local[0], local[1], "epochs must crop differently");
     assert_eq!(checksums(&on_ballista), local);
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A real two-process Ballista cluster (`sluice ballista scheduler` and `sluice ballista
+/// executor`, over gRPC and Arrow Flight on 127.0.0.1) runs the join-and-aggregate plan
+/// with `sluice.engine = 'ballista://…'` and gives local execution's checksum; and the
+/// image pipeline, whose functions only a Sluice executor knows, gives local execution's
+/// pixels for both epochs.
+#[test]
+fn a_remote_ballista_cluster_of_sluice_processes_runs_the_plan() {
+    let mut h = Harness::new();
+    h.dataset(8_000);
+    let (scheduler, flight, grpc) = (free_port(), free_port(), free_port());
+    let _scheduler = h.spawn(&[
+        "ballista",
+        "scheduler",
+        "--bind",
+        &format!("127.0.0.1:{scheduler}"),
+    ]);
+    let _executor = h.spawn(&[
+        "ballista",
+        "executor",
+        "--scheduler",
+        &format!("127.0.0.1:{scheduler}"),
+        "--flight-port",
+        &flight.to_string(),
+        "--grpc-port",
+        &grpc.to_string(),
+        "--concurrency",
+        "2",
+    ]);
+    let engine = format!("SET sluice.engine = 'ballista://127.0.0.1:{scheduler}';");
+    let local = h.plan("local.sql", &join_plan("rb", "", ""));
+    let expected = h.source_checksum(&local);
+    let remote = h.plan("remote.sql", &join_plan("rb", &engine, ""));
+    // The executor registers with the scheduler shortly after it starts: until then a job
+    // waits for one, so the first run may take a moment.
+    assert_eq!(h.source_checksum(&remote), expected);
+
+    let out = h.run(&[
+        "demo",
+        "--images",
+        "--prepare-only",
+        "--rows",
+        "24",
+        "--data",
+        "data/images",
+        "--plan",
+        "images.sql",
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let sql = std::fs::read_to_string(h.path("images.sql"))
+        .unwrap()
+        .replace(
+            "LOCATION 'data/images/'",
+            &format!("LOCATION '{}'", h.path("data/images/").display()),
+        );
+    let on_cluster = sql.replace(
+        "SET sluice.epochs = 2;",
+        &format!("SET sluice.epochs = 2;\n{engine}"),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let checksums = |sql: &str| {
+        rt.block_on(async {
+            let plan = Plan::from_sql("images.sql", sql).await.unwrap();
+            let mut out = Vec::new();
+            for epoch in 0..2 {
+                out.push(plan.checksum_epoch(epoch).await.unwrap());
+            }
+            out
+        })
+    };
+    assert_eq!(checksums(&on_cluster), checksums(&sql));
+}
+
+/// A plan whose Ballista scheduler does not answer fails with an error naming the
+/// engine, instead of hanging.
+#[test]
+fn an_unreachable_ballista_scheduler_is_a_clear_error() {
+    let mut h = Harness::new();
+    h.dataset(100);
+    let port = free_port();
+    h.plan(
+        "p.sql",
+        &format!(
+            "SET sluice.engine = 'ballista://127.0.0.1:{port}';\n\
+             CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION 'data/';\n\
+             SELECT id FROM train;\n"
+        ),
+    );
+    let out = h.run(&["checksum", "p.sql"]);
+    assert!(!out.status.success());
+    assert!(
+        out.stderr.contains(&format!("ballista://127.0.0.1:{port}")),
+        "{}",
+        out.stderr
+    );
+}

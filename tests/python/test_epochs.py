@@ -162,3 +162,35 @@ def test_a_late_subscriber_sees_a_partial_first_epoch(plans):
     assert (rows1, complete1) == (1000, True)
     assert first["next"] == [(1, 1000, True)]
     producer.wait(timeout=30)
+
+
+def test_a_python_producer_runs_its_query_on_standalone_ballista(plans):
+    """`sluice.engine = 'ballista:standalone'` from a Python producer: the query (an
+    aggregate joined back to its table) runs on an in-process Ballista scheduler and
+    executor; every row arrives once per epoch, with the values DataFusion computes
+    locally, and both epochs come in the same (sorted) order."""
+    select = (
+        "SELECT t.id, t.label, c.n FROM t JOIN "
+        "(SELECT label, COUNT(*) AS n FROM t GROUP BY label) c ON t.label = c.label"
+    )
+    plan = plans.plan(rows=330, batch_rows=40, epochs=2, select=select,
+                      extra="SET sluice.engine = 'ballista:standalone';\n")
+    producer = sluice.Producer(plan, min_subscribers=1)
+    orders = []
+    with sluice.subscribe(plans.topic, timeout=60) as sub:
+        for epoch in sub.epochs():
+            rows = []
+            for batch in epoch:
+                rb = pa.record_batch(batch)
+                rows += list(zip(rb["id"].to_pylist(), rb["label"].to_pylist(),
+                                 rb["n"].to_pylist()))
+            assert epoch.complete is True
+            orders.append([r[0] for r in rows])
+            assert sorted(r[0] for r in rows) == list(range(330))
+            counts = {}
+            for _, label, _ in rows:
+                counts[label] = counts.get(label, 0) + 1
+            assert all(n == counts[label] for _, label, n in rows)
+    assert orders[0] == orders[1]
+    stats = producer.wait(timeout=60)
+    assert (stats.epochs, stats.rows) == (2, 660)

@@ -1,5 +1,6 @@
 //! The `sluice` command: argument parsing and glue; the work happens in the libraries.
 
+mod ballista;
 mod demo;
 mod serve;
 mod status;
@@ -62,6 +63,9 @@ enum Command {
     Subscribe(subscribe::SubscribeArgs),
     /// Serve this node's topics to trainers on other machines (Arrow Flight).
     Serve(serve::ServeArgs),
+    /// Run an Apache DataFusion Ballista scheduler or executor that knows Sluice's
+    /// functions, for plans with `SET sluice.engine = 'ballista://HOST:PORT'`.
+    Ballista(ballista::BallistaArgs),
     /// Print a plan's resolved options, schema and DataFusion physical plan.
     Explain {
         /// The plan file.
@@ -214,6 +218,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Subscribe(args) => subscribe::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Ballista(args) => ballista::run(args),
         Command::Explain { plan } => {
             let rt = runtime()?;
             let plan = rt.block_on(Plan::load(&plan))?;

@@ -207,6 +207,97 @@ async fn standalone(state: SessionState) -> std::result::Result<SessionContext, 
     Ok(SessionContext::new_with_state(state))
 }
 
+/// The base configuration of a Sluice-aware Ballista scheduler or executor: Ballista's
+/// defaults, and the keys of Sluice's function context so that a job can set them.
+fn cluster_config() -> SessionConfig {
+    SessionConfig::new_with_ballista()
+        .with_option_extension(crate::functions::FunctionContext::default())
+}
+
+/// A session with DataFusion's functions and Sluice's.
+fn cluster_state(config: SessionConfig) -> SessionState {
+    let state = SessionStateBuilder::new()
+        .with_default_features()
+        .with_config(config)
+        .build();
+    let ctx = SessionContext::new_with_state(state);
+    crate::functions::register(&ctx);
+    ctx.state()
+}
+
+/// Runs a Ballista scheduler listening on `bind` whose sessions know Sluice's functions
+/// (`sluice ballista scheduler`); returns when it stops or fails.
+pub async fn run_scheduler(bind: std::net::SocketAddr) -> Result<()> {
+    use ballista_scheduler::cluster::BallistaCluster;
+    use ballista_scheduler::config::SchedulerConfig;
+
+    let config = SchedulerConfig {
+        bind_host: bind.ip().to_string(),
+        bind_port: bind.port(),
+        external_host: bind.ip().to_string(),
+        ..SchedulerConfig::default()
+    }
+    .with_override_config_producer(Arc::new(cluster_config))
+    .with_override_session_builder(Arc::new(|config| Ok(cluster_state(config))));
+    let failed = |e: ballista_core::error::BallistaError| {
+        SluiceError::Execution(format!("the Ballista scheduler on {bind} failed: {e}"))
+    };
+    let cluster = BallistaCluster::new_from_config(&config)
+        .await
+        .map_err(failed)?;
+    ballista_scheduler::scheduler_process::start_server(cluster, bind, Arc::new(config))
+        .await
+        .map_err(failed)
+}
+
+/// Where `sluice ballista executor` listens and which scheduler it serves.
+#[derive(Debug, Clone)]
+pub struct ExecutorOptions {
+    /// The scheduler's host.
+    pub scheduler_host: String,
+    /// The scheduler's port.
+    pub scheduler_port: u16,
+    /// The address the executor binds and advertises.
+    pub host: String,
+    /// Its Arrow Flight port (results and shuffle data are fetched from it).
+    pub flight_port: u16,
+    /// Its gRPC port.
+    pub grpc_port: u16,
+    /// Tasks it runs at once.
+    pub concurrency: usize,
+    /// Where it keeps shuffle files (a temporary directory when `None`).
+    pub work_dir: Option<String>,
+}
+
+/// Runs a Ballista executor with Sluice's functions registered (`sluice ballista
+/// executor`); returns when it stops or fails.
+pub async fn run_executor(options: ExecutorOptions) -> Result<()> {
+    use ballista_executor::executor_process::{ExecutorProcessConfig, start_executor_process};
+
+    let registry =
+        ballista_core::registry::BallistaFunctionRegistry::from(&cluster_state(cluster_config()));
+    let config = ExecutorProcessConfig {
+        bind_host: options.host.clone(),
+        external_host: Some(options.host.clone()),
+        port: options.flight_port,
+        grpc_port: options.grpc_port,
+        scheduler_host: options.scheduler_host.clone(),
+        scheduler_port: options.scheduler_port,
+        vcores: options.concurrency.max(1),
+        work_dir: options.work_dir.clone(),
+        print_thread_info: false,
+        override_function_registry: Some(Arc::new(registry)),
+        override_config_producer: Some(Arc::new(cluster_config)),
+        ..ExecutorProcessConfig::default()
+    };
+    start_executor_process(Arc::new(config)).await.map_err(|e| {
+        SluiceError::Execution(format!(
+            "the Ballista executor (scheduler {}:{}) failed: {e}",
+            options.scheduler_host, options.scheduler_port
+        ))
+    })
+}
+
 /// `query` with a fixed row order on an engine that does not keep one: a final query
 /// without a top-level `ORDER BY` is sorted by every column of a flat type (nulls last),
 /// in the order of the columns. Returns `query` unchanged when it already ends in an

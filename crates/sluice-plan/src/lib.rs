@@ -42,7 +42,7 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 
-pub use engine::Engine;
+pub use engine::{Engine, ExecutorOptions, run_executor, run_scheduler};
 pub use options::SluiceOptions;
 pub use shard::Shard;
 use sluice_core::error::Location;
@@ -460,7 +460,14 @@ impl Plan {
             }
         }
         let secrets = self.secrets.clone();
-        let engine = self.engine.is_ballista().then(|| self.engine.to_string());
+        let engine = match &self.engine {
+            Engine::Local => None,
+            Engine::BallistaStandalone => Some(self.engine.to_string()),
+            Engine::BallistaRemote { .. } => Some(format!(
+                "{}; check that its scheduler and executors run and are reachable",
+                self.engine
+            )),
+        };
         Ok(round_robin(streams)
             .map(move |item| {
                 item.map_err(|e| match e {
