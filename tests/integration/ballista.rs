@@ -226,7 +226,7 @@ fn sluice_functions_run_on_the_ballista_executor_with_the_epochs_randomness() {
     assert_eq!(checksums(&on_ballista), local);
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -234,23 +234,17 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A real two-process Ballista cluster (`sluice ballista scheduler` and `sluice ballista
-/// executor`, over gRPC and Arrow Flight on 127.0.0.1) runs the join-and-aggregate plan
-/// with `sluice.engine = 'ballista://…'` and gives local execution's checksum; and the
-/// image pipeline, whose functions only a Sluice executor knows, gives local execution's
-/// pixels for both epochs.
-#[test]
-fn a_remote_ballista_cluster_of_sluice_processes_runs_the_plan() {
-    let mut h = Harness::new();
-    h.dataset(8_000);
+/// Starts `sluice ballista scheduler` and one `sluice ballista executor` on free ports of
+/// 127.0.0.1 (killed with the harness); returns the scheduler's port.
+pub fn start_cluster(h: &mut Harness) -> u16 {
     let (scheduler, flight, grpc) = (free_port(), free_port(), free_port());
-    let _scheduler = h.spawn(&[
+    h.spawn(&[
         "ballista",
         "scheduler",
         "--bind",
         &format!("127.0.0.1:{scheduler}"),
     ]);
-    let _executor = h.spawn(&[
+    h.spawn(&[
         "ballista",
         "executor",
         "--scheduler",
@@ -262,6 +256,19 @@ fn a_remote_ballista_cluster_of_sluice_processes_runs_the_plan() {
         "--concurrency",
         "2",
     ]);
+    scheduler
+}
+
+/// A real two-process Ballista cluster (`sluice ballista scheduler` and `sluice ballista
+/// executor`, over gRPC and Arrow Flight on 127.0.0.1) runs the join-and-aggregate plan
+/// with `sluice.engine = 'ballista://…'` and gives local execution's checksum; and the
+/// image pipeline, whose functions only a Sluice executor knows, gives local execution's
+/// pixels for both epochs.
+#[test]
+fn a_remote_ballista_cluster_of_sluice_processes_runs_the_plan() {
+    let mut h = Harness::new();
+    h.dataset(8_000);
+    let scheduler = start_cluster(&mut h);
     let engine = format!("SET sluice.engine = 'ballista://127.0.0.1:{scheduler}';");
     let local = h.plan("local.sql", &join_plan("rb", "", ""));
     let expected = h.source_checksum(&local);

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use ballista::prelude::{SessionConfigExt, SessionContextExt};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::Column;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, SortExpr};
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -212,6 +213,25 @@ async fn standalone(state: SessionState) -> std::result::Result<SessionContext, 
 fn cluster_config() -> SessionConfig {
     SessionConfig::new_with_ballista()
         .with_option_extension(crate::functions::FunctionContext::default())
+        .with_option_extension(crate::store::StoreSpecs::default())
+}
+
+/// The object stores a job's settings declare (see [`crate::StoreSpecs`]), registered in
+/// `runtime`.
+fn register_job_stores(
+    config: &SessionConfig,
+    runtime: &RuntimeEnv,
+) -> datafusion::error::Result<()> {
+    match config
+        .options()
+        .extensions
+        .get::<crate::store::StoreSpecs>()
+    {
+        Some(stores) => stores
+            .register(runtime)
+            .map_err(datafusion::error::DataFusionError::Configuration),
+        None => Ok(()),
+    }
 }
 
 /// A session with DataFusion's functions and Sluice's.
@@ -238,7 +258,11 @@ pub async fn run_scheduler(bind: std::net::SocketAddr) -> Result<()> {
         ..SchedulerConfig::default()
     }
     .with_override_config_producer(Arc::new(cluster_config))
-    .with_override_session_builder(Arc::new(|config| Ok(cluster_state(config))));
+    .with_override_session_builder(Arc::new(|config: SessionConfig| {
+        let state = cluster_state(config.clone());
+        register_job_stores(&config, state.runtime_env())?;
+        Ok(state)
+    }));
     let failed = |e: ballista_core::error::BallistaError| {
         SluiceError::Execution(format!("the Ballista scheduler on {bind} failed: {e}"))
     };
@@ -276,7 +300,25 @@ pub async fn run_executor(options: ExecutorOptions) -> Result<()> {
 
     let registry =
         ballista_core::registry::BallistaFunctionRegistry::from(&cluster_state(cluster_config()));
+    // Shuffle files and spills go under the work directory, as with Ballista's own
+    // runtime; each job's runtime also gets the object stores its settings declare.
+    let spill_dir = match &options.work_dir {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => std::env::temp_dir().join(format!("sluice-ballista-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&spill_dir)
+        .map_err(|e| SluiceError::io(format!("cannot create {}", spill_dir.display()), e))?;
+    let spill_dir = spill_dir.display().to_string();
+    let runtime_producer: ballista_core::RuntimeProducer =
+        Arc::new(move |config: &SessionConfig| {
+            let runtime = RuntimeEnvBuilder::new()
+                .with_temp_file_path(spill_dir.clone())
+                .build()?;
+            register_job_stores(config, &runtime)?;
+            Ok(Arc::new(runtime))
+        });
     let config = ExecutorProcessConfig {
+        override_runtime_producer: Some(runtime_producer),
         bind_host: options.host.clone(),
         external_host: Some(options.host.clone()),
         port: options.flight_port,

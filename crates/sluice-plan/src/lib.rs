@@ -48,7 +48,7 @@ pub use shard::Shard;
 use sluice_core::error::Location;
 use sluice_core::shuffle::{SplitMix64, epoch_seed};
 use sluice_core::{Checksum, Result, SluiceError};
-pub use store::StoreStats;
+pub use store::{StoreSpecs, StoreStats};
 
 /// A stream of record batches (one epoch of a plan).
 pub type BatchStream = BoxStream<'static, Result<RecordBatch>>;
@@ -196,6 +196,7 @@ impl Plan {
         })?;
 
         let mut options = SluiceOptions::default();
+        let mut stores = store::StoreSpecs::default();
         let mut query: Option<(LogicalPlan, Location)> = None;
         let end = split::end_location(sql);
         for (i, statement) in statements.into_iter().enumerate() {
@@ -240,13 +241,18 @@ impl Plan {
                     };
                     let mut remote = false;
                     for location in &create.locations {
-                        remote |= store::register(&ctx, location, &store_options, retry, &counters)
-                            .await
-                            .map_err(|e| SluiceError::Storage {
-                                location: here.clone(),
-                                url: secrets.redact(&e.url),
-                                message: secrets.redact(&e.message),
-                            })?;
+                        let is_remote =
+                            store::register(&ctx, location, &store_options, retry, &counters)
+                                .await
+                                .map_err(|e| SluiceError::Storage {
+                                    location: here.clone(),
+                                    url: secrets.redact(&e.url),
+                                    message: secrets.redact(&e.message),
+                                })?;
+                        if is_remote {
+                            stores.add(location, &store_options, retry);
+                        }
+                        remote |= is_remote;
                     }
                     let parquet = create.file_type.eq_ignore_ascii_case("parquet");
                     let locations = create.locations.clone();
@@ -311,6 +317,15 @@ impl Plan {
             ));
         };
         let engine = options.engine()?;
+        if matches!(engine, Engine::BallistaRemote { .. }) && !stores.is_empty() {
+            // A remote cluster builds the plan's stores itself, from the job's settings.
+            ctx.state_ref()
+                .write()
+                .config_mut()
+                .options_mut()
+                .extensions
+                .insert(stores);
+        }
         let (ctx, query) = if engine.is_ballista() {
             let query =
                 engine::total_order(query).map_err(|e| plan_err(query_at, df_message(e)))?;

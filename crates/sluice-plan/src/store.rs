@@ -625,3 +625,116 @@ impl ObjectStore for Counting {
         self.inner.copy_opts(from, to, options).await
     }
 }
+
+/// The remote object stores a plan declared, as a session option: how a Ballista job
+/// carries them to a cluster's scheduler and executors, which build the same stores
+/// (`sluice ballista scheduler` / `executor`; see [`StoreSpecs::register`]).
+///
+/// One entry, `sluice_stores.json`: a JSON list of `{"location", "options",
+/// "retries", "retry_timeout_s"}`. The options are the table's `aws.*`, `gcp.*`,
+/// `azure.*` and `http.*` keys, credentials included: they travel in the job's settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreSpecs {
+    json: String,
+}
+
+impl StoreSpecs {
+    /// Records the store of `location`, built from `options` and retried per `retry`.
+    pub(crate) fn add(&mut self, location: &str, options: &[(String, String)], retry: Retry) {
+        let mut list: Vec<serde_json::Value> = serde_json::from_str(&self.json).unwrap_or_default();
+        list.push(serde_json::json!({
+            "location": location,
+            "options": options,
+            "retries": retry.max_retries,
+            "retry_timeout_s": retry.timeout.as_secs(),
+        }));
+        self.json = serde_json::Value::Array(list).to_string();
+    }
+
+    /// Whether no store is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.json.is_empty() || self.json == "[]"
+    }
+
+    /// Builds every recorded store (credentials from the options, then from this
+    /// process's environment) and registers it in `runtime`.
+    pub fn register(
+        &self,
+        runtime: &datafusion::execution::runtime_env::RuntimeEnv,
+    ) -> Result<(), String> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let list: Vec<serde_json::Value> = serde_json::from_str(&self.json)
+            .map_err(|e| format!("sluice_stores.json is not a JSON list: {e}"))?;
+        for spec in list {
+            let location = spec["location"]
+                .as_str()
+                .ok_or("sluice_stores.json: an entry has no location")?;
+            let (url, family) = remote(location).ok_or_else(|| {
+                format!("sluice_stores.json: '{location}' is not a remote location")
+            })?;
+            let options: Vec<(String, String)> = serde_json::from_value(spec["options"].clone())
+                .map_err(|e| format!("sluice_stores.json: bad options for '{location}': {e}"))?;
+            let keys: Vec<(String, String)> = options
+                .into_iter()
+                .filter_map(|(k, v)| {
+                    k.strip_prefix(family.prefix())
+                        .and_then(|k| k.strip_prefix('.'))
+                        .map(|k| (k.to_string(), v))
+                })
+                .collect();
+            let retry = Retry {
+                max_retries: spec["retries"].as_u64().unwrap_or(10) as usize,
+                timeout: Duration::from_secs(spec["retry_timeout_s"].as_u64().unwrap_or(120)),
+            };
+            let store = build(&url, family, &keys, retry.config())
+                .map_err(|e| format!("cannot build the object store of '{location}': {e}"))?;
+            runtime.register_object_store(&store_base(&url), store);
+        }
+        Ok(())
+    }
+}
+
+impl datafusion::common::config::ConfigExtension for StoreSpecs {
+    const PREFIX: &'static str = "sluice_stores";
+}
+
+impl datafusion::common::config::ExtensionOptions for StoreSpecs {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
+    fn cloned(&self) -> Box<dyn datafusion::common::config::ExtensionOptions> {
+        Box::new(self.clone())
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> datafusion::common::Result<()> {
+        let key = key.strip_prefix("sluice_stores.").unwrap_or(key);
+        if key != "json" {
+            return Err(datafusion::error::DataFusionError::Configuration(format!(
+                "unknown option sluice_stores.{key}; the only one is sluice_stores.json"
+            )));
+        }
+        serde_json::from_str::<Vec<serde_json::Value>>(value).map_err(|e| {
+            datafusion::error::DataFusionError::Configuration(format!(
+                "sluice_stores.json must be a JSON list: {e}"
+            ))
+        })?;
+        self.json = value.to_string();
+        Ok(())
+    }
+
+    fn entries(&self) -> Vec<datafusion::common::config::ConfigEntry> {
+        // Named in full (see `FunctionContext`): a Ballista job sets its entries by name.
+        vec![datafusion::common::config::ConfigEntry {
+            key: "sluice_stores.json".into(),
+            value: (!self.is_empty()).then(|| self.json.clone()),
+            description: "The plan's remote object stores, for a Ballista cluster.",
+        }]
+    }
+}
