@@ -3,23 +3,26 @@
 random flip, normalize, CHW, one-hot label) in Sluice against Pillow + numpy doing the
 same work, measured in the same run.
 
-Usage (needs a `sluice` binary and a Python with pyarrow, numpy and Pillow):
+Usage (needs a `sluice` binary and a Python with the Sluice wheel, pyarrow, numpy and
+Pillow; `sluice-bench` runs it as comparison 8):
 
     cargo build --release -p sluice-cli
-    python3 benches/image_pipeline.py [--images 3000] [--trainers 4] [--epochs 2]
+    .venv/bin/python benches/image_pipeline.py [--images 3000] [--trainers 4] [--epochs 2] [--json OUT]
 
 1. Images/s per core: `sluice checksum` runs the plan once with one DataFusion partition
    (its CPU-seconds include reading Parquet); one Python process does the same with
    pyarrow + Pillow + numpy. Ratio: Sluice / Pillow.
-2. N trainers: one `sluice run` producer feeding N `sluice subscribe` processes (each
-   reads and checksums every byte of every batch) against N independent Python loaders
-   that decode and augment for themselves. Wall seconds and CPU-seconds of all processes.
+2. N Python trainers: one `sluice run` producer feeding N Python processes
+   (`sluice.subscribe`, each sums every pixel and target of every batch through
+   `np.from_dlpack`) against N independent Python loaders that decode and augment for
+   themselves and sum the same arrays. Wall seconds and CPU-seconds of all processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import resource
 import subprocess
@@ -57,6 +60,17 @@ print(rows, total)
 """
 
 
+TRAINER = r"""
+import sys, numpy as np, sluice
+topic, rows, total = sys.argv[1], 0, 0.0
+with sluice.subscribe(topic, timeout=300) as sub:
+    for batch in sub:
+        total += float(np.from_dlpack(batch["pixels"]).sum()) + float(np.from_dlpack(batch["target"]).sum())
+        rows += batch.num_rows
+print(rows, total)
+"""
+
+
 def children_cpu() -> float:
     u = resource.getrusage(resource.RUSAGE_CHILDREN)
     return u.ru_utime + u.ru_stime
@@ -88,6 +102,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=3000)
     parser.add_argument("--trainers", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args()
     sluice = str(args.sluice)
     if not args.sluice.exists():
@@ -116,18 +131,26 @@ def main() -> None:
         # 2. N trainers.
         n, epochs = args.trainers, args.epochs
         plan = plan_file(workdir, data, "fanout", epochs, None, n)
-        subs = [[sluice, "subscribe", "fanout", "--json", "--timeout", "300"] for _ in range(n)]
+        trainers = [[sys.executable, "-c", TRAINER, "fanout"] for _ in range(n)]
         producer = [sluice, "run", str(plan), "--quiet", "--min-subscribers", str(n), "--wait-timeout", "300"]
-        f_wall, f_cpu, outs = timed(subs + [producer], env)
-        rows = {int(__import__("json").loads(o.strip().splitlines()[-1])["rows"]) for o in outs[:n]}
-        assert rows == {args.images * epochs}, rows
+        f_wall, f_cpu, outs = timed(trainers + [producer], env)
+        assert {int(o.split()[0]) for o in outs[:n]} == {args.images * epochs}, outs
         l_wall, l_cpu, louts = timed([[sys.executable, "-c", LOADER, str(data), str(epochs)] for _ in range(n)], env)
         assert {int(o.split()[0]) for o in louts} == {args.images * epochs}, louts
-        print(f"{n} trainers, {epochs} epochs of {args.images} images each\n")
+        print(f"{n} Python trainers, {epochs} epochs of {args.images} images each\n")
         print("| set-up | wall s | CPU-s (all processes) | wall vs loaders | CPU vs loaders |")
         print("|---|---:|---:|---:|---:|")
         print(f"| {n} independent Python loaders (Pillow + numpy) | {l_wall:.2f} | {l_cpu:.2f} | 1.00 | 1.00 |")
-        print(f"| Sluice: 1 producer + {n} subscribers | {f_wall:.2f} | {f_cpu:.2f} | {f_wall / l_wall:.2f} | {f_cpu / l_cpu:.2f} |")
+        print(f"| Sluice: 1 producer + {n} Python trainers | {f_wall:.2f} | {f_cpu:.2f} | {f_wall / l_wall:.2f} | {f_cpu / l_cpu:.2f} |")
+        if args.json:
+            args.json.write_text(json.dumps({
+                "images": args.images,
+                "epochs": epochs,
+                "trainers": n,
+                "per_core": {"sluice_cpu": s_cpu, "pillow_cpu": p_cpu},
+                "sluice": {"wall": f_wall, "cpu": f_cpu},
+                "loaders": {"wall": l_wall, "cpu": l_cpu},
+            }))
     for f in os.listdir("/dev/shm"):
         if f.startswith(f"iox2_sluice_{ns}_"):
             os.remove(f"/dev/shm/{f}")

@@ -2,10 +2,11 @@
 """N Python trainers on one Sluice producer against N Python processes that each read
 the same Parquet files with pyarrow and apply the same transform.
 
-Usage (after scripts/test-python.sh has built .venv, and a release `sluice` exists):
+Usage (a Python with the Sluice wheel, pyarrow and numpy, and a release `sluice`;
+`sluice-bench` runs it as comparison 8):
 
     cargo build --release -p sluice-cli
-    .venv/bin/python benches/python_loaders.py [--trainers 1 2 4] [--epochs 2]
+    .venv/bin/python benches/python_loaders.py [--trainers 1 2 4] [--epochs 2] [--json OUT]
 
 Each trainer, in both set-ups, receives every row of the demo dataset (label not null)
 per epoch and computes a normalised feature matrix ``(x - 0.5) / 0.25`` and its sum.
@@ -136,11 +137,15 @@ def run_pyarrow(data: Path, n: int, epochs: int, env: dict) -> tuple[float, floa
 
 
 def main() -> None:
+    global SLUICE
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trainers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--sluice", type=Path, default=SLUICE)
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args()
+    SLUICE = args.sluice
     if not SLUICE.exists():
         sys.exit(f"{SLUICE} is missing: run `cargo build --release -p sluice-cli` first")
     env = dict(os.environ, SLUICE_NAMESPACE=f"pybench{os.getpid()}", SLUICE_LOG="warn")
@@ -163,6 +168,7 @@ def main() -> None:
         print(f"{args.rows} rows of the demo dataset, {args.epochs} epochs, transform (x - 0.5) / 0.25 on 16 float32 features\n")
         print("| trainers | Sluice wall s | Sluice CPU-s | pyarrow loaders wall s | pyarrow loaders CPU-s | CPU ratio Sluice / loaders | wall ratio |")
         print("|---:|---:|---:|---:|---:|---:|---:|")
+        figures = {"rows": args.rows, "epochs": args.epochs, "python_rows_s": py, "rust_rows_s": rs, "trainers": []}
         for n in args.trainers:
             s_wall, s_cpu, s_out = run_sluice(data, n, args.epochs, workdir, env)
             p_wall, p_cpu, p_out = run_pyarrow(data, n, args.epochs, env)
@@ -171,6 +177,13 @@ def main() -> None:
             assert len({r for r, _ in results}) == 1, results
             assert max(t for _, t in results) - min(t for _, t in results) <= 1e-6 * max(1.0, abs(results[0][1])), results
             print(f"| {n} | {s_wall:.2f} | {s_cpu:.2f} | {p_wall:.2f} | {p_cpu:.2f} | {s_cpu / p_cpu:.2f} | {s_wall / p_wall:.2f} |")
+            figures["trainers"].append(
+                {"n": n, "sluice": {"wall": s_wall, "cpu": s_cpu}, "loaders": {"wall": p_wall, "cpu": p_cpu}}
+            )
+        if args.json:
+            import json
+
+            args.json.write_text(json.dumps(figures))
     leftovers = [f for f in os.listdir("/dev/shm") if f.startswith(f"iox2_sluice_{env['SLUICE_NAMESPACE']}_") and not f.endswith("global_mgmt")]
     for f in os.listdir("/dev/shm"):
         if f.startswith(f"iox2_sluice_{env['SLUICE_NAMESPACE']}_"):

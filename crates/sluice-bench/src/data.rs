@@ -75,7 +75,7 @@ pub fn plan_sql(
          SET sluice.batch_rows = {batch_rows};\n\
          SET sluice.epochs = {epochs};\n\
          SET sluice.window = 8;\n\
-         SET sluice.max_subscribers = 8;\n\
+         SET sluice.max_subscribers = 16;\n\
          CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION '{location}'{options};\n\
          SELECT id, label, text, features FROM train;\n"
     )

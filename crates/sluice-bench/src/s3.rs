@@ -146,6 +146,35 @@ impl S3Server {
     }
 }
 
+impl S3Server {
+    /// pyarrow's scan of what [`S3Server::upload`] put under `prefix` (rows/s).
+    pub fn pyarrow_pass(
+        &self,
+        python: &crate::python::Python,
+        repo: &Path,
+        data: &Dataset,
+        prefix: &str,
+        batch_rows: usize,
+    ) -> Result<f64> {
+        let paths = data
+            .files
+            .iter()
+            .filter_map(|f| f.file_name()?.to_str())
+            .map(|name| format!("bench/{prefix}/{name}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        crate::python::pyarrow_s3_pass(
+            python,
+            repo,
+            &self.endpoint,
+            (&self.access_key, &self.secret_key),
+            &paths,
+            batch_rows,
+            data.rows,
+        )
+    }
+}
+
 impl Drop for S3Server {
     fn drop(&mut self) {
         if let Some(child) = &mut self.child {

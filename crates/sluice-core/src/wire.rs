@@ -151,8 +151,16 @@ pub fn decode(buffer: Buffer) -> Result<RecordBatch> {
     }
 }
 
-fn decode_inner(mut buffer: Buffer) -> Result<RecordBatch> {
-    let mut decoder = StreamDecoder::new().with_require_alignment(true);
+fn decode_inner(buffer: Buffer) -> Result<RecordBatch> {
+    decode_with(
+        &mut StreamDecoder::new().with_require_alignment(true),
+        buffer,
+    )
+}
+
+/// Feeds `buffer` to `decoder` until it yields the one record batch the fragment must
+/// hold, and nothing may follow it.
+fn decode_with(decoder: &mut StreamDecoder, mut buffer: Buffer) -> Result<RecordBatch> {
     loop {
         let before = buffer.len();
         let decoded = decoder
@@ -172,6 +180,126 @@ fn decode_inner(mut buffer: Buffer) -> Result<RecordBatch> {
                 "message ended before its record batch".into(),
             ));
         }
+    }
+}
+
+/// Decodes a topic's fragments one after another, in place, as [`decode`] does, without
+/// decoding the same schema again and again.
+///
+/// Every fragment starts with its schema message, which is what lets a subscriber join
+/// late or skip messages. A subscriber receives the same schema message with every
+/// batch, though: when a fragment's schema message is byte for byte the previous
+/// fragment's, its decoded schema is taken over (the decoder that read it goes on with
+/// the record batch), saving the schema's flatbuffer verification and the construction
+/// of its fields and metadata on every message. Everything after the schema message is
+/// verified and validated as by [`decode`], and equal bytes decode to an equal schema,
+/// so this is exactly as strict. Schemas with dictionary-encoded columns are decoded
+/// every time: a decoder kept from one fragment to the next would keep the previous
+/// fragment's dictionaries, and with them its shared memory.
+#[derive(Default)]
+pub struct Decoder {
+    /// The previous fragment's schema message, and the decoder that read it, ready for
+    /// a record batch.
+    cached: Option<(Vec<u8>, StreamDecoder)>,
+}
+
+impl std::fmt::Debug for Decoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decoder")
+            .field(
+                "cached_schema_bytes",
+                &self.cached.as_ref().map(|(b, _)| b.len()),
+            )
+            .finish()
+    }
+}
+
+impl Decoder {
+    /// A decoder with no schema yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Decodes one fragment made by [`encode`], in place (see [`decode`]).
+    pub fn decode(&mut self, buffer: Buffer) -> Result<RecordBatch> {
+        if buffer.as_ptr().align_offset(ALIGNMENT) != 0 {
+            return Err(SluiceError::Corrupt(format!(
+                "message is not {ALIGNMENT}-byte aligned"
+            )));
+        }
+        let first_len = first_message_len(&buffer);
+        if let (Some(n), Some((bytes, decoder))) = (first_len, self.cached.as_mut())
+            && bytes.as_slice() == &buffer[..n]
+        {
+            let rest = buffer.slice(n);
+            match crate::panics::catch(|| decode_with(decoder, rest)) {
+                Ok(Ok(batch)) => return Ok(batch),
+                // The decoder may be mid-message: start afresh next time.
+                Ok(Err(e)) => {
+                    self.cached = None;
+                    return Err(e);
+                }
+                Err(what) => {
+                    self.cached = None;
+                    return Err(SluiceError::Corrupt(format!("undecodable message: {what}")));
+                }
+            }
+        }
+        self.cached = None;
+        let mut decoder = StreamDecoder::new().with_require_alignment(true);
+        let batch = match crate::panics::catch(|| decode_with(&mut decoder, buffer.clone())) {
+            Ok(result) => result?,
+            Err(what) => {
+                return Err(SluiceError::Corrupt(format!("undecodable message: {what}")));
+            }
+        };
+        if let Some(n) = first_len
+            && is_schema_message(&buffer[8..n])
+            && !has_dictionaries(batch.schema_ref().fields())
+        {
+            self.cached = Some((buffer[..n].to_vec(), decoder));
+        }
+        Ok(batch)
+    }
+}
+
+/// The length of the fragment's first message without its body (continuation marker,
+/// metadata length, metadata), if the fragment is framed that way.
+fn first_message_len(buffer: &[u8]) -> Option<usize> {
+    if buffer.get(..4)? != [0xff; 4] {
+        return None;
+    }
+    let len = u32::from_le_bytes(buffer.get(4..8)?.try_into().ok()?) as usize;
+    let end = 8usize.checked_add(len)?;
+    (end <= buffer.len()).then_some(end)
+}
+
+/// Whether `metadata` is a schema message without a body: the whole of a message that a
+/// fresh decoder took as the stream's schema, so that equal bytes later are that schema.
+fn is_schema_message(metadata: &[u8]) -> bool {
+    arrow::ipc::root_as_message(metadata)
+        .is_ok_and(|m| m.header_type() == arrow::ipc::MessageHeader::Schema && m.bodyLength() == 0)
+}
+
+fn has_dictionaries(fields: &arrow::datatypes::Fields) -> bool {
+    fields.iter().any(|f| dictionary_in(f.data_type()))
+}
+
+fn dictionary_in(t: &DataType) -> bool {
+    match t {
+        DataType::Dictionary(..) => true,
+        DataType::List(f)
+        | DataType::LargeList(f)
+        | DataType::ListView(f)
+        | DataType::LargeListView(f)
+        | DataType::FixedSizeList(f, _)
+        | DataType::Map(f, _) => dictionary_in(f.data_type()),
+        DataType::Struct(fields) => has_dictionaries(fields),
+        DataType::Union(fields, _) => fields.iter().any(|(_, f)| dictionary_in(f.data_type())),
+        DataType::RunEndEncoded(a, b) => {
+            dictionary_in(a.data_type()) || dictionary_in(b.data_type())
+        }
+        _ => false,
     }
 }
 
@@ -310,5 +438,115 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn buffer(bytes: &[u8]) -> Buffer {
+        let mut m = MutableBuffer::new(bytes.len());
+        m.extend_from_slice(bytes);
+        m.into()
+    }
+
+    #[test]
+    fn a_decoder_takes_over_an_unchanged_schema_and_decodes_what_decode_does() {
+        let mut decoder = Decoder::new();
+        let full = sample();
+        let mut schemas = Vec::new();
+        for i in 0..5 {
+            let batch = full.slice(i, 10 - 2 * i);
+            let message = aligned(&encode(&batch).unwrap());
+            let decoded = decoder.decode(message.clone()).unwrap();
+            assert_eq!(decoded, batch);
+            assert_eq!(decoded, decode(message).unwrap());
+            schemas.push(decoded.schema());
+        }
+        // Fresh decodes build a schema each; the decoder built one and kept it.
+        assert!(schemas.iter().all(|s| Arc::ptr_eq(s, &schemas[0])));
+        assert!(!Arc::ptr_eq(
+            &decode(aligned(&encode(&full).unwrap())).unwrap().schema(),
+            &decode(aligned(&encode(&full).unwrap())).unwrap().schema()
+        ));
+
+        // Another schema (a column fewer, then different metadata) is decoded afresh.
+        let other = full.project(&[0, 2]).unwrap();
+        let decoded = decoder.decode(aligned(&encode(&other).unwrap())).unwrap();
+        assert_eq!(decoded, other);
+        assert!(!Arc::ptr_eq(&decoded.schema(), &schemas[0]));
+        let tagged = RecordBatch::try_new(
+            Arc::new(
+                full.schema()
+                    .as_ref()
+                    .clone()
+                    .with_metadata([("k".to_string(), "v".to_string())].into()),
+            ),
+            full.columns().to_vec(),
+        )
+        .unwrap();
+        let decoded = decoder.decode(aligned(&encode(&tagged).unwrap())).unwrap();
+        assert_eq!(decoded.schema().metadata()["k"], "v");
+        let decoded = decoder.decode(aligned(&encode(&full).unwrap())).unwrap();
+        assert!(decoded.schema().metadata().is_empty());
+        assert_eq!(decoded, full);
+    }
+
+    #[test]
+    fn a_decoder_does_not_keep_dictionaries_or_the_memory_they_live_in() {
+        use arrow::array::DictionaryArray;
+        use arrow::datatypes::Int32Type;
+        let dict: DictionaryArray<Int32Type> = vec!["a", "b", "a", "c"].into_iter().collect();
+        let batch = RecordBatch::try_from_iter([("d", Arc::new(dict) as ArrayRef)]).unwrap();
+        let mut decoder = Decoder::new();
+        let first = decoder.decode(aligned(&encode(&batch).unwrap())).unwrap();
+        let message = aligned(&encode(&batch).unwrap());
+        let second = decoder.decode(message.clone()).unwrap();
+        assert_eq!(first, batch);
+        assert_eq!(second, batch);
+        assert!(!Arc::ptr_eq(&first.schema(), &second.schema()));
+        // Once the batch is gone, nothing but `message` holds its memory.
+        drop(second);
+        assert_eq!(message.strong_count(), 1);
+    }
+
+    #[test]
+    fn a_decoder_after_a_corrupt_message_is_strict_and_recovers() {
+        let good = encode(&sample()).unwrap().to_vec();
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut decoder = Decoder::new();
+        for _ in 0..3000 {
+            // A good message first, so that the corrupt one meets a kept schema.
+            assert_eq!(decoder.decode(buffer(&good)).unwrap(), sample());
+            let mut copy = good.clone();
+            for _ in 0..(next() % 8 + 1) {
+                let i = (next() as usize) % copy.len();
+                copy[i] = next() as u8;
+            }
+            let fresh = decode(buffer(&copy));
+            match decoder.decode(buffer(&copy)) {
+                Ok(batch) => {
+                    for col in batch.columns() {
+                        col.to_data().validate_full().unwrap();
+                    }
+                    // Exactly as strict as a fresh decode.
+                    assert_eq!(batch, fresh.unwrap());
+                }
+                Err(e) => assert!(
+                    fresh.is_err(),
+                    "the decoder refused what decode accepts: {e}"
+                ),
+            }
+        }
+        for cut in [1, 8, 64, good.len() / 2, good.len() - 1] {
+            assert_eq!(decoder.decode(buffer(&good)).unwrap(), sample());
+            assert!(decoder.decode(buffer(&good[..cut])).is_err());
+            let mut trailing = good.clone();
+            trailing.extend_from_slice(&[0u8; 64]);
+            assert!(decoder.decode(buffer(&trailing)).is_err());
+        }
+        assert_eq!(decoder.decode(buffer(&good)).unwrap(), sample());
     }
 }

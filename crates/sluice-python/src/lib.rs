@@ -49,6 +49,8 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Panics Sluice catches (a reader on a corrupt file) are reported once, as errors.
     sluice::core::panics::install_quiet_hook();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // Benchmarks refuse to report figures of an unoptimised build (the test wheel).
+    m.add("_optimized", !cfg!(debug_assertions))?;
     m.add_class::<subscriber::PySubscriber>()?;
     m.add_class::<subscriber::PyEpochs>()?;
     m.add_class::<subscriber::PyEpoch>()?;

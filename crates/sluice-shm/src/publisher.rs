@@ -95,9 +95,15 @@ pub struct TopicPublisher {
     config: TopicConfig,
     data: DataService,
     publisher: Publisher<Ipc, [u8], FrameHeader>,
-    ready: Notifier<Ipc>,
+    ready: Arc<Notifier<Ipc>>,
     released: Arc<Listener<Ipc>>,
     sending_batch: Arc<AtomicBool>,
+    /// Messages sent whose wake-up is still owed to subscribers (see
+    /// [`TopicPublisher::publish_batch_in_burst`]); the backpressure handler pays it
+    /// before it waits.
+    wake_owed: Arc<AtomicBool>,
+    /// Messages sent since the last wake-up.
+    unwoken: usize,
     seq: u64,
     // Dropped last: the ports above belong to it.
     _node: Node<Ipc>,
@@ -193,10 +199,13 @@ impl TopicPublisher {
             },
         )?;
 
-        let ready = ready_service
-            .notifier_builder()
-            .create()
-            .map_err(transport("cannot create ready notifier"))?;
+        let ready = Arc::new(
+            ready_service
+                .notifier_builder()
+                .create()
+                .map_err(transport("cannot create ready notifier"))?,
+        );
+        let wake_owed = Arc::new(AtomicBool::new(false));
         let released = Arc::new(
             released_service
                 .listener_builder()
@@ -219,6 +228,8 @@ impl TopicPublisher {
             last_check: std::sync::Mutex::new(Instant::now()),
             lag_limit: config.lag_limit.is_some(),
             sending_batch: sending_batch.clone(),
+            ready: ready.clone(),
+            wake_owed: wake_owed.clone(),
         };
         let publisher = data
             .publisher_builder()
@@ -249,6 +260,8 @@ impl TopicPublisher {
             ready,
             released,
             sending_batch,
+            wake_owed,
+            unwoken: 0,
             seq: 0,
             _node: node,
         })
@@ -321,13 +334,36 @@ impl TopicPublisher {
         }
     }
 
-    /// Publishes one record batch, already encoded.
+    /// Publishes one record batch, already encoded, and wakes idle subscribers.
     pub fn publish_batch(
         &mut self,
         epoch: u64,
         index: u64,
         rows: u64,
         encoded: &Encoded,
+    ) -> Result<()> {
+        self.publish_batch_in_burst(epoch, index, rows, encoded, false)
+    }
+
+    /// Publishes one record batch, already encoded; with `more` (another batch is ready
+    /// to follow at once), idle subscribers may be woken once for the burst instead of
+    /// once per batch.
+    ///
+    /// Every wake-up of an idle subscriber costs the producer a system call and the
+    /// subscriber a context switch, for each subscriber: with a fast subscriber (idle
+    /// between batches) that is a large part of a batch's cost on both sides (profiles
+    /// in docs/benchmarks.md). A burst owes its wake-up for at most half the window (so
+    /// that subscribers start on a burst before their queues fill; with a lag limit it
+    /// owes none, see `burst_limit`), and the wake-up is paid before the producer ever
+    /// waits for a full queue, with the last batch of the burst (`more = false`), and
+    /// with every control message.
+    pub fn publish_batch_in_burst(
+        &mut self,
+        epoch: u64,
+        index: u64,
+        rows: u64,
+        encoded: &Encoded,
+        more: bool,
     ) -> Result<()> {
         if encoded.len() > self.config.max_message_bytes {
             tracing::warn!(
@@ -347,9 +383,36 @@ impl TopicPublisher {
             ..Default::default()
         };
         self.sending_batch.store(true, Ordering::Relaxed);
-        let sent = self.send(header, encoded.len(), |dst| encoded.write_to(dst));
+        let sent = self.send_with(
+            header,
+            encoded.len(),
+            |_, dst, _| encoded.write_to(dst).map(|()| encoded.len()),
+            more,
+        );
         self.sending_batch.store(false, Ordering::Relaxed);
         sent
+    }
+
+    /// Messages a burst may send before it wakes subscribers: half a queue, so that they
+    /// start on it before their queues fill. With a lag limit, none: a subscriber asleep
+    /// through a burst would have less than the limit to catch up before it misses a
+    /// batch.
+    fn burst_limit(&self) -> usize {
+        match self.config.lag_limit {
+            Some(_) => 0,
+            None => self.config.window / 2,
+        }
+    }
+
+    /// Wakes subscribers for messages sent in a burst whose wake-up is still owed.
+    pub fn flush(&mut self) -> Result<()> {
+        self.unwoken = 0;
+        if self.wake_owed.swap(false, Ordering::Relaxed) {
+            self.ready
+                .notify()
+                .map_err(transport("cannot wake subscribers"))?;
+        }
+        Ok(())
     }
 
     /// Publishes the end of `epoch`, with its totals.
@@ -416,21 +479,26 @@ impl TopicPublisher {
         };
         let capacity = self.config.max_message_bytes;
         self.sending_batch.store(true, Ordering::Relaxed);
-        let sent = self.send_with(header, capacity, |chunk, dst, header| {
-            let bytes = describe(chunk)?;
-            if bytes.len() > dst.len() {
-                return Err(SluiceError::Internal(format!(
-                    "a {}-byte device descriptor does not fit the topic's {}-byte messages",
-                    bytes.len(),
-                    dst.len()
-                )));
-            }
-            for (d, s) in dst.iter_mut().zip(&bytes) {
-                d.write(*s);
-            }
-            header.len = bytes.len() as u64;
-            Ok(bytes.len())
-        });
+        let sent = self.send_with(
+            header,
+            capacity,
+            |chunk, dst, header| {
+                let bytes = describe(chunk)?;
+                if bytes.len() > dst.len() {
+                    return Err(SluiceError::Internal(format!(
+                        "a {}-byte device descriptor does not fit the topic's {}-byte messages",
+                        bytes.len(),
+                        dst.len()
+                    )));
+                }
+                for (d, s) in dst.iter_mut().zip(&bytes) {
+                    d.write(*s);
+                }
+                header.len = bytes.len() as u64;
+                Ok(bytes.len())
+            },
+            false,
+        );
         self.sending_batch.store(false, Ordering::Relaxed);
         sent
     }
@@ -441,17 +509,19 @@ impl TopicPublisher {
         len: usize,
         fill: impl FnOnce(&mut [std::mem::MaybeUninit<u8>]) -> Result<()>,
     ) -> Result<()> {
-        self.send_with(header, len, |_, dst, _| fill(dst).map(|()| len))
+        self.send_with(header, len, |_, dst, _| fill(dst).map(|()| len), false)
     }
 
     /// Loans `capacity` bytes (at least one), lets `fill` write a prefix of them (it gets
     /// the chunk's address and the header, and returns the prefix's length), zeroes the
-    /// rest, and sends the message.
+    /// rest, and sends the message; wakes subscribers unless `defer_wake` and the burst
+    /// may grow (see [`TopicPublisher::publish_batch_in_burst`]).
     pub(crate) fn send_with(
         &mut self,
         mut header: FrameHeader,
         capacity: usize,
         fill: impl FnOnce(usize, &mut [std::mem::MaybeUninit<u8>], &mut FrameHeader) -> Result<usize>,
+        defer_wake: bool,
     ) -> Result<()> {
         header.seq = self.seq;
         // iceoryx2 does not loan empty slices; control messages carry one unused byte.
@@ -481,10 +551,14 @@ impl TopicPublisher {
             .send()
             .map_err(transport("cannot deliver a message"))?;
         self.seq += 1;
-        self.ready
-            .notify()
-            .map_err(transport("cannot wake subscribers"))?;
-        Ok(())
+        self.unwoken += 1;
+        // (The backpressure handler runs on this thread, inside `send`: the flag needs
+        // no ordering, only sharing with the handler's closure.)
+        self.wake_owed.store(true, Ordering::Relaxed);
+        if defer_wake && self.unwoken < self.burst_limit() {
+            return Ok(());
+        }
+        self.flush()
     }
 
     /// Waits (bounded by `timeout`) until every subscriber has read everything, so that a
@@ -694,10 +768,18 @@ struct BackpressureWaiter {
     lag_limit: bool,
     /// Set while a batch (not a control message) is being sent.
     sending_batch: Arc<AtomicBool>,
+    /// The topic's wake-ups, and whether one is owed for a burst.
+    ready: Arc<Notifier<Ipc>>,
+    wake_owed: Arc<AtomicBool>,
 }
 
 impl BackpressureWaiter {
     fn on_full_queue(&self, info: &BackpressureInfo) -> BackpressureAction {
+        // A subscriber whose queue is full may be asleep, waiting for the wake-up of a
+        // burst: pay it before waiting for (or skipping) that subscriber.
+        if self.wake_owed.swap(false, Ordering::Relaxed) {
+            let _ = self.ready.notify();
+        }
         if self.stop.load(Ordering::Relaxed) {
             return BackpressureAction::DiscardData;
         }

@@ -184,6 +184,8 @@ pub struct TopicSubscriber {
     producer_seen: bool,
     ended: bool,
     held: Arc<AtomicUsize>,
+    /// Decodes batches, keeping the topic's schema from one message to the next.
+    decoder: wire::Decoder,
     // Dropped last: the ports above belong to it.
     _node: Node<Ipc>,
 }
@@ -334,6 +336,7 @@ impl TopicSubscriber {
             producer_seen: false,
             ended: false,
             held: Arc::new(AtomicUsize::new(0)),
+            decoder: wire::Decoder::new(),
             _node: node,
         })
     }
@@ -485,7 +488,7 @@ impl TopicSubscriber {
                 // the sample, so the memory stays mapped until the last Arrow array that
                 // points into it is dropped. Nobody writes to a sent sample.
                 let buffer = unsafe { Buffer::from_custom_allocation(ptr, len, owner) };
-                let batch = wire::decode(buffer)?;
+                let batch = self.decoder.decode(buffer)?;
                 if batch.num_rows() as u64 != header.rows {
                     return Err(SluiceError::Corrupt(format!(
                         "batch has {} rows but its header says {}",

@@ -260,3 +260,40 @@ fn a_subscriber_holding_a_device_message_stays_attached_after_detaching() {
     ns.purge();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// Batches published as one burst (their wake-up deferred) all arrive, in order, with
+/// the subscriber waiting on another thread, also when the burst is longer than the
+/// subscriber's queue (the producer then waits for it, paying the owed wake-up first);
+/// a burst that never ends with `more = false` is delivered once `flush` runs.
+#[test]
+fn bursts_arrive_whole_and_in_order() {
+    let ns = namespace("b");
+    {
+        let (mut publisher, mut sub) = pair(&ns, "burst");
+        let encoded = wire::encode(&batch()).unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut indexes = Vec::new();
+            while indexes.len() < 41 {
+                match recv(&mut sub).unwrap() {
+                    Frame::Batch { index, .. } => indexes.push(index),
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            indexes
+        });
+        // 40 batches in bursts of 10 (the queue holds 4), then one left owed.
+        for index in 0..40u64 {
+            let more = index % 10 != 9;
+            publisher
+                .publish_batch_in_burst(0, index, 10, &encoded, more)
+                .unwrap();
+        }
+        publisher
+            .publish_batch_in_burst(0, 40, 10, &encoded, true)
+            .unwrap();
+        publisher.flush().unwrap();
+        let indexes = reader.join().unwrap();
+        assert_eq!(indexes, (0..41).collect::<Vec<_>>());
+    }
+    ns.purge();
+}

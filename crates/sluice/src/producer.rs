@@ -281,7 +281,10 @@ impl Producer {
                     let rows = batch.num_rows() as u64;
                     let bytes = match (&encoded, &mut stager) {
                         (Some(encoded), _) => {
-                            publisher.publish_batch(epoch, index, rows, encoded)?;
+                            // Batches already cut from one DataFusion batch follow at
+                            // once: subscribers are woken once for them.
+                            let more = source.has_ready();
+                            publisher.publish_batch_in_burst(epoch, index, rows, encoded, more)?;
                             encoded.len() as u64
                         }
                         (None, Some(stager)) => {
@@ -417,6 +420,11 @@ impl<'a> EpochSource<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Whether the next batch is ready without running the plan further.
+    fn has_ready(&self) -> bool {
+        !self.pending.is_empty()
     }
 
     /// The next batch of the epoch, or `None` at its end.
