@@ -5,7 +5,8 @@
 //! lifetime of a mapping itself — a CUDA host registration must end before its pages are
 //! unmapped, or the driver keeps using pages that no longer back that address — maps the
 //! same file again: [`backing_file`] finds the file and the offset behind an address of
-//! this process (from `/proc/self/maps`), and [`SegmentMap`] maps that file read-only,
+//! this process (from `/proc/self/maps`, or the mapping it found last, checked to be
+//! still there), and [`SegmentMap`] maps that file read-only,
 //! shared, for as long as its owner wants. Both mappings show the same page-cache pages,
 //! so what the producer writes is what the second mapping reads.
 
@@ -35,13 +36,104 @@ pub enum Backing {
 }
 
 /// The file and the offset in it behind `[addr, addr + len)`, when that range lies in one
-/// shared file mapping of this process. Reads `/proc/self/maps`: to look up several
-/// ranges, read [`Maps`] once.
+/// shared file mapping of this process. Reads `/proc/self/maps`, except when the range
+/// lies in the mapping found last and that mapping is checked to be still there (see
+/// [`LastSegment`]); to look up several ranges at once, read [`Maps`] once.
 pub fn backing_file(addr: usize, len: usize) -> Backing {
+    if let Some(found) = LastSegment::lookup(addr, len) {
+        return found;
+    }
     match Maps::read() {
-        Ok(maps) => maps.backing(addr, len),
+        Ok(maps) => {
+            LastSegment::remember(&maps, addr);
+            maps.backing(addr, len)
+        }
         Err(_) => Backing::Unusable,
     }
+}
+
+/// The last whole-file shared mapping [`backing_file`] found.
+///
+/// Reading `/proc/self/maps` costs tens of microseconds (the kernel formats every
+/// mapping of the process, a Python process has hundreds), and a Python trainer looks
+/// up every column of every batch it exports over DLPack (profile in
+/// docs/benchmarks.md), nearly always in the same segment. A remembered mapping answers
+/// only after two `stat` calls show it unchanged: `/proc/self/map_files/START-END`
+/// exists only while a mapping of exactly that range does, and names the mapped file,
+/// whose inode and size must be the remembered ones (a mapping of a whole file, at
+/// offset 0, is the only kind remembered, so the range and the file fix the offsets);
+/// and the path must still name that inode, as a segment removed and created again
+/// under the same name would not.
+struct LastSegment {
+    start: usize,
+    end: usize,
+    inode: u64,
+    path: PathBuf,
+}
+
+static LAST_SEGMENT: std::sync::Mutex<Option<LastSegment>> = std::sync::Mutex::new(None);
+
+impl LastSegment {
+    fn lookup(addr: usize, len: usize) -> Option<Backing> {
+        let last = LAST_SEGMENT.lock().unwrap_or_else(|p| p.into_inner());
+        let seg = last.as_ref()?;
+        let end = addr.checked_add(len)?;
+        if addr < seg.start || end > seg.end || !seg.is_current() {
+            return None;
+        }
+        Some(Backing::File {
+            path: seg.path.clone(),
+            inode: seg.inode,
+            offset: addr - seg.start,
+        })
+    }
+
+    fn is_current(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let mapped = std::fs::metadata(format!(
+            "/proc/self/map_files/{:x}-{:x}",
+            self.start, self.end
+        ));
+        let named = std::fs::metadata(&self.path);
+        match (mapped, named) {
+            (Ok(m), Ok(n)) => {
+                m.ino() == self.inode
+                    && n.ino() == self.inode
+                    && m.dev() == n.dev()
+                    && page_round(m.len()) == Some(self.end - self.start)
+            }
+            _ => false,
+        }
+    }
+
+    fn remember(maps: &Maps, addr: usize) {
+        use std::os::unix::fs::MetadataExt;
+        let i = maps.0.partition_point(|e| e.end <= addr);
+        let Some(e) = maps.0.get(i).filter(|e| e.start <= addr) else {
+            return;
+        };
+        if !e.shared || e.offset != 0 || !e.path.starts_with('/') || e.path.ends_with(" (deleted)")
+        {
+            return;
+        }
+        let whole = std::fs::metadata(&e.path)
+            .is_ok_and(|m| m.ino() == e.inode && page_round(m.len()) == Some(e.end - e.start));
+        if whole {
+            *LAST_SEGMENT.lock().unwrap_or_else(|p| p.into_inner()) = Some(LastSegment {
+                start: e.start,
+                end: e.end,
+                inode: e.inode,
+                path: PathBuf::from(&e.path),
+            });
+        }
+    }
+}
+
+/// `len` rounded up to whole pages.
+fn page_round(len: u64) -> Option<usize> {
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
+    usize::try_from(len).ok()?.checked_next_multiple_of(page)
 }
 
 /// One line of `/proc/self/maps`.
@@ -319,5 +411,54 @@ mod tests {
         );
         std::fs::remove_file(&path).unwrap();
         assert!(!second.is_current());
+    }
+
+    #[test]
+    fn a_remembered_mapping_answers_only_while_it_is_still_the_same_file() {
+        use std::os::fd::AsRawFd;
+        let dir = std::env::temp_dir().join(format!("sluice-remember-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, byte: u8| {
+            let path = dir.join(name);
+            std::fs::write(&path, vec![byte; 2 * 4096]).unwrap();
+            path
+        };
+        let a = write("a", 1);
+        let map = SegmentMap::open(&a).unwrap();
+        let addr = map.base() as usize + 100;
+        let found = |addr| match backing_file(addr, 10) {
+            Backing::File { path, offset, .. } => Some((path, offset)),
+            _ => None,
+        };
+        // Found from /proc/self/maps, then remembered: the same answer.
+        assert_eq!(found(addr), Some((a.clone(), 100)));
+        assert_eq!(found(addr + 4096), Some((a.clone(), 4196)));
+
+        // Another file mapped over exactly the same range: found, not remembered.
+        let b = write("b", 2);
+        let file = std::fs::File::open(&b).unwrap();
+        // SAFETY: MAP_FIXED replaces `map`'s own pages (same address and length) with a
+        // read-only shared mapping of `b`; nothing else uses that range, and `map`'s
+        // drop unmaps it.
+        let fixed = unsafe {
+            libc::mmap(
+                map.base().cast_mut().cast(),
+                2 * 4096,
+                libc::PROT_READ,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_eq!(fixed as usize, map.base() as usize);
+        assert_eq!(found(addr), Some((b.clone(), 100)));
+
+        // `b` removed and a new file made under its name: the mapping shows the old,
+        // deleted file, which cannot be mapped again.
+        std::fs::remove_file(&b).unwrap();
+        write("b", 3);
+        assert_eq!(backing_file(addr, 10), Backing::Unusable);
+        drop(map);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
