@@ -188,7 +188,8 @@ def main() -> None:
     for f in os.listdir("/dev/shm"):
         if f.startswith(f"iox2_sluice_{env['SLUICE_NAMESPACE']}_"):
             os.remove(f"/dev/shm/{f}")
-    subprocess.run(["rm", "-rf", f"/tmp/sluice-{env['SLUICE_NAMESPACE']}"], check=False)
+    ns = env["SLUICE_NAMESPACE"]
+    subprocess.run(["rm", "-rf", f"/tmp/sluice-{ns}", f"/tmp/sluice-{ns}.state"], check=False)
     assert not leftovers, leftovers
 
 

@@ -49,7 +49,9 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2> /dev/null || true; done
-  rm -rf "$tmp"
+  # The namespace's shared memory and state (see docs/architecture.md).
+  rm -rf "$tmp" "/tmp/sluice-$ns" "/tmp/sluice-$ns.state"
+  rm -f /dev/shm/iox2_sluice_"${ns}"_*
 }
 trap cleanup EXIT
 ns=profile$$

@@ -255,6 +255,10 @@ pub fn start_cluster(h: &mut Harness) -> u16 {
         &grpc.to_string(),
         "--concurrency",
         "2",
+        // In the test's directory, removed with it: a killed executor cannot remove a
+        // temporary directory of its own.
+        "--work-dir",
+        &h.path("ballista-work").display().to_string(),
     ]);
     scheduler
 }
