@@ -138,24 +138,7 @@ fn compact_views(batch: &RecordBatch) -> Result<RecordBatch> {
 /// The arrays of the returned batch are slices of `buffer`, so whatever owns the
 /// buffer's memory (a shared-memory sample) stays alive as long as any of them does.
 pub fn decode(buffer: Buffer) -> Result<RecordBatch> {
-    if buffer.as_ptr().align_offset(ALIGNMENT) != 0 {
-        return Err(SluiceError::Corrupt(format!(
-            "message is not {ALIGNMENT}-byte aligned"
-        )));
-    }
-    // A panic inside the IPC decoder on hostile input is a bug there, but a subscriber
-    // must survive it: report it as a corrupt message.
-    match crate::panics::catch(|| decode_inner(buffer)) {
-        Ok(result) => result,
-        Err(what) => Err(SluiceError::Corrupt(format!("undecodable message: {what}"))),
-    }
-}
-
-fn decode_inner(buffer: Buffer) -> Result<RecordBatch> {
-    decode_with(
-        &mut StreamDecoder::new().with_require_alignment(true),
-        buffer,
-    )
+    Decoder::new().decode(buffer)
 }
 
 /// Feeds `buffer` to `decoder` until it yields the one record batch the fragment must
@@ -232,6 +215,8 @@ impl Decoder {
             && bytes.as_slice() == &buffer[..n]
         {
             let rest = buffer.slice(n);
+            // A panic inside the IPC decoder on hostile input is a bug there, but a
+            // subscriber must survive it: report it as a corrupt message.
             match crate::panics::catch(|| decode_with(decoder, rest)) {
                 Ok(Ok(batch)) => return Ok(batch),
                 // The decoder may be mid-message: start afresh next time.
@@ -416,13 +401,7 @@ mod tests {
     #[test]
     fn random_corruption_is_an_error_or_a_valid_batch_never_a_crash() {
         let bytes = encode(&sample()).unwrap().to_vec();
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
         for _ in 0..3000 {
             let mut copy = bytes.clone();
             for _ in 0..(next() % 8 + 1) {
@@ -437,6 +416,16 @@ mod tests {
                     col.to_data().validate_full().unwrap();
                 }
             }
+        }
+    }
+
+    /// A seeded pseudo-random sequence (xorshift64), for reproducible corruptions.
+    fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
         }
     }
 
@@ -509,13 +498,7 @@ mod tests {
     #[test]
     fn a_decoder_after_a_corrupt_message_is_strict_and_recovers() {
         let good = encode(&sample()).unwrap().to_vec();
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = xorshift(0x2545_F491_4F6C_DD1D);
         let mut decoder = Decoder::new();
         for _ in 0..3000 {
             // A good message first, so that the corrupt one meets a kept schema.
