@@ -24,7 +24,15 @@ reported as "unavailable: <why>" and the others still run. The parts, in the JSO
       cuIpcOpenMemHandle and the event handle) against batches in slots it already mapped,
       from the latency run and the N = 1 scaling run; for cuda_host, the first to_device
       (which registers the shared-memory segment as pinned memory) against later ones.
+  staging
+      with --stage-rate BIN (the stripped `stage_rate` example of sluice-cuda, which
+      scripts/gpu-check.sh builds): the producer's staging (pack into pinned memory, one
+      cuMemcpyHtoDAsync per batch, over a ring of slots) against a raw pinned copy of the
+      same bytes, in GB/s, for batches of 1, 8 and 67 MB.
   scaling
+      Input-bound: pipelines/images.sql (decode JPEG, resize, random crop, flip,
+      normalize, CHW; --images generated JPEGs, --epochs epochs), so that the CPU work of
+      the pipeline, not the copies, limits the trainers.
       N = 1, 2, 4 trainers of the same plan: torch subscribers of one cuda:0 producer;
       torch subscribers of one cuda_host:0 producer, each calling to_device; and the
       baseline, N independent loaders (each runs the plan itself on 'cpu' and moves its
@@ -65,6 +73,9 @@ from typing import Any
 VEC = 256  # float32 values per row in the `vec` column
 ROW_BYTES = 8 + VEC * 4  # Arrow data bytes per row: id int64 + vec float32[VEC]
 COLUMNS = ("id", "vec")
+IMAGE_COLUMNS = ("pixels", "target")
+IMAGE_ROW_BYTES = 3 * 64 * 64 * 4 + 10 * 4  # pixels float32[3, 64, 64] + target float32[10]
+HERE = Path(__file__).resolve().parent
 LATENCY_BATCH_ROWS = 64
 LATENCY_ROWS = 64 * 1500
 LATENCY_WARMUP = 20  # batches left out of the latency percentiles (slots mapped, caches warm)
@@ -160,6 +171,53 @@ def make_plan(directory: Path, data: Path, topic: str, *, device: str, batch_row
     return plan
 
 
+def make_images(directory: Path, count: int) -> Path:
+    """`count` JPEGs of 48-127 pixels a side (noise over a gradient, as `sluice demo
+    --images` makes them), with labels 0-9, in one Parquet file of id, label, image."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    blobs = []
+    for i in range(count):
+        h, w = (int(v) for v in rng.integers(48, 128, size=2))
+        base = np.linspace(0, 255, w, dtype=np.float32)[None, :, None] * rng.random(3)
+        pixels = np.clip(base + rng.normal(0, 24, (h, w, 3)), 0, 255).astype(np.uint8)
+        out = io.BytesIO()
+        Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+        blobs.append(out.getvalue())
+    data = directory / "images"
+    data.mkdir()
+    table = pa.table({"id": pa.array(np.arange(count, dtype=np.int64)),
+                      "label": pa.array(rng.integers(0, 10, count).astype(np.int32)),
+                      "image": pa.array(blobs, pa.binary())})
+    pq.write_table(table, data / "part.parquet", row_group_size=1024)
+    return data
+
+
+def images_sql() -> str:
+    for candidate in (HERE / "images.sql", HERE.parent / "pipelines" / "images.sql"):
+        if candidate.exists():
+            return candidate.read_text()
+    raise FileNotFoundError("pipelines/images.sql (scripts/gpu-check.sh copies it beside gpu.py)")
+
+
+def make_images_plan(directory: Path, data: Path, topic: str, *, device: str, subscribers: int,
+                     epochs: int) -> Path:
+    """pipelines/images.sql on `data`, publishing on `topic` to `device`."""
+    text = images_sql()
+    text = text.replace("'data/images/'", f"'{data}/'").replace("'images'", f"'{topic}'")
+    text = text.replace("SET sluice.epochs = 2;", f"SET sluice.epochs = {epochs};")
+    plan = directory / f"{topic}.sql"
+    plan.write_text(f"SET sluice.device = '{device}';\n"
+                    f"SET sluice.max_subscribers = {subscribers};\n" + text)
+    return plan
+
+
 # --- Child processes (this file run with --child JSON) ----------------------------------
 
 
@@ -170,7 +228,8 @@ def dlpack_stream(torch: Any) -> int:
     return 1 if handle == 0 else handle
 
 
-def consume(torch: Any, sluice: Any, topic: str, how: str, timeout: float) -> dict[str, Any]:
+def consume(torch: Any, sluice: Any, topic: str, how: str, timeout: float,
+            columns: tuple[str, ...] = COLUMNS) -> dict[str, Any]:
     """Receives a topic to the end, making every batch usable on the GPU, as a trainer
     would: `how` is "cuda" (DLPack import of the producer's slot), "cuda_host"
     (Batch.to_device on torch's current stream, then DLPack) or "cpu" (a host batch moved
@@ -189,17 +248,17 @@ def consume(torch: Any, sluice: Any, topic: str, how: str, timeout: float) -> di
             if first_ns is None:
                 first_ns = start
             if how == "cuda":
-                tensors = [torch.from_dlpack(batch[c]) for c in COLUMNS]
+                tensors = [torch.from_dlpack(batch[c]) for c in columns]
             elif how == "cuda_host":
                 device = batch.to_device(device=0, stream=handle)
                 del batch  # the sample goes back once the copy has completed
-                tensors = [torch.from_dlpack(device[c]) for c in COLUMNS]
+                tensors = [torch.from_dlpack(device[c]) for c in columns]
                 del device
             else:
                 # A pageable host tensor: torch stages it, and the batch may go once
                 # .to() returns; it is dropped after the synchronization all the same.
                 tensors = [torch.from_dlpack(batch[c].__dlpack__()).to("cuda", non_blocking=True)
-                           for c in COLUMNS]
+                           for c in columns]
             stream.synchronize()
             usable = time.monotonic_ns()
             published = sub.last_published_ns if has_published else None
@@ -234,11 +293,12 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
     torch.cuda.synchronize()
     mark = cpu_seconds()
     if role == "subscriber":
-        out = consume(torch, sluice, config["topic"], config["how"], timeout)
+        out = consume(torch, sluice, config["topic"], config["how"], timeout,
+                      tuple(config["columns"]))
     elif role == "loader":
         # The baseline: this process runs the whole plan itself, in its own namespace.
         producer = sluice.Producer(config["plan"], min_subscribers=1, wait_timeout=timeout)
-        out = consume(torch, sluice, config["topic"], "cpu", timeout)
+        out = consume(torch, sluice, config["topic"], "cpu", timeout, tuple(config["columns"]))
         producer.wait(timeout=timeout)
     else:
         raise ValueError(f"unknown role {role!r}")
@@ -319,41 +379,49 @@ class GpuMemory:
 
 class Bench:
     def __init__(self, args: argparse.Namespace, directory: Path, data: Path,
-                 budget: Budget) -> None:
+                 budget: Budget, images: Path | None = None) -> None:
         self.args = args
         self.dir = directory
         self.data = data
+        self.images = images
         self.budget = budget
         self._names = itertools.count()
 
     def run(self, label: str, how: str, trainers: int, *, batch_rows: int,
-            rows: int | None = None, extra: str = "") -> dict[str, Any]:
+            rows: int | None = None, extra: str = "", images: bool = False) -> dict[str, Any]:
         """One run: `trainers` consumers of kind `how` ("cuda", "cuda_host", "cpu": one
         producer process and its subscribers; "loaders": independent loaders), every
         process reporting into a JSON file. Returns the raw per-process results, by role."""
         timeout = min(self.budget.check(label), self.args.run_timeout)
         run = next(self._names)
         namespace = f"gb{os.getpid()}r{run}"
+        columns = list(IMAGE_COLUMNS if images else COLUMNS)
+
+        def plan_for(topic: str, device: str, subscribers: int) -> Path:
+            if images:
+                assert self.images is not None
+                return make_images_plan(self.dir, self.images, topic, device=device,
+                                        subscribers=subscribers, epochs=self.args.epochs)
+            return make_plan(self.dir, self.data, topic, device=device, batch_rows=batch_rows,
+                             subscribers=subscribers, rows=rows, extra=extra)
         jobs: list[tuple[str, dict[str, Any], str]] = []  # (role name, config, namespace)
         if how == "loaders":
             for i in range(trainers):
                 topic = f"bench{run}l{i}"
-                plan = make_plan(self.dir, self.data, topic, device="cpu", batch_rows=batch_rows,
-                                 subscribers=1, rows=rows, extra=extra)
-                jobs.append((f"loader{i}", {"role": "loader", "plan": str(plan), "topic": topic},
-                             f"{namespace}x{i}"))
+                plan = plan_for(topic, "cpu", 1)
+                jobs.append((f"loader{i}", {"role": "loader", "plan": str(plan), "topic": topic,
+                                            "columns": columns}, f"{namespace}x{i}"))
         else:
             device = {"cuda": "cuda:0", "cuda_host": "cuda_host:0", "cpu": "cpu"}[how]
             topic = f"bench{run}"
-            plan = make_plan(self.dir, self.data, topic, device=device, batch_rows=batch_rows,
-                             subscribers=trainers, rows=rows, extra=extra)
+            plan = plan_for(topic, device, trainers)
             # The producer first: its ring or segment is made while torch starts in the
             # subscribers; it waits for all of them before its first batch.
             jobs.append(("producer", {"role": "producer", "plan": str(plan),
                                       "subscribers": trainers}, namespace))
             for i in range(trainers):
-                jobs.append((f"subscriber{i}", {"role": "subscriber", "topic": topic, "how": how},
-                             namespace))
+                jobs.append((f"subscriber{i}", {"role": "subscriber", "topic": topic, "how": how,
+                                                "columns": columns}, namespace))
         procs: list[tuple[str, subprocess.Popen[bytes], Path, Path]] = []
         with GpuMemory() as memory:
             try:
@@ -412,7 +480,7 @@ def trainer_results(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def scaling_row(run: dict[str, Any], how: str, trainers: int, expected_rows: int,
-                raw_gbps: float | None) -> dict[str, Any]:
+                raw_gbps: float | None, row_bytes: int = ROW_BYTES) -> dict[str, Any]:
     """What a scaling run measured, from its processes' reports."""
     trainers_out = trainer_results(run)
     start = min(r["first_ns"] for r in trainers_out if r["first_ns"] is not None)
@@ -436,12 +504,12 @@ def scaling_row(run: dict[str, Any], how: str, trainers: int, expected_rows: int
         "cpu_s": cpu,
         "cpu_s_total": sum(cpu.values()),
         "gpu_memory": run["gpu_memory"],
-        "htod_bytes": copies * expected_rows * ROW_BYTES,
+        "htod_bytes": copies * expected_rows * row_bytes,
         "htod_copies_per_batch": copies,
     }
     producer = run["results"].get("producer")
     if how == "cuda" and producer is not None and producer.get("elapsed_s"):
-        gbps = expected_rows * ROW_BYTES / producer["elapsed_s"] / 1e9
+        gbps = expected_rows * row_bytes / producer["elapsed_s"] / 1e9
         row["producer_htod_gbps"] = gbps
         if raw_gbps:
             row["producer_htod_vs_raw_pinned"] = gbps / raw_gbps
@@ -484,8 +552,11 @@ def latency(run: dict[str, Any]) -> dict[str, Any] | str:
 # --- Main ---------------------------------------------------------------------------------
 
 
-def raw_htod(torch: Any, nbytes: int, reps: int) -> float:
-    host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+def raw_htod(torch: Any, nbytes: int, reps: int, pinned: bool = True) -> float:
+    """Host-to-device GB/s of `reps` copies of `nbytes` from one host tensor: pinned (DMA
+    straight from it) or pageable (the driver stages through its own pinned buffers)."""
+    host = torch.empty(nbytes, dtype=torch.uint8)
+    host = host.pin_memory() if pinned else host
     dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dev.copy_(host, non_blocking=True)
     torch.cuda.synchronize()
@@ -507,6 +578,12 @@ def main() -> None:
                     help="a run starts only with this many seconds of the budget left")
     ap.add_argument("--run-timeout", type=float, default=45.0,
                     help="seconds one run (a producer and its trainers) may take")
+    ap.add_argument("--images", type=int, default=12_000,
+                    help="JPEGs of the input-bound scaling runs (default 12000)")
+    ap.add_argument("--epochs", type=int, default=2,
+                    help="epochs of the input-bound scaling runs (default 2)")
+    ap.add_argument("--stage-rate", type=Path,
+                    help="sluice-cuda's stage_rate example binary (the staging part)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
@@ -523,8 +600,21 @@ def main() -> None:
         result["device"] = torch.cuda.get_device_name(0)
         raw_gbps = raw_htod(torch, args.batch_rows * ROW_BYTES, 200)
         result["raw_pinned_htod_gbps"] = raw_gbps
+        result["raw_pageable_htod_gbps"] = raw_htod(torch, args.batch_rows * ROW_BYTES, 50,
+                                                    pinned=False)
     except Exception as error:  # noqa: BLE001 - reported, not hidden
         result["raw_pinned_htod_gbps"] = unavailable(error)
+    if args.stage_rate is None:
+        result["staging"] = "unavailable: no --stage-rate binary given"
+    else:
+        try:
+            out = subprocess.run([str(args.stage_rate.resolve())], capture_output=True,
+                                 text=True, timeout=60)
+            if out.returncode != 0:
+                raise RuntimeError(f"exit {out.returncode}: {out.stderr[-1500:]}")
+            result["staging"] = json.loads(out.stdout)
+        except Exception as error:  # noqa: BLE001 - reported, not hidden
+            result["staging"] = unavailable(error)
 
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
@@ -558,15 +648,27 @@ def main() -> None:
             except Exception as error:  # noqa: BLE001 - reported, not hidden
                 result["latency"][name] = unavailable(error)
 
-        # Scaling: N trainers on one cuda:0 producer, on one cuda_host:0 producer, and N
-        # independent loaders (the baseline).
-        scaling: dict[str, dict[str, Any]] = {"cuda": {}, "cuda_host": {}, "independent_loaders": {}}
+        # Scaling, input-bound (the image pipeline): N trainers on one cuda:0 producer, on
+        # one cuda_host:0 producer, and N independent loaders (the baseline).
+        scaling: dict[str, Any] = {"cuda": {}, "cuda_host": {}, "independent_loaders": {}}
+        try:
+            started = time.monotonic()
+            bench.images = make_images(directory, args.images)
+            scaling["pipeline"] = {"plan": "pipelines/images.sql", "images": args.images,
+                                   "epochs": args.epochs, "row_bytes": IMAGE_ROW_BYTES,
+                                   "generated_in_s": time.monotonic() - started}
+        except Exception as error:  # noqa: BLE001 - reported, not hidden
+            scaling["pipeline"] = unavailable(error)
+        expected_images = args.images * args.epochs
         for n in TRAINERS:
-            for how, key in (("cuda", "cuda"), ("cuda_host", "cuda_host"),
-                             ("loaders", "independent_loaders")):
+            for how, key in (("cuda", "cuda"), ("loaders", "independent_loaders"),
+                             ("cuda_host", "cuda_host")):
                 try:
-                    run = bench.run(f"scaling {key} N={n}", how, n, batch_rows=args.batch_rows)
-                    scaling[key][str(n)] = scaling_row(run, how, n, expected, raw_gbps)
+                    if bench.images is None:
+                        raise RuntimeError("no image data")
+                    run = bench.run(f"scaling {key} N={n}", how, n, batch_rows=128, images=True)
+                    scaling[key][str(n)] = scaling_row(run, how, n, expected_images, raw_gbps,
+                                                       IMAGE_ROW_BYTES)
                     if how == "cuda" and n == 1:
                         (trainer,) = trainer_results(run)
                         result["first_open"]["cuda_scaling_run_n1"] = first_open(trainer["records"])

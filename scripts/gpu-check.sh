@@ -9,7 +9,8 @@
 #   gpu_ipc          the Rust two-process CUDA IPC tests (sluice-cuda), stripped
 #   sluice-*.whl     the stripped abi3 wheel of profile.dist (must stay under 40 MB)
 #   python/          tests/python (test_gpu.py and its fixtures)
-#   gpu.py           the benchmark (benches/gpu.py)
+#   stage_rate       sluice-cuda's staging-rate example (profile.dist), stripped
+#   gpu.py           the benchmark (benches/gpu.py), and images.sql (its input-bound plan)
 #   gpu-probe.py     the CUDA IPC probe (ctypes on libcuda)
 #   gpu-check.sh     this script
 #
@@ -56,9 +57,15 @@ for line in sys.stdin:
   CARGO_TARGET_DIR="${SLUICE_DIST_TARGET:-target/dist-build}" .venv/bin/maturin build \
     --locked --profile dist --strip --compression-level 9 \
     -m crates/sluice-python/Cargo.toml --out "$BUNDLE" --interpreter "$PYO3_PYTHON"
+  # The staging-rate benchmark, built as the wheel is (same target directory and profile,
+  # so the dependencies it shares with the wheel are not compiled again).
+  CARGO_TARGET_DIR="${SLUICE_DIST_TARGET:-target/dist-build}" cargo build --locked --profile dist \
+    -p sluice-cuda --example stage_rate
+  cp "${SLUICE_DIST_TARGET:-target/dist-build}/dist/examples/stage_rate" "$BUNDLE/stage_rate"
+  strip "$BUNDLE/stage_rate"
   cp -r tests/python "$BUNDLE/python"
   rm -rf "$BUNDLE/python/__pycache__"
-  cp benches/gpu.py scripts/gpu-probe.py scripts/gpu-check.sh "$BUNDLE/"
+  cp benches/gpu.py pipelines/images.sql scripts/gpu-probe.py scripts/gpu-check.sh "$BUNDLE/"
 
   wheel=$(ls "$BUNDLE"/sluice-*.whl)
   wheel_bytes=$(stat -c %s "$wheel")
@@ -93,19 +100,25 @@ step() {
   steps+=("$name $rc $took")
 }
 
-step device 20 nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv
-step probe 60 "$PY" gpu-probe.py --out "$RESULTS/probe.json"
-step rust_gpu_ipc 90 bash -c 'set -o pipefail
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 SLUICE_PYTEST_INSTAFAIL=1
+step device 20 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv
+  "$0" -c "import torch, cupy, jax; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"cupy\", cupy.__version__, \"jax\", jax.__version__)"
+  nproc; uname -r' "$PY"
+step probe 40 "$PY" gpu-probe.py --out "$RESULTS/probe.json"
+step rust_gpu_ipc 60 bash -c 'set -o pipefail
   ./gpu_ipc --nocapture --test-threads=1 2>&1 | tee gpu_ipc.out
   rc=$?
   if grep -q SKIPPED gpu_ipc.out; then echo "the Rust GPU tests were skipped: no driver"; exit 3; fi
   exit $rc'
-step install 60 "$PY" -m pip install --no-index --no-deps --target "$BUNDLE/site" --upgrade sluice-*.whl
+step install 30 "$PY" -m pip install --no-index --no-deps --target "$BUNDLE/site" --upgrade sluice-*.whl
 export PYTHONPATH="$BUNDLE/site${PYTHONPATH:+:$PYTHONPATH}"
 export SLUICE_GPU_IPC_TEST="$BUNDLE/gpu_ipc"
-step python_gpu_tests 240 "$PY" -m pytest python/test_gpu.py -v -rs -p no:cacheprovider \
-  --junitxml="$RESULTS/python_gpu_tests.xml"
-step bench 120 "$PY" gpu.py --out "$RESULTS/gpu-bench.json"
+# Four workers (pytest-xdist, on the machine): each test has its own namespace, and
+# the tests' processes are mostly waiting.
+step python_gpu_tests 200 "$PY" -m pytest python/test_gpu.py -v -rs -p no:cacheprovider \
+  -n 4 --timeout 150 --junitxml="$RESULTS/python_gpu_tests.xml"
+step bench 230 "$PY" gpu.py --out "$RESULTS/gpu-bench.json" --budget 215 --run-timeout 60 \
+  --stage-rate ./stage_rate
 
 printf '%s\n' "${steps[@]}" | RESULTS="$RESULTS" "$PY" -c '
 import json, sys, os

@@ -31,11 +31,38 @@ SIZE = 1 << 20
 
 
 class Handle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * 64)]
+    # Bytes, not c_char: a c_char array reads back cut at its first NUL byte, and handles
+    # have NUL bytes.
+    _fields_ = [("reserved", ctypes.c_ubyte * 64)]
 
 
 def driver():
     cuda = ctypes.CDLL("libcuda.so.1")
+    # Prototypes: without them ctypes passes Python ints as 32-bit C ints, which truncates
+    # device pointers (CUdeviceptr is 64-bit) and crashes the process.
+    c = ctypes
+    ptr, size, handle = c.c_uint64, c.c_size_t, Handle
+    for fn, args in {
+        "cuInit": [c.c_uint],
+        "cuDeviceGet": [c.POINTER(c.c_int), c.c_int],
+        "cuDevicePrimaryCtxRetain": [c.POINTER(c.c_void_p), c.c_int],
+        "cuCtxSetCurrent": [c.c_void_p],
+        "cuCtxSynchronize": [],
+        "cuGetErrorName": [c.c_int, c.POINTER(c.c_char_p)],
+        "cuMemAlloc_v2": [c.POINTER(ptr), size],
+        "cuMemsetD8_v2": [ptr, c.c_ubyte, size],
+        "cuIpcGetMemHandle": [c.POINTER(handle), ptr],
+        "cuIpcOpenMemHandle_v2": [c.POINTER(ptr), handle, c.c_uint],
+        "cuIpcCloseMemHandle": [ptr],
+        "cuEventCreate": [c.POINTER(c.c_void_p), c.c_uint],
+        "cuEventRecord": [c.c_void_p, c.c_void_p],
+        "cuIpcGetEventHandle": [c.POINTER(handle), c.c_void_p],
+        "cuIpcOpenEventHandle": [c.POINTER(c.c_void_p), handle],
+        "cuStreamWaitEvent": [c.c_void_p, c.c_void_p, c.c_uint],
+        "cuMemcpyDtoH_v2": [c.c_void_p, ptr, size],
+    }.items():
+        f = getattr(cuda, fn)
+        f.argtypes, f.restype = args, c.c_int
     check(cuda, cuda.cuInit(0), "cuInit")
     dev = ctypes.c_int()
     check(cuda, cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
@@ -70,7 +97,7 @@ def export(cuda):
     evh = Handle()
     check(cuda, cuda.cuIpcGetEventHandle(ctypes.byref(evh), ev), "cuIpcGetEventHandle")
     check(cuda, cuda.cuCtxSynchronize(), "cuCtxSynchronize")
-    return ptr, bytes(mem.reserved), bytes(evh.reserved)
+    return ptr, bytes(mem.reserved), bytes(evh.reserved)  # all 64 bytes of each
 
 
 def open_mem(cuda, handle: bytes):
@@ -139,21 +166,30 @@ def main() -> int:
         return 0
     out = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None
     started = time.monotonic()
-    exp = subprocess.Popen([sys.executable, __file__, "--exporter"],
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    handles = json.loads(exp.stdout.readline())
-    imp = subprocess.Popen([sys.executable, __file__, "--importer", handles["mem"], handles["ev"]],
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    python = [sys.executable, "-X", "faulthandler", __file__]
+    exp = subprocess.Popen([*python, "--exporter"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    line = exp.stdout.readline()
+    if not line:
+        _, err = exp.communicate(timeout=60)
+        print(json.dumps({"exporter": f"exit {exp.returncode}", "stderr": err[-3000:]}))
+        return 1
+    handles = json.loads(line)
+    imp = subprocess.Popen([*python, "--importer", handles["mem"], handles["ev"]],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
     # Let the importer open and read, then end the exporter and tell the importer.
     time.sleep(2.0)
     exp.stdin.close()
     exp.wait(timeout=60)
-    imp.stdin.write("go\n")
-    imp.stdin.flush()
-    imp_out, _ = imp.communicate(timeout=60)
+    try:
+        imp_out, imp_err = imp.communicate("go\n", timeout=60)
+    except (BrokenPipeError, OSError):
+        imp_out, imp_err = imp.communicate(timeout=60)
     result = {
         "same_process_open": handles["same_process_open"],
-        "importer": json.loads(imp_out) if imp_out.strip() else {"error": f"exit {imp.returncode}"},
+        "importer": (json.loads(imp_out) if imp_out.strip() else
+                     {"error": f"exit {imp.returncode}", "stderr": imp_err[-3000:]}),
         "seconds": round(time.monotonic() - started, 3),
     }
     result["cross_process_ok"] = result["importer"].get("bytes_ok") is True

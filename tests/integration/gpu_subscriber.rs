@@ -68,6 +68,13 @@ fn driver_present() -> bool {
 
 #[test]
 fn device_batches_are_cut_into_the_subscribers_batch_size_as_row_ranges() {
+    if driver_present() {
+        // With a driver a batch that spans producer batches is copied on the device
+        // (`DeviceBatch::concat`), which these made-up descriptors cannot be; the GPU
+        // tests (tests/python/test_gpu.py) check that path with real slots.
+        eprintln!("SKIPPED: made-up descriptors, and this machine has a CUDA driver");
+        return;
+    }
     let ns = Namespace::new(&format!(
         "gs{}x{}",
         std::process::id(),

@@ -47,6 +47,16 @@ def _leftovers(ns: str) -> list[str]:
     return shm + files
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With ``SLUICE_PYTEST_INSTAFAIL=1`` (scripts/gpu-check.sh sets it) a failure is
+    written out when it happens, not in the summary at the end: a run stopped by its time
+    limit on the GPU machine still shows why the earlier tests failed."""
+    if report.failed and os.environ.get("SLUICE_PYTEST_INSTAFAIL"):
+        sys.__stderr__.write(f"\n=== FAILED {report.nodeid} ({report.when})\n"
+                             f"{report.longreprtext[-6000:]}\n=== end of {report.nodeid}\n")
+        sys.__stderr__.flush()
+
+
 @pytest.fixture
 def ns() -> Iterator[str]:
     """A fresh namespace, set in ``os.environ``; checked for leftovers and removed after."""

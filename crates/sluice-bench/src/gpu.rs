@@ -1,9 +1,11 @@
 //! Comparison 7: the GPU benchmarks, on a machine with an NVIDIA GPU.
 //!
 //! Without a CUDA driver (`libcuda.so`) they are skipped and the report says so. With
-//! one, this runs `benches/gpu.py` (host-to-device GB/s against a raw pinned copy in the
-//! same run, N torch subscribers against N independent loaders), which needs a Python
-//! with torch and the Sluice wheel (see `scripts/gpu-check.sh`), and reports its output.
+//! one, this runs `benches/gpu.py`, the script `scripts/gpu-check.sh --run` runs on a
+//! GPU machine (host-to-device GB/s of the producer's staging against a raw pinned copy
+//! in the same run, publish-to-usable latency, first-open cost, N torch subscribers
+//! against N independent loaders on the input-bound image pipeline), which needs a
+//! Python with torch and the Sluice wheel, and reports its output.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -47,7 +49,18 @@ pub fn run(repo: &Path, quick: bool) -> Gpu {
     let mut cmd = Command::new(&python);
     cmd.arg(repo.join("benches/gpu.py")).arg("--out").arg(&out);
     if quick {
-        cmd.args(["--rows", "50000"]);
+        cmd.args(["--rows", "50000", "--images", "3000", "--budget", "50"]);
+    } else {
+        cmd.args(["--budget", "270", "--run-timeout", "60"]);
+    }
+    // The staging-rate example of sluice-cuda, when it was built with this binary
+    // (`cargo build --release -p sluice-cuda --example stage_rate`): the staging part.
+    if let Some(stage_rate) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join("examples/stage_rate")))
+        .filter(|path| path.exists())
+    {
+        cmd.arg("--stage-rate").arg(stage_rate);
     }
     let child = cmd
         .current_dir(repo)
@@ -58,7 +71,7 @@ pub fn run(repo: &Path, quick: bool) -> Gpu {
         Ok(c) => c,
         Err(e) => return Gpu::Skipped(format!("{device}: cannot run {}: {e}", python.display())),
     };
-    let deadline = Instant::now() + Duration::from_secs(if quick { 60 } else { 300 });
+    let deadline = Instant::now() + Duration::from_secs(if quick { 90 } else { 360 });
     loop {
         match child.try_wait() {
             Ok(Some(status)) if status.success() => break,

@@ -82,6 +82,17 @@ impl<T, E: Completion> Retiring<T, E> {
         errors
     }
 
+    /// Waits for the work on the oldest pending batch and releases it: a subscriber at
+    /// its `sluice.max_held` limit whose held samples are all retiring makes room this way
+    /// (its host loop ran ahead of its GPU) rather than failing. `None` when nothing is
+    /// pending; the error of an event that could not be waited on (its batch went back).
+    pub fn release_oldest(&mut self) -> Option<Result<(), E::Error>> {
+        let (batch, event) = self.pending.pop_front()?;
+        let waited = event.wait();
+        drop(batch);
+        Some(waited)
+    }
+
     /// Batches still waiting for their consumers' work.
     pub fn pending(&self) -> usize {
         self.pending.len()
@@ -179,6 +190,34 @@ mod tests {
         slow.set(1);
         assert_eq!(r.collect().0, 1);
         assert_eq!(back.get(), 2);
+    }
+
+    /// Making room waits for the oldest batch's work only, and releases it after.
+    #[test]
+    fn releasing_the_oldest_waits_for_its_work_and_leaves_the_others() {
+        let stream = Rc::new(Cell::new(0));
+        let back = Rc::new(Cell::new(0));
+        let mut r = Retiring::default();
+        for at in [5, 8] {
+            r.retire(
+                Batch(back.clone()),
+                Marker {
+                    stream: stream.clone(),
+                    at,
+                    broken: false,
+                },
+            );
+        }
+        assert_eq!(r.release_oldest(), Some(Ok(())));
+        assert_eq!(
+            stream.get(),
+            5,
+            "waited for more than the oldest batch's work"
+        );
+        assert_eq!((back.get(), r.pending()), (1, 1));
+        assert_eq!(r.release_oldest(), Some(Ok(())));
+        assert_eq!((back.get(), r.pending(), stream.get()), (2, 0, 8));
+        assert_eq!(r.release_oldest(), None);
     }
 
     #[test]

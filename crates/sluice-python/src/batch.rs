@@ -281,7 +281,7 @@ impl PyBatch {
 
     /// Copies the batch to a GPU of this process (the ``cuda_host`` mode; works for any
     /// batch): one asynchronous host-to-device copy per Arrow buffer, straight from the
-    /// shared memory, which is registered as pinned memory once per segment. The copies
+    /// shared memory, registered as pinned memory in 8 MiB blocks on first use. The copies
     /// are queued on ``stream`` (DLPack's convention: ``None``/1 the legacy default
     /// stream, 2 the per-thread default, -1 copy and wait here, or a stream handle such
     /// as ``torch.cuda.current_stream().cuda_stream``, where 0 is the legacy default);

@@ -282,6 +282,30 @@ impl TopicPublisher {
         self.data.dynamic_config().number_of_subscribers()
     }
 
+    /// Subscribers currently attached from processes other than this one.
+    ///
+    /// A device topic's producer frees its slots only once these have detached. A
+    /// subscriber in the producer's own process reads the slots directly (the process-wide
+    /// registry of `sluice-cuda`), and its views keep the memory alive by themselves: the
+    /// producer need not wait for it, and must not, since that subscriber may be the very
+    /// code waiting for the producer to finish. A subscriber whose process cannot be told
+    /// counts as another process's (waiting is the safe side).
+    pub fn subscribers_in_other_processes(&self) -> usize {
+        let me = std::process::id();
+        let mut others = 0;
+        self.data.dynamic_config().list_subscribers(|details| {
+            let here = details
+                .node_id
+                .pid::<Ipc>()
+                .is_ok_and(|pid| u32::try_from(pid.value()).is_ok_and(|pid| pid == me));
+            if !here {
+                others += 1;
+            }
+            CallbackProgression::Continue
+        });
+        others
+    }
+
     /// Waits until at least `n` subscribers are attached, or `stop` is set, or `timeout`.
     pub fn wait_for_subscribers(
         &self,

@@ -243,6 +243,9 @@ fn a_subscriber_holding_a_device_message_stays_attached_after_detaching() {
             other => panic!("expected a device batch, got {other:?}"),
         };
         assert_eq!(publisher.subscribers(), 1);
+        // This subscriber is in the producer's process: a device producer does not wait
+        // for it before freeing its slots (its views keep them alive themselves).
+        assert_eq!(publisher.subscribers_in_other_processes(), 0);
         // Host batches stay valid without the producer: they do not keep the subscriber
         // attached. A device batch does, until it is released: the producer frees its
         // device memory only when no subscriber is attached.

@@ -18,6 +18,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use sluice_core::{Result, Rows, SluiceError};
+use sluice_cuda::layout::ALIGN;
+use sluice_cuda::registry::{EXPORTED, ExportedSlot};
 use sluice_cuda::{
     ConsumerStream, Device, DeviceDescriptor, DeviceImporter, DeviceMemory, Event, Imported,
     Mapping, OwnedSlot, Retiring,
@@ -89,6 +91,26 @@ impl ImporterCell {
         }
     }
 
+    /// While `full()` (the subscriber holds `sluice.max_held` samples), waits for the
+    /// oldest retired columns' work and hands them back. Their samples count against the
+    /// limit until their consumers' kernels finish, so a trainer whose host loop runs
+    /// ahead of its GPU, dropping every batch it takes, would otherwise fail on a limit
+    /// of batches it no longer holds; it waits here instead, as a loader should wait for
+    /// a GPU that is behind. Returns at once when nothing is retiring.
+    pub(crate) fn make_room(&self, full: impl Fn() -> bool) {
+        self.collect();
+        let mut retiring = self.retiring.lock().unwrap_or_else(PoisonError::into_inner);
+        while full() {
+            match retiring.release_oldest() {
+                None => break,
+                Some(Ok(())) => {}
+                Some(Err(e)) => tracing::warn!(
+                    "released a device batch whose completion could not be awaited: {e}"
+                ),
+            }
+        }
+    }
+
     /// Holds `held` until the work queued on `stream` so far has completed. Without an
     /// event to record (the device is gone) nothing can still run on it: release now.
     pub(crate) fn retire(&self, held: Held, stream: ConsumerStream) {
@@ -138,6 +160,11 @@ pub struct DevicePart {
     descriptor: Arc<DeviceDescriptor>,
     /// The sample the descriptor came in: it pins the slot (`None` for a copy).
     _sample: Option<SamplePayload>,
+    /// The slot itself when this process exported it (the producer runs here, as a
+    /// Python `sluice.Producer` in the trainer does): held from receipt, so the rows stay
+    /// valid after that producer has finished and freed its ring, which it does without
+    /// waiting for subscribers of its own process (`wait_for_device_holders`).
+    _local: Option<Arc<ExportedSlot>>,
     /// This subscriber's own copy of the rows (the `cuda_host` mode).
     copy: Option<Arc<OwnedSlot>>,
     offset: usize,
@@ -169,6 +196,48 @@ impl DevicePart {
                 })
             }
         }
+    }
+
+    /// The part with its producer batch copied into memory of this subscriber (one
+    /// device-to-device copy of the slot's used bytes, on the importer's stream), and,
+    /// for a part that was not a copy, what pinned it (the part and its mapping) with the
+    /// stream to retire it on: its sample may go back once the copy has completed.
+    fn to_private(
+        &self,
+        i: &mut DeviceImporter,
+    ) -> Result<(DevicePart, Option<(Held, ConsumerStream)>)> {
+        if self.copy.is_some() {
+            return Ok((self.clone(), None));
+        }
+        let stream = ConsumerStream::Handle(i.stream().as_raw());
+        let imported = self.import(i, stream)?;
+        let bytes = usize::try_from(self.descriptor.used_bytes)
+            .map_err(|_| SluiceError::Corrupt("a device batch larger than memory".into()))?;
+        let memory = i.device().alloc(bytes.max(ALIGN as usize))?;
+        // SAFETY: the source is the slot's used bytes in this process's mapping, which
+        // `imported` keeps mapped and the part's sample keeps from being reused until the
+        // retirement below completes, after the copy; `memory` is new, `bytes` long, and
+        // owned by the returned part, which nothing reads before `ready`.
+        unsafe {
+            i.device()
+                .copy_dtod_on(stream, memory.device_ptr(), imported.base, bytes)?
+        };
+        let ready = i.device().event()?;
+        i.device().record_on(stream, &ready)?;
+        let private = DevicePart {
+            descriptor: self.descriptor.clone(),
+            _sample: None,
+            _local: None,
+            copy: Some(Arc::new(OwnedSlot { memory, ready })),
+            offset: self.offset,
+            rows: self.rows,
+        };
+        let held = Held {
+            _parts: vec![(self.clone(), imported)],
+            _owned: None,
+            _host: None,
+        };
+        Ok((private, Some((held, stream))))
     }
 
     /// The whole batch the part is a range of, copied back to host memory.
@@ -300,6 +369,7 @@ impl DeviceBatch {
         Ok(Self {
             schema: descriptor.schema.clone(),
             parts: vec![DevicePart {
+                _local: EXPORTED.lookup(&descriptor.mem_handle),
                 descriptor: Arc::new(descriptor),
                 _sample: Some(sample),
                 copy: None,
@@ -506,6 +576,12 @@ impl Rows for DeviceBatch {
         }
     }
 
+    /// A batch that spans producer batches is copied into memory of this subscriber, as
+    /// on the CPU path: it would otherwise pin every producer batch it spans, and a
+    /// trainer that holds it while taking the next (a `for` loop's variable does) would
+    /// reach `sluice.max_held` with a batch size a few times the producer's. Without a
+    /// driver nothing of a device batch can be read or copied, and the parts are kept
+    /// as they came.
     fn concat(parts: Vec<Self>) -> Result<Self> {
         let mut iter = parts.into_iter();
         let mut out = iter
@@ -520,13 +596,47 @@ impl Rows for DeviceBatch {
             out.rows += b.rows;
             out.parts.extend(b.parts);
         }
+        if out.parts.len() > 1 && sluice_cuda::driver_present() {
+            return out.private_copy();
+        }
         Ok(out)
     }
 
-    /// Device rows stay in their slot: copying them out would need the device, and a
-    /// subscriber batch pins at most the producer batches it spans.
+    /// The rows copied into memory of this subscriber (see [`DeviceBatch::concat`]);
+    /// without a driver they stay in their slots.
     fn to_private(&self) -> Result<Option<Self>> {
-        Ok(None)
+        if !sluice_cuda::driver_present() {
+            return Ok(None);
+        }
+        self.private_copy().map(Some)
+    }
+}
+
+impl DeviceBatch {
+    /// The batch with every part in memory of this subscriber
+    /// ([`DevicePart::to_private`]); the producer batches it pinned go back once the
+    /// copies have completed.
+    fn private_copy(&self) -> Result<Self> {
+        let mut retired = Vec::new();
+        let parts = self
+            .parts
+            .iter()
+            .map(|p| {
+                let (private, old) = self.importer.with(&p.descriptor, |i| p.to_private(i))?;
+                retired.extend(old);
+                Ok(private)
+            })
+            .collect::<Result<Vec<_>>>();
+        // Retired even when a later part failed: the copies already queued read them.
+        for (held, stream) in retired {
+            self.importer.retire(held, stream);
+        }
+        Ok(Self {
+            schema: self.schema.clone(),
+            parts: parts?,
+            rows: self.rows,
+            importer: self.importer.clone(),
+        })
     }
 }
 
@@ -556,6 +666,7 @@ impl DeviceBatch {
             parts: vec![DevicePart {
                 descriptor: Arc::new(descriptor),
                 _sample: None,
+                _local: None,
                 copy: Some(Arc::new(copy)),
                 offset: 0,
                 rows,

@@ -5,7 +5,8 @@
 //! the CPU path and every subscriber does its own host-to-device copy. To make that copy
 //! an asynchronous DMA rather than a driver-staged copy from pageable memory, the
 //! shared-memory segment the batch lies in is registered as pinned host memory
-//! (`cuMemHostRegister`), once per segment and subscriber.
+//! (`cuMemHostRegister`), once per segment and subscriber, a block of [`PIN_BLOCK`] bytes
+//! at a time where batches lie (see there why not the whole segment).
 //!
 //! iceoryx2 owns its mapping of the segment and unmaps it when it chooses; a registration
 //! must end before its pages are unmapped. So the segment's file is mapped again, by
@@ -18,8 +19,9 @@
 //! batch is dropped — so a trainer that keeps device tensors does not hold the producer
 //! back (see `sluice.max_held`).
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow::record_batch::RecordBatch;
@@ -27,19 +29,87 @@ use sluice_core::{Result, SluiceError};
 use sluice_cuda::driver::HostRegistration;
 use sluice_cuda::layout::{ALIGN, Planned};
 use sluice_cuda::{ConsumerStream, Device, DeviceDescriptor, Mode, OwnedSlot};
-use sluice_shm::{Backing, Maps, SegmentMap};
+use sluice_shm::{Backing, SegmentMap, backing_file};
 
 use crate::DeviceBatch;
 use crate::device::{Held, ImporterCell};
 
-/// A shared-memory segment mapped by this process and, where the driver allows it,
-/// registered as pinned memory.
+/// Segments are registered as pinned memory in blocks of this many bytes (aligned in the
+/// file), each on its first use, never as a whole: iceoryx2's data segment file is far
+/// larger than what a topic uses (a sparse file whose chunks lie at a stride reserved for
+/// growth: 22.9 GB for a topic of 358 MB, with 6 MB used at every 576 MB, seen on the
+/// GPU machine), and registering pins, which faults in and allocates, every page of the
+/// range: 26 s and 22.9 GB of memory per subscriber for that segment. Blocks of one size
+/// never overlap, as the driver requires of registrations; a copy is cut at block
+/// boundaries so that each piece lies in one registration.
+pub(crate) const PIN_BLOCK: usize = 8 << 20;
+
+/// `offset..offset + len` of a file cut at [`PIN_BLOCK`] boundaries: `(offset, len)` of
+/// each piece, in order.
+fn block_pieces(offset: usize, len: usize) -> impl Iterator<Item = (usize, usize)> {
+    let end = offset.saturating_add(len);
+    std::iter::successors(Some(offset).filter(|&o| o < end), move |&at| {
+        Some(at - at % PIN_BLOCK + PIN_BLOCK).filter(|&next| next < end)
+    })
+    .map(move |at| (at, (at - at % PIN_BLOCK + PIN_BLOCK).min(end) - at))
+}
+
+/// A shared-memory segment mapped by this process, and the blocks of it registered as
+/// pinned memory so far.
 #[derive(Debug)]
 pub(crate) struct PinnedSegment {
-    // Field order is drop order: unregister before unmapping. Held, never read: the
-    // driver knows the registration by address.
-    _registration: Option<HostRegistration>,
+    // Field order is drop order: unregister before unmapping. `None`: the driver refused
+    // the block (memlock limits); copies from it are staged by the driver.
+    blocks: Mutex<HashMap<usize, Option<HostRegistration>>>,
+    refused: AtomicBool,
     map: SegmentMap,
+}
+
+impl PinnedSegment {
+    /// Registers each block that file bytes `offset..offset + len` touch, if not yet
+    /// done; whether all of them are pinned.
+    fn pin(&self, device: &Device, offset: usize, len: usize) -> bool {
+        if len == 0 || offset.checked_add(len).is_none() {
+            return false;
+        }
+        let mut blocks = self.blocks.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pinned = true;
+        for block in block_pieces(offset, len).map(|(at, _)| at / PIN_BLOCK) {
+            let registration = blocks.entry(block).or_insert_with(|| {
+                let start = block * PIN_BLOCK;
+                let bytes = PIN_BLOCK.min(self.map.len().saturating_sub(start));
+                let ptr = self.map.at(start, bytes).filter(|_| bytes > 0)?;
+                let started = std::time::Instant::now();
+                // SAFETY: `ptr..ptr + bytes` lies in `self.map`, which is unmapped only
+                // after every registration of `blocks` is dropped (field order); blocks
+                // are disjoint, so it overlaps no other registration.
+                match unsafe { HostRegistration::register(device, ptr, bytes, true) } {
+                    Ok(r) => {
+                        tracing::debug!(
+                            segment = %self.map.path().display(),
+                            block,
+                            bytes,
+                            register_us = started.elapsed().as_micros() as u64,
+                            "registered as pinned memory"
+                        );
+                        Some(r)
+                    }
+                    Err(e) => {
+                        if !self.refused.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(
+                                "cannot register {} as pinned memory ({e}); copies from it \
+                                 are staged by the driver",
+                                self.map.path().display()
+                            );
+                        }
+                        None
+                    }
+                }
+            });
+            pinned &= registration.is_some();
+        }
+        pinned
+    }
 }
 
 /// Copies host batches to one GPU (the `cuda_host` mode; works for any host batch).
@@ -101,6 +171,7 @@ impl HostCopier {
     /// The batch's shared memory is held until the copies complete, then handed back;
     /// the returned batch is this process's own memory (writes to it are private).
     pub fn to_device(&self, batch: &RecordBatch, stream: ConsumerStream) -> Result<DeviceBatch> {
+        let started = std::time::Instant::now();
         self.cell.collect();
         let planned = Planned::new(batch)?;
         let sources = planned.sources()?;
@@ -116,30 +187,53 @@ impl HostCopier {
                 .with_open(|i| Ok(ConsumerStream::Handle(i.stream().as_raw())))?,
             s => s,
         };
-        // One look at the process's mappings for all buffers; the batch holds its
-        // samples, so what it finds stays mapped while it is used.
-        let maps = Maps::read().ok();
+        // Where each buffer lies: `backing_file` answers from the segment it found last
+        // after two `stat` calls, and reads `/proc/self/maps` only on a miss (0.5 to 1 ms
+        // in a process with torch loaded, measured per batch on the GPU machine, when
+        // this read it for every batch). The batch holds its samples, so what it finds
+        // stays mapped while it is used.
+        let allocated = started.elapsed();
         let mut segments: Vec<Arc<PinnedSegment>> = Vec::new();
+        let mut pageable = 0usize;
         let queued = sources.iter().try_for_each(|(bytes, at)| {
             if bytes.is_empty() {
                 return Ok(());
             }
-            let pinned = maps
-                .as_ref()
-                .and_then(|m| self.pinned_source(m, bytes, &mut segments));
-            let src = pinned.unwrap_or(bytes.as_ptr());
-            // SAFETY: `src` is the buffer's bytes, either in the batch's own memory or at
-            // the same file offset in a segment's second mapping (`pinned_source`: the
-            // same pages); both stay mapped and unchanged until the copy completes,
-            // because `Held::host` below keeps the batch (its samples: the producer does
-            // not reuse them) and the segments until an event recorded on `on` after
-            // these copies has completed, and a failure waits for what was queued. `dst`
-            // lies in `memory` (`Planned` put every buffer inside `used` bytes), which
-            // the returned batch owns and nothing else writes.
-            unsafe {
-                self.device
-                    .copy_htod_on(on, memory.device_ptr() + at.offset, src, bytes.len())
+            let dst = memory.device_ptr() + at.offset;
+            let pinned = self.pinned_source(bytes, &mut segments);
+            let Some((segment, offset)) = pinned else {
+                pageable += 1;
+                // SAFETY: the buffer's bytes in the batch's own memory, kept mapped and
+                // unchanged until the copy completes because `Held::host` below keeps
+                // the batch (its samples: the producer does not reuse them) until an
+                // event recorded on `on` after these copies has completed, and a failure
+                // waits for what was queued. `dst` lies in `memory` (`Planned` put every
+                // buffer inside `used` bytes), which the returned batch owns and nothing
+                // else writes.
+                return unsafe {
+                    self.device
+                        .copy_htod_on(on, dst, bytes.as_ptr(), bytes.len())
+                };
+            };
+            // One copy per pinned block the buffer touches.
+            for (at_file, piece) in block_pieces(offset, bytes.len()) {
+                let done = at_file - offset;
+                let Some(src) = segment.map.at(at_file, piece) else {
+                    return Err(sluice_cuda::CudaError::Unsupported(
+                        "internal: a pinned buffer outside its segment's mapping".into(),
+                    ));
+                };
+                // SAFETY: `src` is the buffer's bytes at the same file offset in the
+                // segment's second mapping (the same pages), pinned (`pinned_source`);
+                // `segments` and the batch are held by `Held::host` below until the
+                // copies complete, so the range stays mapped and unchanged, as above;
+                // `dst + done` is inside the buffer's place in `memory`.
+                unsafe {
+                    self.device
+                        .copy_htod_on(on, dst + done as u64, src, piece)?
+                };
             }
+            Ok(())
         });
         if let Err(e) = queued {
             // Copies already queued still read the batch and the segments: let them
@@ -149,6 +243,14 @@ impl HostCopier {
         }
         let ready = self.device.event()?;
         self.device.record_on(on, &ready)?;
+        tracing::debug!(
+            bytes = used,
+            buffers = sources.len(),
+            pageable,
+            alloc_us = allocated.as_micros() as u64,
+            queued_us = started.elapsed().as_micros() as u64,
+            "to_device"
+        );
         self.cell.retire(Held::host(batch.clone(), segments), on);
         if stream == ConsumerStream::NoSync {
             ready.synchronize()?;
@@ -177,21 +279,21 @@ impl HostCopier {
         self.cell.collect();
     }
 
-    /// Where `bytes` are in a pinned second mapping of the shared-memory segment they
-    /// lie in (the segment joins `used`); `None` for memory that is not in a shared
-    /// file mapping (a batch assembled in process memory), which is copied from where
-    /// it is, through the driver's staging.
+    /// The second mapping of the shared-memory segment `bytes` lie in, and their offset
+    /// in it, with every block they touch pinned (the segment joins `used`); `None` for
+    /// memory that is not in a shared file mapping (a batch assembled in process memory)
+    /// or that could not be pinned, which is copied from where it is, through the
+    /// driver's staging.
     fn pinned_source(
         &self,
-        maps: &Maps,
         bytes: &[u8],
         used: &mut Vec<Arc<PinnedSegment>>,
-    ) -> Option<*const u8> {
+    ) -> Option<(Arc<PinnedSegment>, usize)> {
         let Backing::File {
             path,
             inode,
             offset,
-        } = maps.backing(bytes.as_ptr() as usize, bytes.len())
+        } = backing_file(bytes.as_ptr() as usize, bytes.len())
         else {
             return None;
         };
@@ -203,10 +305,13 @@ impl HostCopier {
                 seg
             }
         };
-        seg.map.at(offset, bytes.len())
+        seg.map.at(offset, bytes.len())?;
+        seg.pin(&self.device, offset, bytes.len())
+            .then_some((seg, offset))
     }
 
-    /// The pinned mapping of segment file `path` (`inode`), made on first use.
+    /// The second mapping of segment file `path` (`inode`), made on first use; its blocks
+    /// are pinned as copies reach them.
     fn segment(&self, path: &Path, inode: u64) -> Option<Arc<PinnedSegment>> {
         let mut segments = self.segments.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(seg) = segments.iter().find(|s| s.map.is(path, inode)) {
@@ -226,27 +331,38 @@ impl HostCopier {
                 return None;
             }
         };
-        // SAFETY: `map` is mapped for as long as the registration lives: both are in one
-        // `PinnedSegment`, whose field order drops the registration first. The mapping
-        // is new, so it overlaps no other registration.
-        let registration = match unsafe {
-            HostRegistration::register(&self.device, map.base(), map.len(), true)
-        } {
-            Ok(r) => Some(r),
-            Err(e) => {
-                tracing::warn!(
-                    "cannot register {} as pinned memory ({e}); copies from it are \
-                         staged by the driver",
-                    path.display()
-                );
-                None
-            }
-        };
         let seg = Arc::new(PinnedSegment {
-            _registration: registration,
+            blocks: Mutex::default(),
+            refused: AtomicBool::new(false),
             map,
         });
         segments.push(seg.clone());
         Some(seg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_are_cut_at_pin_block_boundaries_and_cover_the_range_once() {
+        const B: usize = PIN_BLOCK;
+        let pieces = |o, l| block_pieces(o, l).collect::<Vec<_>>();
+        assert_eq!(pieces(0, 0), vec![]);
+        assert_eq!(pieces(5, 10), vec![(5, 10)]);
+        assert_eq!(pieces(B - 4, 4), vec![(B - 4, 4)]);
+        assert_eq!(pieces(B - 4, 8), vec![(B - 4, 4), (B, 4)]);
+        assert_eq!(
+            pieces(3 * B - 1, 2 * B + 2),
+            vec![(3 * B - 1, 1), (3 * B, B), (4 * B, B), (5 * B, 1)]
+        );
+        assert_eq!(pieces(2 * B, B), vec![(2 * B, B)]);
+        for (offset, len) in [(1, 3 * B), (B + 7, 12_345), (7 * B - 3, B + 9)] {
+            let got = pieces(offset, len);
+            assert_eq!(got.iter().map(|p| p.1).sum::<usize>(), len);
+            assert!(got.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+            assert!(got.iter().all(|&(at, l)| at / B == (at + l - 1) / B));
+        }
     }
 }

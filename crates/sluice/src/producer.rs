@@ -118,6 +118,9 @@ impl Producer {
         let opts = self.plan.options().clone();
         opts.validate()?;
         let device = crate::gpu::open_device(opts.device()?)?;
+        // Only a `cuda:N` topic carries device descriptors; `cuda_host:N` opened its GPU
+        // as a check and publishes Arrow IPC like `cpu`.
+        let on_device = device.is_some();
         let topic = opts.topic_name()?;
         let fingerprint = format!(
             "{:016x}",
@@ -205,7 +208,6 @@ impl Producer {
             )?),
             _ => None,
         };
-        let on_device = opts.device()?.ordinal().is_some();
         let mut publisher = TopicPublisher::create(&self.namespace, config, options.stop.clone())?;
         let shm_bytes = publisher.config().shm_bytes();
         let mut checkpoint = CheckpointWriter::new(checkpoint_path, &topic, fingerprint)?;
@@ -461,14 +463,16 @@ impl<'a> EpochSource<'a> {
 /// The device slots are freed when the stager drops, and legacy CUDA IPC memory does
 /// not outlive its exporter's allocation: tensors a trainer still holds would read freed
 /// memory. A subscriber keeps its port while it holds a device batch (the batch holds the
-/// sample, which holds the port), so wait until every subscriber has detached — dead ones
-/// are reclaimed meanwhile — and say so while waiting. A stop (Ctrl-C) ends the wait with
+/// sample, which holds the port), so wait until every subscriber of another process has
+/// detached — dead ones are reclaimed meanwhile — and say so while waiting. Subscribers
+/// in this process are not waited for: their views hold the slots themselves (see
+/// `TopicPublisher::subscribers_in_other_processes`). A stop (Ctrl-C) ends the wait with
 /// a warning naming what it breaks.
 fn wait_for_device_holders(publisher: &TopicPublisher, stop: &AtomicBool) {
     const STEP: Duration = Duration::from_secs(10);
     let mut waited = Duration::ZERO;
     loop {
-        let n = publisher.subscribers();
+        let n = publisher.subscribers_in_other_processes();
         if n == 0 {
             return;
         }

@@ -281,7 +281,10 @@ impl Subscriber {
                 // The inlet reconnects by itself (`ClientOptions::reconnect`).
                 Some(remote) => remote.recv(timeout)?.map(Payload::Host),
                 None => {
-                    let frame = match self.port()?.recv(timeout) {
+                    let importer = self.importer.clone();
+                    let port = self.port()?;
+                    importer.make_room(|| port.held() >= port.max_held());
+                    let frame = match port.recv(timeout) {
                         Err(SluiceError::ProducerLost(_)) if self.reconnect.is_some() => {
                             self.reconnect_to_successor()?;
                             continue;

@@ -130,7 +130,7 @@ class Batch:
         """Copies the batch to a GPU of this process (the ``cuda_host`` mode; any batch).
 
         One asynchronous host-to-device copy per Arrow buffer, straight from the shared
-        memory (registered as pinned memory once per segment), queued on ``stream``
+        memory (registered as pinned memory in 8 MiB blocks), queued on ``stream``
         (``None``/1 legacy default, 2 per-thread default, -1 copy and wait here, or a
         stream handle such as ``torch.cuda.current_stream().cuda_stream``). The shared
         memory goes back to the producer once the copies complete. ``device``: an
