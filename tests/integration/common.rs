@@ -349,8 +349,10 @@ impl Drop for Harness {
         let mut left = self.ns.leftovers();
         // Some remains of a process killed at a bad moment can only be told from a node
         // being created once iceoryx2's creation timeout (1 s) has passed; the next Sluice
-        // process in the namespace reclaims them then. Do what it would do.
-        let deadline = Instant::now() + Duration::from_secs(3);
+        // process in the namespace reclaims them then. Do what it would do, for up to 10 s:
+        // on a loaded 2-core machine 3 s was once not enough (a SIGKILLed producer's node
+        // was still there; fresh-clone run of 2026-11-25).
+        let deadline = Instant::now() + Duration::from_secs(10);
         while !left.is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(200));
             self.ns.reclaim_dead();
