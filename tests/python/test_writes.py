@@ -80,8 +80,12 @@ def test_numpy_views_are_read_only_and_a_write_raises(plans):
 
 
 def test_pyarrow_and_polars_views_cannot_be_written(plans):
-    """pyarrow arrays are immutable; polars copies on write."""
-    import polars as pl
+    """pyarrow arrays are immutable; polars copies on write (checked where polars is
+    installed: the GPU machine's Python has no polars)."""
+    try:
+        import polars as pl
+    except ImportError:
+        pl = None
 
     producer = sluice.Producer(plans.plan(rows=200), min_subscribers=1)
     with sluice.subscribe(plans.topic, timeout=30) as sub:
@@ -89,11 +93,13 @@ def test_pyarrow_and_polars_views_cannot_be_written(plans):
         rb = pa.record_batch(batch)
         with pytest.raises(TypeError):
             rb.column("x")[0] = 1.0  # type: ignore[index]
-        df = pl.DataFrame(batch)
-        df[0, "x"] = 123.0  # copy on write: the frame's own copy
-        assert df["x"][0] == 123.0
+        if pl is not None:
+            df = pl.DataFrame(batch)
+            df[0, "x"] = 123.0  # copy on write: the frame's own copy
+            assert df["x"][0] == 123.0
+            del df
         assert rb.column("x")[0].as_py() == 0.0
-        del batch, rb, df
+        del batch, rb
     producer.wait(timeout=30)
 
 

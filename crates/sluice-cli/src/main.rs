@@ -90,17 +90,8 @@ enum Command {
 
 fn main() -> ExitCode {
     sluice::core::panics::install_quiet_hook();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            // The topic's shared-memory footprint is worth seeing by default.
-            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-                .unwrap_or_else(|_| "warn,sluice_shm::publisher=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .without_time()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // The topic's shared-memory footprint is worth seeing by default.
+    sluice::logging::log_to_stderr("warn,sluice_shm::publisher=info");
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -52,16 +52,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // batches invalid, a subscriber left behind) reach the trainer's stderr as the CLI's
     // do; `SLUICE_LOG` sets the filter (default `warn`). A program that installed its own
     // tracing subscriber first keeps it.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .without_time()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+    sluice::logging::log_to_stderr("warn");
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Benchmarks refuse to report figures of an unoptimised build (the test wheel).
     m.add("_optimized", !cfg!(debug_assertions))?;

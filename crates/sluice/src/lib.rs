@@ -43,6 +43,7 @@ pub mod demo;
 pub mod device;
 mod gpu;
 mod host_copy;
+pub mod logging;
 mod producer;
 pub mod status;
 mod subscriber;
