@@ -180,6 +180,24 @@ fn rows_streamed_from_s3_arrive_exactly_once() {
     );
     let (rows, sum) = h.source_checksum(&local);
     assert_eq!(h.source_checksum(&remote), (rows, sum.clone()));
+    // Read-ahead off, and one row group per window (every window fetched in the
+    // background while the previous one is decoded), read the same rows.
+    for read_ahead in ["0", "1"] {
+        let plan = h.plan(
+            &format!("ra{read_ahead}.sql"),
+            &plan_sql(
+                "s3-ra",
+                &format!("SET sluice.read_ahead = '{read_ahead}';"),
+                &format!("s3://{bucket}/train/"),
+                "",
+            ),
+        );
+        assert_eq!(
+            h.source_checksum(&plan),
+            (rows, sum.clone()),
+            "read_ahead {read_ahead}"
+        );
+    }
     assert!(rows > 29_000 && rows % 1000 != 0, "{rows}");
     let subs: Vec<_> = (0..3)
         .map(|_| h.spawn(&["subscribe", "s3-once", "--json", "--timeout", "60"]))

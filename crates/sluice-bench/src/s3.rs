@@ -29,7 +29,21 @@ pub struct S3Server {
     /// What it is, for the report.
     pub description: String,
     child: Option<Child>,
+    /// The server's `--request-log` (only a server started here has one).
+    log: Option<PathBuf>,
     _dir: Option<tempfile::TempDir>,
+}
+
+/// What a client asked the server for during one pass (planning or discovery included).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Requests {
+    pub gets: u64,
+    pub heads: u64,
+    pub lists: u64,
+    /// Response bytes (`Content-Length`), of every request.
+    pub bytes: u64,
+    /// The most requests being answered at the same moment (up to their headers).
+    pub most_at_once: u64,
 }
 
 impl S3Server {
@@ -51,9 +65,16 @@ impl S3Server {
                 secret_key,
                 root: root.into(),
                 child: None,
+                log: None,
                 _dir: None,
             });
         }
+        Self::started(0)
+    }
+
+    /// A server started here from ``sluice-s3-test-server`` that delays every
+    /// response by `latency_ms`; `Err` says why there is none.
+    pub fn started(latency_ms: u64) -> Result<Self, String> {
         let bin = std::env::current_exe()
             .map_err(|e| format!("cannot locate this executable: {e}"))?
             .with_file_name("sluice-s3-test-server");
@@ -64,10 +85,11 @@ impl S3Server {
                 bin.display()
             ));
         }
-        Self::spawn(&bin).map_err(|e| format!("the S3 test server did not start: {e:#}"))
+        Self::spawn(&bin, latency_ms)
+            .map_err(|e| format!("the S3 test server did not start: {e:#}"))
     }
 
-    fn spawn(bin: &Path) -> Result<Self> {
+    fn spawn(bin: &Path, latency_ms: u64) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let mut random = [0u8; 16];
         std::fs::File::open("/dev/urandom")
@@ -78,10 +100,16 @@ impl S3Server {
         let secret_key = format!("sluice-bench-secret-{hex}");
         // The server picks a free port and prints it; its standard input is a pipe that
         // closes when this process exits, so it cannot outlive the benchmark.
+        let log = dir.path().join("requests.log");
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data)?;
         let mut child = Command::new(bin)
             .args(["--host", "127.0.0.1", "--port", "0", "--exit-on-stdin-eof"])
+            .arg("--request-log")
+            .arg(&log)
+            .args(["--latency-ms", &latency_ms.to_string()])
             .args(["--access-key", &access_key, "--secret-key", &secret_key])
-            .arg(dir.path())
+            .arg(&data)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -101,10 +129,16 @@ impl S3Server {
             endpoint: endpoint.to_string(),
             access_key,
             secret_key,
-            root: dir.path().to_path_buf(),
+            root: data,
+            log: Some(log),
             description: format!(
-                "s3s-fs ({}) on {endpoint}, started by the benchmark",
-                bin.display()
+                "s3s-fs ({}) on {endpoint}, started by the benchmark{}",
+                bin.display(),
+                if latency_ms > 0 {
+                    format!(", with {latency_ms} ms added to every response")
+                } else {
+                    String::new()
+                }
             ),
             child: Some(child),
             _dir: Some(dir),
@@ -175,6 +209,54 @@ impl S3Server {
     }
 }
 
+impl S3Server {
+    /// Where the request log ends now: what [`S3Server::requests`] counts from.
+    pub fn log_mark(&self) -> u64 {
+        self.log
+            .as_ref()
+            .and_then(|l| std::fs::metadata(l).ok())
+            .map_or(0, |m| m.len())
+    }
+
+    /// The requests logged since `mark`; `None` without a log.
+    pub fn requests(&self, mark: u64) -> Option<Requests> {
+        let text = std::fs::read(self.log.as_ref()?).ok()?;
+        let text = String::from_utf8_lossy(text.get(mark as usize..)?).into_owned();
+        let mut r = Requests::default();
+        let mut edges = Vec::new();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [start, end, _method, kind, bytes] = f[..] else {
+                continue;
+            };
+            let (Ok(start), Ok(end), Ok(bytes)) = (
+                start.parse::<u64>(),
+                end.parse::<u64>(),
+                bytes.parse::<u64>(),
+            ) else {
+                continue;
+            };
+            match kind {
+                "get" => r.gets += 1,
+                "head" => r.heads += 1,
+                "list" => r.lists += 1,
+                _ => {}
+            }
+            r.bytes += bytes;
+            // Ends sort before starts at the same instant: back-to-back is not at once.
+            edges.push((start, 1i64));
+            edges.push((end, -1i64));
+        }
+        edges.sort();
+        let mut now = 0i64;
+        for (_, d) in edges {
+            now += d;
+            r.most_at_once = r.most_at_once.max(now.max(0) as u64);
+        }
+        Some(r)
+    }
+}
+
 impl Drop for S3Server {
     fn drop(&mut self) {
         if let Some(child) = &mut self.child {
@@ -186,10 +268,20 @@ impl Drop for S3Server {
 
 /// Streams one epoch of the table at `location` through the producer's pipeline without
 /// shared memory (plan, DataFusion scan, re-batching); returns rows/s of the scan.
-pub fn pass(location: &str, options: &str, batch_rows: usize, expected_rows: u64) -> Result<f64> {
+/// `settings` are `SET` statements put before the plan's own.
+pub fn pass(
+    location: &str,
+    options: &str,
+    settings: &str,
+    batch_rows: usize,
+    expected_rows: u64,
+) -> Result<f64> {
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
-        let sql = plan_sql("unused", location, options, batch_rows, 1);
+        let sql = format!(
+            "{settings}{}",
+            plan_sql("unused", location, options, batch_rows, 1)
+        );
         let plan = Plan::from_sql("bench.sql", &sql).await?;
         let opts = plan.options().clone();
         let start = Instant::now();

@@ -21,6 +21,7 @@
 mod engine;
 pub mod functions;
 mod options;
+mod read_ahead;
 mod shard;
 mod split;
 mod store;
@@ -416,7 +417,21 @@ impl Plan {
             .await
             .map_err(|e| SluiceError::Execution(self.redact(&df_message(e))))?;
         let task = Arc::new(TaskContext::from(&state));
-        Ok((shard::apply(plan, self.options.shard()?)?, task))
+        let plan = shard::apply(plan, self.options.shard()?)?;
+        // A Ballista plan's scans run on the cluster's executors, with their own readers.
+        let plan = match self.engine {
+            Engine::Local => read_ahead::apply(
+                plan,
+                state.runtime_env(),
+                self.options.read_ahead()?.0,
+                !state
+                    .config_options()
+                    .execution
+                    .enable_file_stream_work_stealing,
+            )?,
+            _ => plan,
+        };
+        Ok((plan, task))
     }
 
     /// Requests and bytes read through the plan's object stores so far (local files

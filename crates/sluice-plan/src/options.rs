@@ -40,6 +40,8 @@ extensions_options! {
         pub device: String, default = "cpu".to_string()
         /// Most GPU memory a device topic preallocates for its ring of slots (e.g. '2GiB', '512MiB'); the producer refuses to start rather than allocate more, and never allocates mid-stream.
         pub device_memory: String, default = "2GiB".to_string()
+        /// Bytes of Parquet column chunks a scan of a remote store (S3, GCS, Azure, HTTP) fetches ahead of its decoder, per partition ('8MiB'; '0' turns it off). A partition holds at most three times this much.
+        pub read_ahead: String, default = "8MiB".to_string()
         /// Where the final query runs: 'local' (DataFusion in the producer), 'ballista:standalone' (an in-process Ballista scheduler and executor) or 'ballista://HOST:PORT' (a Ballista cluster's scheduler). Set before the query.
         pub engine: String, default = "local".to_string()
     }
@@ -83,6 +85,7 @@ impl SluiceOptions {
         TopicName::new(self.topic.clone())?;
         self.device()?;
         self.device_memory()?;
+        self.read_ahead()?;
         for (name, value) in [
             ("batch_rows", self.batch_rows),
             ("window", self.window),
@@ -165,6 +168,14 @@ impl SluiceOptions {
             ));
         }
         Ok(size)
+    }
+
+    /// The validated `sluice.read_ahead`: bytes a remote Parquet scan fetches ahead of
+    /// its decoder, per partition (0: none).
+    pub fn read_ahead(&self) -> Result<ByteSize> {
+        self.read_ahead
+            .parse()
+            .map_err(|e| SluiceError::Config(format!("sluice.read_ahead: {e}")))
     }
 
     /// `(key, value)` pairs of every option, for `sluice explain`.
