@@ -376,11 +376,16 @@ fn an_object_lost_mid_stream_fails_the_subscribers_with_its_name() {
     h.env = s3.env(&s3.secret_key);
     // Two partitions, [part-00, part-01] and [part-02, part-03]; the producer runs at most
     // a window ahead of a slow subscriber, so part-03 is still unread when it is deleted.
+    // Read-ahead of one row group at a time: the default 8 MiB would fetch all of
+    // part-03 (2.4 MB) while part-02 is read, before the deletion, and the run would
+    // rightly succeed. Here its later row groups are fetched in the background after it,
+    // and the failed fetch must still reach the subscribers as an error naming it.
     h.plan(
         "p.sql",
         &plan_sql(
             "lost",
-            "SET datafusion.execution.target_partitions = 2; SET sluice.window = 2;",
+            "SET datafusion.execution.target_partitions = 2; SET sluice.window = 2; \
+             SET sluice.read_ahead = '1';",
             &format!("s3://{bucket}/train/"),
             "",
         ),

@@ -40,7 +40,7 @@ extensions_options! {
         pub device: String, default = "cpu".to_string()
         /// Most GPU memory a device topic preallocates for its ring of slots (e.g. '2GiB', '512MiB'); the producer refuses to start rather than allocate more, and never allocates mid-stream.
         pub device_memory: String, default = "2GiB".to_string()
-        /// Bytes of Parquet column chunks a scan of a remote store (S3, GCS, Azure, HTTP) fetches ahead of its decoder, per partition ('8MiB'; '0' turns it off). A partition holds at most three times this much.
+        /// Bytes of Parquet column chunks a scan of a remote store (S3, GCS, Azure, HTTP) fetches ahead of its decoder, per partition ('8MiB'; '0' turns it off). A partition holds at most three such windows (each this size or one row group's columns, whichever is larger).
         pub read_ahead: String, default = "8MiB".to_string()
         /// Where the final query runs: 'local' (DataFusion in the producer), 'ballista:standalone' (an in-process Ballista scheduler and executor) or 'ballista://HOST:PORT' (a Ballista cluster's scheduler). Set before the query.
         pub engine: String, default = "local".to_string()

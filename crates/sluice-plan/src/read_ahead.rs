@@ -16,7 +16,8 @@
 //! so a partition also fetches the first window of its next file (the projection's
 //! columns, then the leaf columns its readers were asked for) while it reads the current
 //! one. A partition holds at most three windows: the one being decoded, the one in
-//! flight and its next file's first, so memory stays bounded by `3 × read_ahead` per
+//! flight and its next file's first. A window is `read_ahead` bytes or one row group's
+//! columns, whichever is larger, so memory stays bounded by three times that per
 //! scanning partition.
 //!
 //! Read-ahead never changes what a scan returns or which errors it reports: whatever it
@@ -26,8 +27,10 @@
 //! scans), and it restricts itself to the row groups DataFusion will scan: those whose
 //! first page lies in the file range of the partition (the rule of DataFusion's
 //! `prune_by_range`) and that an access plan, if the file has one, does not skip. Row
-//! groups pruned later by statistics may still be fetched: that is the bounded cost of
-//! not decoding predicates twice.
+//! groups pruned later by statistics, pages pruned by the page index and columns a
+//! pushed-down filter makes unnecessary may still be fetched, whole: a selective scan of
+//! a remote store can read more bytes than without read-ahead (at most the windows'
+//! worth), in fewer requests.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -131,7 +134,7 @@ pub(crate) fn apply(
                 window,
                 learned: Arc::new(Mutex::new(projected)),
                 groups,
-                next: Mutex::default(),
+                next: Arc::default(),
             }));
         let config = FileScanConfigBuilder::from(config.clone())
             .with_source(Arc::new(source))
@@ -160,8 +163,15 @@ struct ReadAheadFactory {
     /// Per partition: the first window of the file it reads next, fetched while it reads
     /// the current one (DataFusion opens a partition's next file only once the current
     /// one is done, so without it every file starts with a round trip).
-    next: Mutex<HashMap<usize, (FileKey, Pending)>>,
+    ///
+    /// Keyed by partition and file. A reader dropped before it used its first window
+    /// (DataFusion reads bloom filters through one reader and decodes through a second
+    /// one of the same file) leaves the window here for its successor.
+    next: Windows,
 }
+
+/// First windows of files, by partition and file, waiting for their readers.
+type Windows = Arc<Mutex<HashMap<(usize, FileKey), Pending>>>;
 
 /// A file of a scan: its path and byte range.
 type FileKey = (StorePath, Option<(i64, i64)>);
@@ -185,7 +195,7 @@ fn scope_of(file: &PartitionedFile) -> Scope {
 
 impl ReadAheadFactory {
     /// Starts fetching the first window of the file `partition` reads after `current`,
-    /// in place of an earlier such fetch; returns the one for `current`, if any.
+    /// unless that is under way; returns the window of `current`, if one was fetched.
     fn next_file(
         &self,
         partition: usize,
@@ -194,54 +204,51 @@ impl ReadAheadFactory {
         metrics: &ExecutionPlanMetricsSet,
     ) -> Option<Pending> {
         let mut next = self.next.lock().ok()?;
-        let mine = match next.remove(&partition) {
-            Some((key, pending)) if key == *current => Some(pending),
-            Some((_, pending)) => {
-                pending.task.abort();
-                None
-            }
-            None => None,
-        };
+        let mine = next.remove(&(partition, current.clone()));
         let runtime = tokio::runtime::Handle::try_current().ok();
         let following = self.groups.get(partition).and_then(|files| {
             let i = files.iter().position(|f| file_key(f) == *current)?;
             files.get(i + 1)
         });
-        if let (Some(runtime), Some(file)) = (runtime, following) {
-            let scope = scope_of(file);
-            let reader =
-                self.inner
-                    .create_reader(partition, file.clone(), metadata_size_hint, metrics);
-            if let (true, Ok(mut reader)) = (scope.usable, reader) {
-                let (store, learned, window) =
-                    (self.store.clone(), self.learned.clone(), self.window);
-                let (location, size) = (file.object_meta.location.clone(), file.object_meta.size);
-                let task = runtime.spawn(async move {
-                    let options =
-                        ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Skip);
-                    let metadata = reader.get_metadata(Some(&options)).await.ok()?;
-                    let layout = Layout::new(&metadata, size, &scope);
-                    let columns = layout.matching(&learned.lock().ok()?.clone());
-                    if columns.is_empty() {
-                        return None;
-                    }
-                    let (groups, ranges) = layout.window(0, &columns, window);
-                    let data = get_ranges(store.as_ref(), &location, &ranges).await.ok()?;
-                    Some(Window::new(groups, ranges, data))
-                });
-                next.insert(partition, (file_key(file), Pending { groups: None, task }));
-            }
+        let (Some(runtime), Some(file)) = (runtime, following) else {
+            return mine;
+        };
+        let key = (partition, file_key(file));
+        let scope = scope_of(file);
+        if next.contains_key(&key) || !scope.usable {
+            return mine;
         }
+        let hint = file.metadata_size_hint.or(metadata_size_hint);
+        let Ok(mut reader) = self
+            .inner
+            .create_reader(partition, file.clone(), hint, metrics)
+        else {
+            return mine;
+        };
+        let (store, learned, window) = (self.store.clone(), self.learned.clone(), self.window);
+        let (location, size) = (file.object_meta.location.clone(), file.object_meta.size);
+        let task = runtime.spawn(async move {
+            let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Skip);
+            let metadata = reader.get_metadata(Some(&options)).await.ok()?;
+            let layout = Layout::new(&metadata, size, &scope);
+            let columns = layout.matching(&learned.lock().ok()?.clone());
+            if columns.is_empty() {
+                return None;
+            }
+            let (groups, ranges) = layout.window(0, &columns, window);
+            let data = get_ranges(store.as_ref(), &location, &ranges).await.ok()?;
+            Some(Window::new(groups, ranges, data))
+        });
+        next.insert(key, Pending { groups: None, task });
         mine
     }
 }
 
 impl Drop for ReadAheadFactory {
     fn drop(&mut self) {
-        if let Ok(next) = self.next.get_mut() {
-            for (_, (_, pending)) in next.drain() {
-                pending.task.abort();
-            }
+        // Windows nobody took (a scan stopped early) stop fetching (`Pending::drop`).
+        if let Ok(mut next) = self.next.lock() {
+            next.clear();
         }
     }
 }
@@ -255,12 +262,8 @@ impl ParquetFileReaderFactory for ReadAheadFactory {
         metrics: &ExecutionPlanMetricsSet,
     ) -> datafusion::error::Result<Box<dyn AsyncFileReader + Send>> {
         let scope = scope_of(&file);
-        let pending = self.next_file(
-            partition_index,
-            &file_key(&file),
-            metadata_size_hint,
-            metrics,
-        );
+        let key = file_key(&file);
+        let pending = self.next_file(partition_index, &key, metadata_size_hint, metrics);
         let location = file.object_meta.location.clone();
         let size = file.object_meta.size;
         let inner = self
@@ -274,6 +277,8 @@ impl ParquetFileReaderFactory for ReadAheadFactory {
             window: self.window,
             scope,
             learned: self.learned.clone(),
+            windows: self.next.clone(),
+            key: (partition_index, key),
             layout: None,
             columns: BTreeSet::new(),
             ready: None,
@@ -398,6 +403,9 @@ impl Layout {
         let mut group = None;
         let mut columns = BTreeSet::new();
         for r in ranges {
+            if r.start > r.end {
+                return None;
+            }
             let (g, c) = self.chunk_at(r.start)?;
             let chunk = self.ranges[g][c].as_ref()?;
             if r.end > chunk.end || group.is_some_and(|seen| seen != g) {
@@ -460,7 +468,10 @@ impl Window {
             .map(|r| {
                 let i = self.pieces.partition_point(|(p, _)| p.start <= r.start);
                 let (piece, data) = self.pieces.get(i.checked_sub(1)?)?;
-                if r.end > piece.end || data.len() as u64 != piece.end - piece.start {
+                if r.start > r.end
+                    || r.end > piece.end
+                    || data.len() as u64 != piece.end.checked_sub(piece.start)?
+                {
                     return None;
                 }
                 let from = usize::try_from(r.start - piece.start).ok()?;
@@ -546,6 +557,14 @@ struct Pending {
     task: JoinHandle<Option<Window>>,
 }
 
+impl Drop for Pending {
+    fn drop(&mut self) {
+        // Dropped unused (a scan stopped early, a mispredicted window) or while awaited
+        // (a cancelled scan): the request stops. Aborting a finished task does nothing.
+        self.task.abort();
+    }
+}
+
 /// Fetches `ranges` of row groups `groups` in the background.
 fn spawn_window(
     runtime: &tokio::runtime::Handle,
@@ -574,6 +593,9 @@ struct ReadAhead {
     window: u64,
     scope: Scope,
     learned: Arc<Mutex<Vec<String>>>,
+    /// The factory's first windows, and this reader's key in them.
+    windows: Windows,
+    key: (usize, FileKey),
     layout: Option<Layout>,
     /// The columns asked for so far (a filter pushed into the scan reads its columns
     /// first and the others after): what later windows fetch.
@@ -599,10 +621,14 @@ impl fmt::Debug for ReadAhead {
 
 impl Drop for ReadAhead {
     fn drop(&mut self) {
-        // A scan stopped early (LIMIT, an error, a dropped stream) must not leave a
-        // request running.
-        if let Some(p) = self.pending.take() {
-            p.task.abort();
+        // A reader that never served a request hands its first window to the next
+        // reader of the same file (see `ReadAheadFactory::next`); any other window stops
+        // fetching with its `Pending`.
+        if self.last.is_none()
+            && let Some(pending) = self.pending.take()
+            && let Ok(mut windows) = self.windows.lock()
+        {
+            windows.entry(self.key.clone()).or_insert(pending);
         }
     }
 }
@@ -631,16 +657,20 @@ impl ReadAhead {
         let Some((group, columns)) = layout.request(&ranges) else {
             return self.inner.get_byte_ranges(ranges).await;
         };
-        let Some(position) = layout.position[group] else {
+        let Some(position) = layout.position.get(group).copied().flatten() else {
             return self.inner.get_byte_ranges(ranges).await;
         };
+        if self.pending.is_none()
+            && self.last.is_none()
+            && let Ok(mut windows) = self.windows.lock()
+        {
+            self.pending = windows.remove(&self.key);
+        }
         if self.last.is_some_and(|last| position < last) {
             // Not file order (a reverse scan): stop predicting for this file.
             self.off = true;
             self.ready = None;
-            if let Some(p) = self.pending.take() {
-                p.task.abort();
-            }
+            self.pending = None;
             return self.inner.get_byte_ranges(ranges).await;
         }
         self.last = Some(position);
@@ -657,15 +687,22 @@ impl ReadAhead {
 
         let mut served = self.ready.as_ref().and_then(|w| w.serve(&ranges));
         if served.is_none()
-            && let Some(p) = self.pending.take()
+            && let Some(mut p) = self.pending.take()
+            && p.groups.as_ref().is_none_or(|g| g.contains(&group))
         {
-            if p.groups.as_ref().is_none_or(|g| g.contains(&group)) {
-                if let Ok(Some(window)) = p.task.await {
+            match (&mut p.task).await {
+                Ok(Some(window)) => {
                     served = window.serve(&ranges);
                     self.ready = Some(window);
                 }
-            } else {
-                p.task.abort();
+                // The store failed (or the footer could not be read): DataFusion's
+                // reader asks once more and reports the error its own way, and the
+                // store is not asked again by read-ahead.
+                _ => {
+                    self.off = true;
+                    self.ready = None;
+                    return self.inner.get_byte_ranges(ranges).await;
+                }
             }
         }
         if served.is_none() {
@@ -697,7 +734,7 @@ impl ReadAhead {
             (Some(layout), Some(ready)) => ready
                 .groups
                 .last()
-                .and_then(|&g| layout.position[g])
+                .and_then(|&g| layout.position.get(g).copied().flatten())
                 .map(|p| p + 1),
             _ => None,
         };
