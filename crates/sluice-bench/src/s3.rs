@@ -72,7 +72,7 @@ impl S3Server {
         Self::started(0)
     }
 
-    /// A server started here from ``sluice-s3-test-server`` that delays every
+    /// A server started here from `sluice-s3-test-server` that delays every
     /// response by `latency_ms`; `Err` says why there is none.
     pub fn started(latency_ms: u64) -> Result<Self, String> {
         let bin = std::env::current_exe()

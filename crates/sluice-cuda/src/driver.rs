@@ -29,11 +29,14 @@ use crate::identity::DeviceUuid;
 use crate::retire::Completion;
 use crate::stream::ConsumerStream;
 
-/// Whether `libcuda.so` can be loaded on this machine.
+/// Whether `libcuda.so` can be loaded on this machine. Asked once per process: the
+/// answer cannot change, and each try opens (and searches the library path for) every
+/// candidate name, which multi-part device batches would otherwise pay per batch.
 pub fn driver_present() -> bool {
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     // SAFETY: `is_culib_present` only tries to dlopen the driver's library names and
     // drops what it opened; it calls no driver function.
-    unsafe { sys::is_culib_present() }
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
 }
 
 /// A device's retained primary context, shared by everything made from the device.

@@ -743,29 +743,6 @@ impl ReadAhead {
         }
     }
 
-    /// Once the footer is known, before the decoder asks for anything: starts fetching
-    /// the first window of the columns the scan's other files were read for, so that
-    /// the first request of a file (opened by DataFusion while its predecessor is being
-    /// decoded) does not wait a round trip. A file whose columns differ only costs that
-    /// window: the decoder's requests then go on as without it.
-    fn start(&mut self) {
-        if self.off || !self.scope.usable || self.last.is_some() || !self.columns.is_empty() {
-            return;
-        }
-        let Some(layout) = &self.layout else {
-            return;
-        };
-        let learned = match self.learned.lock() {
-            Ok(learned) => learned.clone(),
-            Err(_) => return,
-        };
-        let columns = layout.matching(&learned);
-        if !columns.is_empty() {
-            self.columns = columns;
-            self.spawn(0);
-        }
-    }
-
     /// Starts fetching the window at position `from` of the scan's row groups, unless a
     /// window is in flight.
     fn spawn(&mut self, from: usize) {
@@ -814,7 +791,6 @@ impl AsyncFileReader for ReadAhead {
             let metadata = self.inner.get_metadata(options).await?;
             if self.layout.is_none() {
                 self.layout = Some(Layout::new(&metadata, self.size, &self.scope));
-                self.start();
             }
             Ok(metadata)
         }

@@ -50,8 +50,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sluice::core::panics::install_quiet_hook();
     // Sluice's warnings (a segment that cannot be pinned, a stop that leaves held GPU
     // batches invalid, a subscriber left behind) reach the trainer's stderr as the CLI's
-    // do; `SLUICE_LOG` sets the filter (default `warn`). A program that installed its own
-    // tracing subscriber first keeps it.
+    // do; `SLUICE_LOG` sets the filter (default `warn`).
     sluice::logging::log_to_stderr("warn");
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Benchmarks refuse to report figures of an unoptimised build (the test wheel).
