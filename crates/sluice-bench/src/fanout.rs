@@ -29,6 +29,8 @@ pub struct Run {
     /// CPU-seconds of the consumers' threads (subscribers); 0 for independent pipelines,
     /// whose whole cost is the pipeline.
     pub consumer_cpu: f64,
+    /// Rows each consumer received.
+    pub rows: u64,
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -132,6 +134,7 @@ pub fn sluice(
         cpu,
         wall,
         consumer_cpu: rates.iter().map(|(_, _, c)| c).sum(),
+        rows: stats.rows,
     })
 }
 
@@ -196,5 +199,6 @@ pub fn independent(data: &Dataset, n: usize, epochs: u64, batch_rows: usize) -> 
         cpu: process_cpu_seconds()? - cpu0,
         wall: start.elapsed().as_secs_f64(),
         consumer_cpu: 0.0,
+        rows: data.rows * epochs,
     })
 }

@@ -48,6 +48,47 @@ struct Args {
     /// Repetitions of every measurement (default: 3 with --quick, 5 without).
     #[arg(long)]
     reps: Option<usize>,
+    /// Comparisons to leave out, by name (the report says which were skipped).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    skip: Vec<Part>,
+    /// The repository's checkout: where `benches/`, `pipelines/` and `.venv/` are (default:
+    /// the checkout this binary was built from, else the working directory; set it where
+    /// the binary was copied to another machine).
+    #[arg(long)]
+    repo: Option<PathBuf>,
+}
+
+/// The comparisons `--skip` can leave out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Part {
+    /// 1, 2 and 2b: fan-out and total CPU against independent pipelines.
+    Fanout,
+    /// 3 and 3b: Arrow Flight.
+    Flight,
+    /// 4: small-batch latency.
+    Latency,
+    /// 5 and 5b: batch sizes and N against memcpy.
+    Batches,
+    /// 6, 6b and 6c: S3.
+    S3,
+    /// 7: GPU.
+    Gpu,
+    /// 8: Python trainers.
+    Python,
+}
+
+impl Part {
+    fn title(self) -> &'static str {
+        match self {
+            Part::Fanout => "1-2. Fan-out and total CPU",
+            Part::Flight => "3. Sluice against Arrow Flight over loopback",
+            Part::Latency => "4. Transport floor: small-batch latency",
+            Part::Batches => "5. Transport floor: batch sizes against memcpy",
+            Part::S3 => "6. S3 against local files",
+            Part::Gpu => "7. GPU",
+            Part::Python => "8. Python trainers against Python loaders",
+        }
+    }
 }
 
 /// Sizes of one run.
@@ -71,6 +112,11 @@ const NS: [usize; 5] = [1, 2, 4, 8, 16];
 const N4: usize = 2;
 const N8: usize = 3;
 const SMALL_ROWS: [usize; 3] = [1, 16, 64];
+/// Batch sizes (rows of the dataset) of comparison 2b, total CPU at N = 8 against batch
+/// size: about 13 KiB, 107 KiB and 860 KiB.
+const CPU_BATCH_ROWS: [usize; 3] = [128, 1024, 8192];
+/// The largest batch (KiB) comparison 5b sends to more than one subscriber.
+const GRID_MAX_KIB: usize = 16 << 10;
 /// Batches from this size (KiB) up are "large": the memcpy target applies to them.
 const LARGE_KIB: usize = 4 << 10;
 /// The most batches one batch-size measurement publishes (small batches would take
@@ -121,8 +167,23 @@ fn run(args: &Args) -> Result<()> {
             large_bytes: 1 << 30,
         }
     };
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let repo = repo.canonicalize().unwrap_or(repo);
+    let repo = match &args.repo {
+        Some(dir) => dir.clone(),
+        None => {
+            let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+            built
+                .canonicalize()
+                .or_else(|_| std::env::current_dir())
+                .context("cannot find the repository: pass --repo")?
+        }
+    };
+    if !repo.join("pipelines").is_dir() {
+        anyhow::bail!(
+            "{} is not a Sluice checkout (no pipelines/): pass --repo",
+            repo.display()
+        );
+    }
+    let runs = |part: Part| !args.skip.contains(&part);
     let img = args.out.join("img");
     std::fs::create_dir_all(&img).with_context(|| format!("cannot create {}", img.display()))?;
     if cfg!(debug_assertions) {
@@ -153,39 +214,223 @@ fn run(args: &Args) -> Result<()> {
         .sum::<sluice::Result<usize>>()?;
     let rows_per_epoch: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
     let batch_kib = bytes_per_epoch as f64 / batches.len() as f64 / 1024.0;
+    let bytes_per_row = bytes_per_epoch as f64 / rows_per_epoch as f64;
 
+    if runs(Part::Fanout) {
+        step(
+            start,
+            "1-2. fan-out and CPU: Sluice against N independent pipelines",
+        );
+        let mut sl = vec![Vec::new(); NS.len()];
+        let mut ind = vec![Vec::new(); NS.len()];
+        for rep in 0..scale.reps {
+            for (i, &n) in NS.iter().enumerate() {
+                sl[i].push(fanout::sluice(
+                    ns,
+                    &data,
+                    n,
+                    scale.epochs,
+                    BATCH_ROWS,
+                    &format!("fan{n}r{rep}"),
+                )?);
+                ind[i].push(fanout::independent(&data, n, scale.epochs, BATCH_ROWS)?);
+            }
+        }
+        report.fanout(&sl, &ind, scale.epochs, batch_kib, &img, font.is_ok())?;
+
+        step(start, "2b. total CPU at N = 8 against batch size");
+        let mut by_rows = Vec::new();
+        for &rows in &CPU_BATCH_ROWS {
+            let mut r = Vec::new();
+            for rep in 0..scale.reps {
+                let n = NS[N8];
+                let s = fanout::sluice(
+                    ns,
+                    &data,
+                    n,
+                    scale.epochs,
+                    rows,
+                    &format!("cpu{rows}r{rep}"),
+                )?;
+                let d = fanout::independent(&data, n, scale.epochs, rows)?;
+                r.push((s, d));
+            }
+            by_rows.push((rows, r));
+        }
+        report.cpu_by_batch(&by_rows, bytes_per_row, &img, font.is_ok())?;
+    } else {
+        report.skipped(Part::Fanout.title(), "left out with --skip");
+    }
+
+    if runs(Part::Flight) {
+        flight_comparisons(
+            ns,
+            &mut report,
+            &batches,
+            &scale,
+            rows_per_epoch,
+            bytes_per_epoch,
+            &img,
+            font.is_ok(),
+        )?;
+    } else {
+        report.skipped(Part::Flight.title(), "left out with --skip");
+    }
+
+    if runs(Part::Latency) {
+        step(start, "4. small-batch latency");
+        let mut lat = Vec::new();
+        for &rows in &SMALL_ROWS {
+            let batch = batches[0].slice(0, rows);
+            let mut s = Vec::new();
+            let mut h = Vec::new();
+            for rep in 0..scale.reps {
+                s.push(transport::sluice_latency(
+                    ns,
+                    &batch,
+                    scale.latency_warmup,
+                    scale.latency_samples,
+                    &format!("lat{rows}r{rep}"),
+                )?);
+                h.push(transport::handoff_latency(
+                    &batch,
+                    scale.latency_warmup,
+                    scale.latency_samples,
+                )?);
+            }
+            lat.push((rows, s, h));
+        }
+        let mut wake = Vec::new();
+        for rep in 0..scale.reps {
+            wake.push(transport::event_latency(
+                ns,
+                scale.latency_warmup,
+                scale.latency_samples,
+                &format!("wake{rep}"),
+            )?);
+        }
+        report.latency(&lat, &wake, &img, font.is_ok())?;
+    } else {
+        report.skipped(Part::Latency.title(), "left out with --skip");
+    }
+
+    if runs(Part::Batches) {
+        step(start, "5. batch sizes and N against memcpy");
+        let mut grid = Vec::new();
+        for &kib in &scale.batch_kib {
+            let batch = transport::large_batch(kib << 10)?;
+            let messages = (scale.large_bytes / (kib << 10)).clamp(8, MAX_MESSAGES);
+            let mut cells = Vec::new();
+            for (i, &n) in NS.iter().enumerate() {
+                // The largest batches go to one subscriber only: each subscriber of a
+                // topic reserves chunks of the largest message (the curve to N stops at
+                // 16 MiB, as issue 18 asks).
+                if n > 1 && kib > GRID_MAX_KIB {
+                    break;
+                }
+                let mut r = Vec::new();
+                for rep in 0..scale.reps {
+                    let s = transport::fanout_gbps(
+                        ns,
+                        &batch,
+                        n,
+                        8,
+                        messages,
+                        &format!("big{kib}kn{n}r{rep}"),
+                    )?;
+                    // memcpy is measured once per size and repetition, with N = 1.
+                    let m = if i == 0 {
+                        transport::memcpy_gbps(&batch, messages)?
+                    } else {
+                        f64::NAN
+                    };
+                    r.push((s, m));
+                }
+                cells.push((n, r));
+            }
+            grid.push((kib, cells));
+        }
+        report.large(&grid, &img, font.is_ok())?;
+        report.grid(&grid, &img, font.is_ok())?;
+    } else {
+        report.skipped(Part::Batches.title(), "left out with --skip");
+    }
+
+    if runs(Part::S3) {
+        s3_comparisons(&mut report, &repo, &data, &scale, &img, font.is_ok())?;
+    } else {
+        report.skipped(Part::S3.title(), "left out with --skip");
+    }
+
+    if runs(Part::Gpu) {
+        step(start, "7. GPU");
+        match gpu::run(&repo, args.quick) {
+            gpu::Gpu::Skipped(why) => report.skipped("7. GPU", &why),
+            gpu::Gpu::Ran { device, json } => report.gpu(&device, &json),
+        }
+    } else {
+        report.skipped(Part::Gpu.title(), "left out with --skip");
+    }
+
+    if runs(Part::Python) {
+        step(start, "8. Python trainers against Python loaders");
+        let found = python::Python::find(&repo, "sluice, numpy, pyarrow, PIL").and_then(|py| {
+            py.sluice_optimized()?;
+            let sluice = python::sluice_binary()?;
+            python::run(&repo, &py, &sluice, args.quick).map_err(|e| format!("{e:#}"))
+        });
+        match found {
+            Ok(trainers) => report.python(&trainers)?,
+            Err(why) => {
+                report.skipped("8. Python trainers against Python loaders", &why);
+                report.goal(IMAGE_GOAL.into(), "skipped".into(), "≤ 0.35", None);
+            }
+        }
+    } else {
+        report.skipped(Part::Python.title(), "left out with --skip");
+        report.goal(IMAGE_GOAL.into(), "skipped".into(), "≤ 0.35", None);
+    }
+
+    let left = ns.leftovers();
+    if !left.is_empty() {
+        report
+            .notes
+            .push(format!("Shared memory left behind (removed): {left:?}."));
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let path = args.out.join("benchmarks-generated.md");
+    std::fs::write(&path, report.finish(elapsed))
+        .with_context(|| format!("cannot write {}", path.display()))?;
     step(
         start,
-        "1-2. fan-out and CPU: Sluice against N independent pipelines",
+        &format!("wrote {} and plots in {}", path.display(), img.display()),
     );
-    let mut sl = vec![Vec::new(); NS.len()];
-    let mut ind = vec![Vec::new(); NS.len()];
-    for rep in 0..scale.reps {
-        for (i, &n) in NS.iter().enumerate() {
-            sl[i].push(fanout::sluice(
-                ns,
-                &data,
-                n,
-                scale.epochs,
-                BATCH_ROWS,
-                &format!("fan{n}r{rep}"),
-            )?);
-            ind[i].push(fanout::independent(&data, n, scale.epochs, BATCH_ROWS)?);
-        }
-    }
-    report.fanout(&sl, &ind, scale.epochs, batch_kib, &img, font.is_ok())?;
+    Ok(())
+}
 
-    step(start, "3. Sluice against Arrow Flight over loopback");
+/// Comparisons 3 and 3b: the same batches through Sluice and through Arrow Flight.
+#[allow(clippy::too_many_arguments)]
+fn flight_comparisons(
+    ns: &Namespace,
+    report: &mut Report,
+    batches: &Arc<Vec<RecordBatch>>,
+    scale: &Scale,
+    rows_per_epoch: u64,
+    bytes_per_epoch: usize,
+    img: &Path,
+    plots: bool,
+) -> Result<()> {
+    eprintln!("3. Sluice against Arrow Flight over loopback");
     let server = flight::FlightServer::start(batches.clone(), scale.epochs)?;
     let mut fl = vec![Vec::new(); NS.len()];
     let mut remote = vec![Vec::new(); NS.len()];
     for rep in 0..scale.reps {
         for (i, &n) in NS.iter().enumerate() {
             let topic = format!("fl{n}r{rep}");
-            let s = flight::sluice(ns, &batches, n, scale.epochs, &topic, flight::Reach::Local)?;
+            let s = flight::sluice(ns, batches, n, scale.epochs, &topic, flight::Reach::Local)?;
             let f = server.fetch(n, rows_per_epoch * scale.epochs)?;
             let topic = format!("fr{n}r{rep}");
-            let r = flight::sluice(ns, &batches, n, scale.epochs, &topic, flight::Reach::Remote)?;
+            let r = flight::sluice(ns, batches, n, scale.epochs, &topic, flight::Reach::Remote)?;
             fl[i].push((s, f));
             remote[i].push((r, f, s));
         }
@@ -194,66 +439,37 @@ fn run(args: &Args) -> Result<()> {
     report.flight(
         &fl,
         bytes_per_epoch as f64 / rows_per_epoch as f64,
-        &img,
-        font.is_ok(),
+        img,
+        plots,
     )?;
-    report.remote(&remote)?;
+    report.remote(&remote)
+}
 
-    step(start, "4. small-batch latency");
-    let mut lat = Vec::new();
-    for &rows in &SMALL_ROWS {
-        let batch = batches[0].slice(0, rows);
-        let mut s = Vec::new();
-        let mut h = Vec::new();
-        for rep in 0..scale.reps {
-            s.push(transport::sluice_latency(
-                ns,
-                &batch,
-                scale.latency_warmup,
-                scale.latency_samples,
-                &format!("lat{rows}r{rep}"),
-            )?);
-            h.push(transport::handoff_latency(
-                &batch,
-                scale.latency_warmup,
-                scale.latency_samples,
-            )?);
-        }
-        lat.push((rows, s, h));
-    }
-    report.latency(&lat, &img, font.is_ok())?;
-
-    step(start, "5. batch sizes against memcpy");
-    let mut large = Vec::new();
-    for &kib in &scale.batch_kib {
-        let batch = transport::large_batch(kib << 10)?;
-        let messages = (scale.large_bytes / (kib << 10)).clamp(8, MAX_MESSAGES);
-        let mut runs = Vec::new();
-        for rep in 0..scale.reps {
-            let s = transport::sluice_gbps(ns, &batch, 8, messages, &format!("big{kib}kr{rep}"))?;
-            let m = transport::memcpy_gbps(&batch, messages)?;
-            runs.push((s, m));
-        }
-        large.push((kib, runs));
-    }
-    report.large(&large, &img, font.is_ok())?;
-
-    step(start, "6. S3 against local files");
+/// Comparisons 6, 6b and 6c: S3 against local files and against pyarrow.
+fn s3_comparisons(
+    report: &mut Report,
+    repo: &Path,
+    data: &data::Dataset,
+    scale: &Scale,
+    img: &Path,
+    plots: bool,
+) -> Result<()> {
+    eprintln!("6. S3 against local files");
     match s3::S3Server::find() {
         Ok(server) => {
-            let (location, options) = server.upload(&data, "data")?;
+            let (location, options) = server.upload(data, "data")?;
             let local = format!("{}/", data.dir.display());
-            let mut python = python::Python::find(&repo, "pyarrow.dataset, pyarrow.fs");
+            let mut python = python::Python::find(repo, "pyarrow.dataset, pyarrow.fs");
             let (runs, pyarrow, requests) = s3_passes(
                 &server,
                 (&location, &options),
                 Some(&local),
                 &mut python,
-                &repo,
-                &data,
+                repo,
+                data,
                 scale.reps,
             )?;
-            report.s3(&server.description, &runs, &img, font.is_ok())?;
+            report.s3(&server.description, &runs, img, plots)?;
             match &python {
                 Ok(_) => report.s3_pyarrow(None, &pyarrow, &requests, data.files.len())?,
                 Err(why) => {
@@ -271,18 +487,18 @@ fn run(args: &Args) -> Result<()> {
     // of one: what read-ahead is for.
     match (
         s3::S3Server::started(S3_LATENCY_MS),
-        python::Python::find(&repo, "pyarrow.dataset, pyarrow.fs"),
+        python::Python::find(repo, "pyarrow.dataset, pyarrow.fs"),
     ) {
         (Ok(server), Ok(py)) => {
-            let (location, options) = server.upload(&data, "data")?;
+            let (location, options) = server.upload(data, "data")?;
             let mut python = Ok(py);
             let (_, pyarrow, requests) = s3_passes(
                 &server,
                 (&location, &options),
                 None,
                 &mut python,
-                &repo,
-                &data,
+                repo,
+                data,
                 scale.reps,
             )?;
             match python {
@@ -295,40 +511,6 @@ fn run(args: &Args) -> Result<()> {
         (Err(why), _) | (_, Err(why)) => report.skipped("6c. S3 with latency", &why),
     }
 
-    step(start, "7. GPU");
-    match gpu::run(&repo, args.quick) {
-        gpu::Gpu::Skipped(why) => report.skipped("7. GPU", &why),
-        gpu::Gpu::Ran { device, json } => report.gpu(&device, &json),
-    }
-
-    step(start, "8. Python trainers against Python loaders");
-    let found = python::Python::find(&repo, "sluice, numpy, pyarrow, PIL").and_then(|py| {
-        py.sluice_optimized()?;
-        let sluice = python::sluice_binary()?;
-        python::run(&repo, &py, &sluice, args.quick).map_err(|e| format!("{e:#}"))
-    });
-    match found {
-        Ok(trainers) => report.python(&trainers)?,
-        Err(why) => {
-            report.skipped("8. Python trainers against Python loaders", &why);
-            report.goal(IMAGE_GOAL.into(), "skipped".into(), "≤ 0.35", None);
-        }
-    }
-
-    let left = ns.leftovers();
-    if !left.is_empty() {
-        report
-            .notes
-            .push(format!("Shared memory left behind (removed): {left:?}."));
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    let path = args.out.join("benchmarks-generated.md");
-    std::fs::write(&path, report.finish(elapsed))
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    step(
-        start,
-        &format!("wrote {} and plots in {}", path.display(), img.display()),
-    );
     Ok(())
 }
 
@@ -354,6 +536,25 @@ fn materialize(data: &data::Dataset) -> Result<Vec<RecordBatch>> {
         out.extend(shaper.finish()?);
         Ok::<_, anyhow::Error>(out)
     })
+}
+
+/// One batch size's cells of comparison 5b: for each N, per repetition, every
+/// subscriber's GB/s and (N = 1 only) memcpy's GB/s.
+type GridCells = Vec<(usize, Vec<(Vec<f64>, f64)>)>;
+
+/// Batches from this size (KiB) up carry the fan-out goal in comparison 5b.
+const GRID_GOAL_KIB: usize = 64;
+
+fn size_label(kib: usize) -> String {
+    if kib >= 1024 {
+        format!("{} MiB", kib >> 10)
+    } else {
+        format!("{kib} KiB")
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    Summary::of(values).median
 }
 
 fn ratio_summary(pairs: impl IntoIterator<Item = (f64, f64)>) -> Summary {
@@ -831,6 +1032,7 @@ impl Report {
     fn latency(
         &mut self,
         lat: &[(usize, Repetitions, Repetitions)],
+        wake: &[(Vec<f64>, f64)],
         img: &Path,
         plots: bool,
     ) -> Result<()> {
@@ -844,11 +1046,6 @@ impl Report {
              (`std::sync::mpsc`), the cost of waking a thread in one process. Percentiles are per \
              repetition; the table gives their median (min–max).\n"
         )?;
-        writeln!(
-            b,
-            "| rows | Sluice p50 µs | p90 µs | p99 µs | hand-off p50 µs | hand-off p99 µs | Sluice / hand-off (p50) |"
-        )?;
-        writeln!(b, "|---:|---:|---:|---:|---:|---:|---:|")?;
         let pct = |runs: &Repetitions, p: f64| -> Vec<f64> {
             runs.iter()
                 .map(|r| {
@@ -858,6 +1055,29 @@ impl Report {
                 })
                 .collect()
         };
+        let wake_cpu = Summary::of(&wake.iter().map(|(_, cpu)| *cpu).collect::<Vec<_>>());
+        let wake: Repetitions = wake.iter().map(|(lat, _)| lat.clone()).collect();
+        let (w50, w90, w99) = (
+            Summary::of(&pct(&wake, 50.0)),
+            Summary::of(&pct(&wake, 90.0)),
+            Summary::of(&pct(&wake, 99.0)),
+        );
+        writeln!(
+            b,
+            "The floor under Sluice's figure, same run: the wake-up alone. Sluice's subscribers sleep \
+             on an iceoryx2 event (a Unix datagram socket per listener); one thread notifying such an \
+             event and another waiting on it, one notification at a time, with no message: p50 \
+             **{}** µs, p90 {} µs, p99 **{}** µs; each round trip (two wake-ups) costs {} µs of CPU.\n",
+            w50.show(1),
+            w90.show(1),
+            w99.show(1),
+            wake_cpu.show(1)
+        )?;
+        writeln!(
+            b,
+            "| rows | Sluice p50 µs | p90 µs | p99 µs | hand-off p50 µs | hand-off p99 µs | Sluice / hand-off (p50) |"
+        )?;
+        writeln!(b, "|---:|---:|---:|---:|---:|---:|---:|")?;
         let mut hist = Vec::new();
         let mut p50_64 = f64::NAN;
         let mut p99_64 = Summary::of(&[]);
@@ -885,8 +1105,11 @@ impl Report {
                 ));
             }
         }
+        hist.push(("event wake-up alone (floor)".into(), wake.concat()));
         self.summary.push(format!(
-            "small-batch latency: p50 {p50_64:.1} µs publish→receive for 64-row batches"
+            "small-batch latency: p50 {p50_64:.1} µs publish→receive for 64-row batches; \
+             the wake-up alone: p50 {:.1} µs, p99 {:.1} µs",
+            w50.median, w99.median
         ));
         self.goals.push((
             "publish → receive, 64-row batches, p99".into(),
@@ -903,7 +1126,8 @@ impl Report {
         )
     }
 
-    fn large(&mut self, runs: &[(usize, Vec<(f64, f64)>)], img: &Path, plots: bool) -> Result<()> {
+    /// Comparison 5: the N = 1 row of the batch-size grid against memcpy.
+    fn large(&mut self, grid: &[(usize, GridCells)], img: &Path, plots: bool) -> Result<()> {
         let b = &mut self.body;
         writeln!(b, "\n## 5. Transport floor: batch sizes against memcpy\n")?;
         writeln!(
@@ -924,15 +1148,15 @@ impl Report {
         let mut ps = Vec::new();
         let mut pm = Vec::new();
         let mut worst = f64::INFINITY;
-        for (kib, r) in runs {
+        for (kib, cells) in grid {
+            let Some((_, r)) = cells.first() else {
+                continue;
+            };
+            let r: Vec<(f64, f64)> = r.iter().map(|(s, m)| (s[0], *m)).collect();
             let s = Summary::of(&r.iter().map(|x| x.0).collect::<Vec<_>>());
             let m = Summary::of(&r.iter().map(|x| x.1).collect::<Vec<_>>());
             let ratio = ratio_summary(r.iter().copied());
-            let size = if *kib >= 1024 {
-                format!("{} MiB", kib >> 10)
-            } else {
-                format!("{kib} KiB")
-            };
+            let size = size_label(*kib);
             let per_s = s.median * 1e9 / (*kib as f64 * 1024.0);
             writeln!(
                 b,
@@ -981,6 +1205,178 @@ impl Report {
                             points: pm,
                         },
                     ],
+                )
+            },
+        )
+    }
+
+    /// Comparison 5b: per-subscriber GB/s of every batch size at every N, against N = 1
+    /// and against memcpy.
+    fn grid(&mut self, grid: &[(usize, GridCells)], img: &Path, plots: bool) -> Result<()> {
+        let b = &mut self.body;
+        writeln!(b, "\n### 5b. Batch size and N: the scale curves\n")?;
+        writeln!(
+            b,
+            "As comparison 5, with N = 1 to 16 subscriber threads receiving every batch (batches up \
+             to {} MiB; the topic reserves chunks of the largest message for every subscriber). \
+             Per-subscriber GB/s is from the first timed publish to that subscriber's last receipt \
+             (median over subscribers); baselines: the same size at N = 1 (the fan-out ratio, \
+             goal ≥ 0.90 from 64 KiB), and memcpy of the same bytes, both in the same repetition. \
+             Every batch wakes every idle subscriber (`publish_batch`), as a producer whose \
+             batches arrive one at a time does.\n",
+            GRID_MAX_KIB >> 10
+        )?;
+        let ns: Vec<usize> = NS.to_vec();
+        write!(b, "| batch |")?;
+        for n in &ns {
+            write!(b, " N = {n} GB/s (vs N = 1) |")?;
+        }
+        writeln!(b, " N = 8 / memcpy |")?;
+        write!(b, "|---:|")?;
+        for _ in &ns {
+            write!(b, "---:|")?;
+        }
+        writeln!(b, "---:|")?;
+        let mut lines: Vec<Series> = ns
+            .iter()
+            .map(|n| Series {
+                name: format!("N = {n}"),
+                points: Vec::new(),
+            })
+            .collect();
+        let mut worst = (f64::INFINITY, 0usize);
+        for (kib, cells) in grid {
+            write!(b, "| {} |", size_label(*kib))?;
+            let Some((_, base)) = cells.first() else {
+                writeln!(b)?;
+                continue;
+            };
+            let base_rate = |rep: usize| median(&base[rep].0);
+            let mut vs_memcpy = String::from("—");
+            for (col, n) in ns.iter().enumerate() {
+                let Some((_, runs)) = cells.iter().find(|(m, _)| m == n) else {
+                    write!(b, " — |")?;
+                    continue;
+                };
+                let rate = Summary::of(&runs.iter().map(|(s, _)| median(s)).collect::<Vec<_>>());
+                let ratio = Summary::of(
+                    &runs
+                        .iter()
+                        .enumerate()
+                        .map(|(rep, (s, _))| median(s) / base_rate(rep))
+                        .collect::<Vec<_>>(),
+                );
+                write!(b, " {} ({}) |", rate.show(2), ratio.show(2))?;
+                lines[col].points.push((*kib as f64, rate));
+                if *n == NS[N8] {
+                    let m = Summary::of(
+                        &runs
+                            .iter()
+                            .enumerate()
+                            .map(|(rep, (s, _))| median(s) / base[rep].1)
+                            .collect::<Vec<_>>(),
+                    );
+                    vs_memcpy = m.show(2);
+                }
+                if *n == NS[N8] && *kib >= GRID_GOAL_KIB && ratio.median < worst.0 {
+                    worst = (ratio.median, *kib);
+                }
+            }
+            writeln!(b, " {vs_memcpy} |")?;
+        }
+        if worst.0.is_finite() {
+            writeln!(
+                b,
+                "\nAt N = 8 the per-subscriber rate is at least **{:.2}** of N = 1 for batches of 64 KiB \
+                 and more (lowest at {}; goal ≥ 0.90: {}).",
+                worst.0,
+                size_label(worst.1),
+                verdict(worst.0 >= 0.9)
+            )?;
+            self.summary.push(format!(
+                "batch-size curve at N = 8: at least {:.2} of N = 1 from 64 KiB (lowest at {})",
+                worst.0,
+                size_label(worst.1)
+            ));
+        }
+        self.image(
+            plots,
+            img,
+            "bench-grid.png",
+            "per-subscriber GB/s against batch size, N = 1 to 16",
+            |p| {
+                plot::lines(
+                    p,
+                    "Per-subscriber GB/s against batch size, for each N",
+                    "batch size (KiB)",
+                    "GB/s per subscriber",
+                    XAxis::Log2,
+                    &lines,
+                )
+            },
+        )
+    }
+
+    /// Comparison 2b: total CPU at N = 8 against the batch size.
+    fn cpu_by_batch(
+        &mut self,
+        runs: &[(usize, Vec<(fanout::Run, fanout::Run)>)],
+        bytes_per_row: f64,
+        img: &Path,
+        plots: bool,
+    ) -> Result<()> {
+        let n = NS[N8];
+        let b = &mut self.body;
+        writeln!(b, "\n### 2b. Total CPU at N = {n} against batch size\n")?;
+        writeln!(
+            b,
+            "Comparison 2 at N = {n} with other `batch_rows`: what each batch costs the subscribers \
+             (their cost is per batch, the pipeline's per row). Baseline: {n} independent pipelines \
+             with the same batch size, same repetition.\n"
+        )?;
+        writeln!(
+            b,
+            "| batch_rows | KiB per batch | Sluice CPU-s | independent CPU-s | Sluice / independent | subscribers' CPU µs per batch |"
+        )?;
+        writeln!(b, "|---:|---:|---:|---:|---:|---:|")?;
+        let mut points = Vec::new();
+        for (rows, r) in runs {
+            let s = Summary::of(&r.iter().map(|(s, _)| s.cpu).collect::<Vec<_>>());
+            let d = Summary::of(&r.iter().map(|(_, d)| d.cpu).collect::<Vec<_>>());
+            let ratio = ratio_summary(r.iter().map(|(s, d)| (s.cpu, d.cpu)));
+            let batches = |run: &fanout::Run| run.rows as f64 / *rows as f64;
+            let per_batch = Summary::of(
+                &r.iter()
+                    .map(|(s, _)| s.consumer_cpu / n as f64 / batches(s) * 1e6)
+                    .collect::<Vec<_>>(),
+            );
+            writeln!(
+                b,
+                "| {rows} | {:.0} | {} | {} | **{}** | {} |",
+                *rows as f64 * bytes_per_row / 1024.0,
+                s.show(2),
+                d.show(2),
+                ratio.show(3),
+                per_batch.show(1)
+            )?;
+            points.push((*rows as f64, ratio));
+        }
+        self.image(
+            plots,
+            img,
+            "bench-cpu-batch.png",
+            "total CPU at N = 8 against batch size",
+            |p| {
+                plot::lines(
+                    p,
+                    &format!("Total CPU at N = {n}: Sluice / {n} independent pipelines"),
+                    "batch_rows",
+                    "CPU ratio",
+                    XAxis::Log2,
+                    &[Series {
+                        name: format!("Sluice (1 producer + {n} subscribers) / {n} pipelines"),
+                        points,
+                    }],
                 )
             },
         )

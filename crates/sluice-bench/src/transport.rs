@@ -1,6 +1,7 @@
-//! Comparison 4 and 5: the transport floor. Publish→receive latency of small batches
-//! against a hand-off of the same batch between two threads, and the rate of large
-//! batches against `memcpy` of the same bytes.
+//! Comparisons 4 and 5: the transport floor. Publish→receive latency of small batches
+//! against a hand-off of the same batch between two threads and against the bare
+//! wake-up Sluice's subscribers sleep on, and the rate of batches from 1 KiB to 64 MiB to
+//! N = 1 to 16 subscribers against `memcpy` of the same bytes and against N = 1.
 //!
 //! The publisher is a bare topic publisher (no plan): each batch is encoded and written
 //! once into shared memory, and a `Subscriber` on another thread of this process
@@ -34,6 +35,7 @@ fn subscribe(ns: &Namespace, topic: &str) -> Result<Subscriber> {
 fn open_topic(
     ns: &Namespace,
     topic: &str,
+    max_subscribers: usize,
     window: usize,
     max_message_bytes: usize,
 ) -> Result<(TopicPublisher, Arc<AtomicBool>)> {
@@ -41,7 +43,7 @@ fn open_topic(
     let config = TopicConfig {
         topic: TopicName::new(topic)?,
         window,
-        max_subscribers: 1,
+        max_subscribers,
         max_held: 2,
         max_message_bytes,
         lag_limit: None,
@@ -58,7 +60,7 @@ pub fn sluice_latency(
     samples: usize,
     topic: &str,
 ) -> Result<Vec<f64>> {
-    let (mut publisher, stop) = open_topic(ns, topic, 4, wire::encode(batch)?.len())?;
+    let (mut publisher, stop) = open_topic(ns, topic, 1, 4, wire::encode(batch)?.len())?;
     let (sent_tx, sent_rx) = mpsc::channel::<Instant>();
     let (ack_tx, ack_rx) = mpsc::channel::<()>();
     let sub = {
@@ -158,53 +160,64 @@ pub fn large_batch(bytes: usize) -> Result<RecordBatch> {
     )])?)
 }
 
-/// GB/s of `messages` large batches published and received, after `warmup` batches
-/// that fault in the topic's memory: from the start of the first timed publish (once the
-/// subscriber has received every warm-up batch) to the subscriber's receipt of the last.
-pub fn sluice_gbps(
+/// Per-subscriber GB/s of `messages` batches published once and received by each of `n`
+/// subscriber threads, after `warmup` batches that fault in the topic's memory: for each
+/// subscriber, from the start of the first timed publish (once every subscriber has
+/// received every warm-up batch) to its receipt of the last batch. One value per
+/// subscriber.
+pub fn fanout_gbps(
     ns: &Namespace,
     batch: &RecordBatch,
+    n: usize,
     warmup: usize,
     messages: usize,
     topic: &str,
-) -> Result<f64> {
-    let enc = wire::encode(batch)?;
-    let len = enc.len();
-    let (mut publisher, stop) = open_topic(ns, topic, 2, len)?;
+) -> Result<Vec<f64>> {
+    if warmup == 0 {
+        bail!("the batch-size curve needs warm-up batches");
+    }
+    let len = wire::encode(batch)?.len();
+    let (mut publisher, stop) = open_topic(ns, topic, n, 4, len)?;
     let total = warmup + messages;
     let (warm_tx, warm_rx) = mpsc::channel::<()>();
-    let sub = {
-        let ns = ns.clone();
-        let topic = topic.to_string();
-        std::thread::spawn(move || -> Result<Vec<Instant>> {
-            let mut sub = subscribe(&ns, &topic)?;
-            let mut times = Vec::with_capacity(total);
-            loop {
-                match sub.next_event()? {
-                    Event::Batch { batch, .. } => {
-                        std::hint::black_box(batch.num_rows());
-                        drop(batch);
-                        times.push(Instant::now());
-                        if times.len() == warmup {
-                            warm_tx.send(())?;
+    let subs: Vec<_> = (0..n)
+        .map(|_| {
+            let (ns, topic, warm_tx) = (ns.clone(), topic.to_string(), warm_tx.clone());
+            std::thread::spawn(move || -> Result<Vec<Instant>> {
+                let mut sub = subscribe(&ns, &topic)?;
+                let mut times = Vec::with_capacity(total);
+                loop {
+                    match sub.next_event()? {
+                        Event::Batch { batch, .. } => {
+                            std::hint::black_box(batch.num_rows());
+                            drop(batch);
+                            times.push(Instant::now());
+                            if times.len() == warmup {
+                                warm_tx.send(())?;
+                            }
                         }
+                        Event::EpochEnd(_) => {}
+                        Event::DeviceBatch { .. } => {
+                            bail!("a CPU benchmark topic sent a GPU batch")
+                        }
+                        Event::End => break,
                     }
-                    Event::EpochEnd(_) => {}
-                    Event::DeviceBatch { .. } => bail!("a CPU benchmark topic sent a GPU batch"),
-                    Event::End => break,
                 }
-            }
-            Ok(times)
+                Ok(times)
+            })
         })
-    };
+        .collect();
+    drop(warm_tx);
     let published = (|| -> Result<Instant> {
-        publisher.wait_for_subscribers(1, Some(Duration::from_secs(60)), &stop)?;
+        publisher.wait_for_subscribers(n, Some(Duration::from_secs(60)), &stop)?;
         let mut start = Instant::now();
         for i in 0..total {
             if i == warmup {
-                warm_rx
-                    .recv_timeout(ACK_TIMEOUT)
-                    .context("the subscriber did not receive the warm-up")?;
+                for _ in 0..n {
+                    warm_rx
+                        .recv_timeout(ACK_TIMEOUT)
+                        .context("a subscriber did not receive the warm-up")?;
+                }
                 start = Instant::now();
             }
             let enc = wire::encode(batch)?;
@@ -218,16 +231,114 @@ pub fn sluice_gbps(
     if published.is_err() {
         let _ = publisher.publish_error("the benchmark's publisher failed");
     }
-    let times = sub
-        .join()
-        .map_err(|_| anyhow!("the subscriber thread panicked"))?;
-    let start = published?;
-    let times = times.context("the subscriber failed")?;
-    if times.len() != total || warmup == 0 {
-        bail!("the subscriber received {} of {total} batches", times.len());
+    let mut all = Vec::with_capacity(n);
+    for s in subs {
+        all.push(
+            s.join()
+                .map_err(|_| anyhow!("a subscriber thread panicked"))?,
+        );
     }
-    let secs = times[total - 1].duration_since(start).as_secs_f64();
-    Ok((messages * len) as f64 / secs / 1e9)
+    let start = published?;
+    let mut rates = Vec::with_capacity(n);
+    for times in all {
+        let times = times.context("a subscriber failed")?;
+        if times.len() != total {
+            bail!("a subscriber received {} of {total} batches", times.len());
+        }
+        let secs = times[total - 1].duration_since(start).as_secs_f64();
+        rates.push((messages * len) as f64 / secs / 1e9);
+    }
+    Ok(rates)
+}
+
+/// One-way wake-up latencies in microseconds of the mechanism Sluice's subscribers sleep
+/// on, without Sluice: an iceoryx2 event (the `ready` service's kind: a Unix datagram
+/// per notification) notified on this thread and waited for by another, one at a time,
+/// as [`sluice_latency`] publishes. What the transport cannot go below on this machine.
+/// Also returns the CPU time of this process per round trip (two wake-ups), in
+/// microseconds: nothing else runs meanwhile.
+pub fn event_latency(
+    ns: &Namespace,
+    warmup: usize,
+    samples: usize,
+    topic: &str,
+) -> Result<(Vec<f64>, f64)> {
+    use iceoryx2::prelude::*;
+    let node = NodeBuilder::new()
+        .config(ns.config())
+        .signal_handling_mode(SignalHandlingMode::Disabled)
+        .create::<iceoryx2::service::ipc_threadsafe::Service>()
+        .map_err(|e| anyhow!("cannot create an iceoryx2 node: {e:?}"))?;
+    let event = |part: &str| -> Result<_> {
+        let name = ServiceName::new(&format!("sluice-bench/{topic}/{part}"))
+            .map_err(|e| anyhow!("bad service name: {e:?}"))?;
+        node.service_builder(&name)
+            .event()
+            .open_or_create()
+            .map_err(|e| anyhow!("cannot create the event service: {e:?}"))
+    };
+    let (ping, pong) = (event("ping")?, event("pong")?);
+    let ping_tx = ping
+        .notifier_builder()
+        .create()
+        .map_err(|e| anyhow!("cannot create a notifier: {e:?}"))?;
+    let pong_rx = pong
+        .listener_builder()
+        .create()
+        .map_err(|e| anyhow!("cannot create a listener: {e:?}"))?;
+    let ping_rx = ping
+        .listener_builder()
+        .create()
+        .map_err(|e| anyhow!("cannot create a listener: {e:?}"))?;
+    let pong_tx = pong
+        .notifier_builder()
+        .create()
+        .map_err(|e| anyhow!("cannot create a notifier: {e:?}"))?;
+    let (sent_tx, sent_rx) = mpsc::channel::<Instant>();
+    let total = warmup + samples;
+    let cpu0 = crate::stats::process_cpu_seconds()?;
+    let waiter = std::thread::spawn(move || -> Result<Vec<f64>> {
+        let mut lat = Vec::with_capacity(samples);
+        for i in 0..total {
+            let woken = ping_rx
+                .timed_wait(|_| {}, ACK_TIMEOUT)
+                .map_err(|e| anyhow!("waiting for the event failed: {e:?}"))?;
+            let now = Instant::now();
+            if woken == 0 {
+                bail!("no wake-up within {ACK_TIMEOUT:?}");
+            }
+            let sent = sent_rx.recv_timeout(ACK_TIMEOUT)?;
+            if i >= warmup {
+                lat.push(now.duration_since(sent).as_secs_f64() * 1e6);
+            }
+            pong_tx
+                .notify()
+                .map_err(|e| anyhow!("cannot answer: {e:?}"))?;
+        }
+        Ok(lat)
+    });
+    let pinged = (|| -> Result<()> {
+        for _ in 0..total {
+            sent_tx.send(Instant::now())?;
+            ping_tx
+                .notify()
+                .map_err(|e| anyhow!("cannot notify: {e:?}"))?;
+            if pong_rx
+                .timed_wait(|_| {}, ACK_TIMEOUT)
+                .map_err(|e| anyhow!("waiting for the answer failed: {e:?}"))?
+                == 0
+            {
+                bail!("no answer within {ACK_TIMEOUT:?}");
+            }
+        }
+        Ok(())
+    })();
+    let lat = waiter
+        .join()
+        .map_err(|_| anyhow!("the waiting thread panicked"))?;
+    pinged?;
+    let cpu = crate::stats::process_cpu_seconds()? - cpu0;
+    Ok((lat?, cpu / total as f64 * 1e6))
 }
 
 /// GB/s of a plain `memcpy` of the same bytes, `messages` times, into 8 destinations
