@@ -53,31 +53,41 @@ fn open_topic(
 
 /// Publish→receive latencies in microseconds of `samples` batches (after `warmup`),
 /// one at a time: the next is published once the subscriber has received the last.
+/// Each sample is split in two: the publisher's encoding and copy into shared memory
+/// (up to the header's `published_ns`, taken just before the sample is sent), and the
+/// delivery (sending, the wake-up, receiving, decoding, up to `next_event`'s return).
 pub fn sluice_latency(
     ns: &Namespace,
     batch: &RecordBatch,
     warmup: usize,
     samples: usize,
     topic: &str,
-) -> Result<Vec<f64>> {
+) -> Result<Latency> {
     let (mut publisher, stop) = open_topic(ns, topic, 1, 4, wire::encode(batch)?.len())?;
     let (sent_tx, sent_rx) = mpsc::channel::<Instant>();
     let (ack_tx, ack_rx) = mpsc::channel::<()>();
     let sub = {
         let ns = ns.clone();
         let topic = topic.to_string();
-        std::thread::spawn(move || -> Result<Vec<f64>> {
+        std::thread::spawn(move || -> Result<Latency> {
             let mut sub = subscribe(&ns, &topic)?;
-            let mut lat = Vec::with_capacity(samples);
+            let mut lat = Latency::default();
             let mut seen = 0;
             loop {
                 match sub.next_event()? {
                     Event::Batch { batch, .. } => {
-                        let now = Instant::now();
+                        let (now, now_ns) = (Instant::now(), sluice::shm::monotonic_ns());
                         std::hint::black_box(batch.num_rows());
                         let sent = sent_rx.recv_timeout(ACK_TIMEOUT)?;
+                        let published = sub
+                            .last_published_ns()
+                            .context("a batch without its publish time")?;
                         if seen >= warmup {
-                            lat.push(now.duration_since(sent).as_secs_f64() * 1e6);
+                            let total = now.duration_since(sent).as_secs_f64() * 1e6;
+                            let delivery = now_ns.saturating_sub(published) as f64 / 1e3;
+                            lat.total.push(total);
+                            lat.delivery.push(delivery);
+                            lat.publish.push((total - delivery).max(0.0));
                         }
                         seen += 1;
                         drop(batch);
@@ -93,10 +103,11 @@ pub fn sluice_latency(
     };
     let published = (|| -> Result<()> {
         publisher.wait_for_subscribers(1, Some(Duration::from_secs(60)), &stop)?;
+        let mut encoder = wire::Encoder::new();
         for i in 0..warmup + samples {
             let sent = Instant::now();
             sent_tx.send(sent)?;
-            let enc = wire::encode(batch)?;
+            let enc = encoder.encode(batch)?;
             publisher.publish_batch(0, i as u64, batch.num_rows() as u64, &enc)?;
             ack_rx
                 .recv_timeout(ACK_TIMEOUT)
@@ -116,10 +127,25 @@ pub fn sluice_latency(
         .map_err(|_| anyhow!("the subscriber thread panicked"))?;
     published?;
     let lat = lat.context("the subscriber failed")?;
-    if lat.len() != samples {
-        bail!("the subscriber timed {} batches, not {samples}", lat.len());
+    if lat.total.len() != samples {
+        bail!(
+            "the subscriber timed {} batches, not {samples}",
+            lat.total.len()
+        );
     }
     Ok(lat)
+}
+
+/// Publish → receive latencies of one run, in microseconds, sample by sample.
+#[derive(Debug, Default, Clone)]
+pub struct Latency {
+    /// From just before encoding to `next_event`'s return.
+    pub total: Vec<f64>,
+    /// The publisher's part: encoding, loaning and the copy into shared memory.
+    pub publish: Vec<f64>,
+    /// The rest: send, notify, the subscriber's wake-up, receive, decode, the delivery
+    /// protocol.
+    pub delivery: Vec<f64>,
 }
 
 /// The baseline: the same batch handed to another thread over a channel, one at a time.
@@ -210,6 +236,7 @@ pub fn fanout_gbps(
     drop(warm_tx);
     let published = (|| -> Result<Instant> {
         publisher.wait_for_subscribers(n, Some(Duration::from_secs(60)), &stop)?;
+        let mut encoder = wire::Encoder::new();
         let mut start = Instant::now();
         for i in 0..total {
             if i == warmup {
@@ -220,7 +247,7 @@ pub fn fanout_gbps(
                 }
                 start = Instant::now();
             }
-            let enc = wire::encode(batch)?;
+            let enc = encoder.encode(batch)?;
             publisher.publish_batch(0, i as u64, batch.num_rows() as u64, &enc)?;
         }
         publisher.publish_end_of_epoch(0, total as u64, (total * batch.num_rows()) as u64)?;

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray};
 use arrow::buffer::Buffer;
-use arrow::datatypes::DataType;
+use arrow::datatypes::{DataType, SchemaRef};
 use arrow::ipc::MetadataVersion;
 use arrow::ipc::reader::StreamDecoder;
 use arrow::ipc::writer::{IpcWriteOptions, StreamEncoder};
@@ -110,6 +110,97 @@ pub fn encode(batch: &RecordBatch) -> Result<Encoded> {
     let len = parts.iter().map(|p| p.len()).sum();
     Ok(Encoded { parts, len })
 }
+
+/// Encodes a topic's batches one after another, as [`encode`] does, without encoding
+/// the same schema again and again: the producer's side of [`Decoder`].
+///
+/// Every fragment still starts with its schema message (what lets a subscriber join late
+/// or skip messages), but while the batches' schema stays the same, the schema message
+/// encoded for the first is reused, and the IPC encoder that wrote it goes on with the
+/// record batches. The fragments are byte for byte those of [`encode`]. Schemas with
+/// dictionary-encoded columns are encoded afresh every time: a kept encoder would leave
+/// out dictionaries it had already sent, and every fragment must carry its own.
+#[derive(Default)]
+pub struct Encoder {
+    /// The schema of the previous batch, its encoded schema message, and the encoder that
+    /// wrote it, past its schema.
+    cached: Option<(SchemaRef, Vec<Buffer>, StreamEncoder)>,
+}
+
+impl std::fmt::Debug for Encoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Encoder")
+            .field(
+                "cached_schema_parts",
+                &self.cached.as_ref().map(|(_, parts, _)| parts.len()),
+            )
+            .finish()
+    }
+}
+
+impl Encoder {
+    /// An encoder with nothing cached.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Encodes `batch` as [`encode`] does.
+    pub fn encode(&mut self, batch: &RecordBatch) -> Result<Encoded> {
+        if has_dictionaries(batch.schema_ref().fields()) {
+            self.cached = None;
+            return encode(batch);
+        }
+        let compacted;
+        let batch = if has_views(batch) {
+            compacted = compact_views(batch)?;
+            &compacted
+        } else {
+            batch
+        };
+        let schema = batch.schema();
+        let same = self
+            .cached
+            .as_ref()
+            .is_some_and(|(s, _, _)| Arc::ptr_eq(s, &schema) || **s == *schema);
+        if same && let Some((_, schema_parts, encoder)) = &mut self.cached {
+            let body = encoder.encode(batch)?;
+            let mut parts = Vec::with_capacity(schema_parts.len() + body.len());
+            parts.extend(schema_parts.iter().cloned());
+            parts.extend(body);
+            let len = parts.iter().map(|p| p.len()).sum();
+            return Ok(Encoded { parts, len });
+        }
+        // A new schema: the first fragment is written as `encode` writes it, and the
+        // leading parts that hold the schema message are kept for the next fragments.
+        let mut encoder = StreamEncoder::try_new_with_options(&schema, write_options()?)?;
+        let parts = encoder.encode(batch)?;
+        let schema_len = StreamEncoder::try_new_with_options(&schema, write_options()?)?
+            .finish()?
+            .iter()
+            .map(|p| p.len())
+            .sum::<usize>()
+            .checked_sub(END_OF_STREAM_LEN)
+            .ok_or_else(|| SluiceError::Internal("an IPC stream shorter than its end".into()))?;
+        let mut taken = 0;
+        let schema_parts: Vec<Buffer> = parts
+            .iter()
+            .take_while(|p| {
+                let keep = taken < schema_len;
+                taken += if keep { p.len() } else { 0 };
+                keep
+            })
+            .cloned()
+            .collect();
+        // The schema message ends on a part boundary (the IPC writer writes it apart from
+        // the batch); if it ever did not, nothing is cached and every fragment is whole.
+        self.cached = (taken == schema_len).then_some((schema, schema_parts, encoder));
+        let len = parts.iter().map(|p| p.len()).sum();
+        Ok(Encoded { parts, len })
+    }
+}
+
+/// Bytes of the IPC end-of-stream marker (continuation marker and a zero length).
+const END_OF_STREAM_LEN: usize = 8;
 
 fn has_views(batch: &RecordBatch) -> bool {
     batch
@@ -475,6 +566,64 @@ mod tests {
         let decoded = decoder.decode(aligned(&encode(&full).unwrap())).unwrap();
         assert!(decoded.schema().metadata().is_empty());
         assert_eq!(decoded, full);
+    }
+
+    #[test]
+    fn an_encoder_writes_byte_for_byte_what_encode_writes_as_schemas_come_and_go() {
+        use arrow::array::{DictionaryArray, StringViewArray};
+        use arrow::datatypes::Int32Type;
+        let full = sample();
+        let tagged = RecordBatch::try_new(
+            Arc::new(
+                full.schema()
+                    .as_ref()
+                    .clone()
+                    .with_metadata([("k".to_string(), "v".to_string())].into()),
+            ),
+            full.columns().to_vec(),
+        )
+        .unwrap();
+        let dict: DictionaryArray<Int32Type> = vec!["a", "b", "a", "c"].into_iter().collect();
+        let dict = RecordBatch::try_from_iter([("d", Arc::new(dict) as ArrayRef)]).unwrap();
+        let views = RecordBatch::try_from_iter([(
+            "v",
+            Arc::new(StringViewArray::from_iter_values(
+                (0..40).map(|i| format!("a string long enough to be out of line {i}")),
+            )) as ArrayRef,
+        )])
+        .unwrap();
+        // The same schema over and over (slices, empty, the whole), a schema with more
+        // metadata, one column fewer, dictionaries (encoded afresh), views, and back.
+        let mut batches: Vec<RecordBatch> = (0..5).map(|i| full.slice(i, 10 - 2 * i)).collect();
+        batches.extend([
+            full.slice(0, 0),
+            full.clone(),
+            tagged.clone(),
+            tagged,
+            full.clone(),
+        ]);
+        batches.extend([full.project(&[0, 2]).unwrap(), full.clone()]);
+        batches.extend([
+            dict.clone(),
+            dict,
+            full.clone(),
+            views.slice(3, 20),
+            views,
+            full,
+        ]);
+        let mut encoder = Encoder::new();
+        for batch in &batches {
+            let kept = encoder.encode(batch).unwrap();
+            let fresh = encode(batch).unwrap();
+            assert_eq!(kept.len(), fresh.len());
+            assert_eq!(kept.to_vec(), fresh.to_vec());
+            // Every fragment stands alone.
+            assert_eq!(decode(aligned(&kept)).unwrap(), *batch);
+        }
+        // A run of one schema keeps its schema message.
+        let mut encoder = Encoder::new();
+        encoder.encode(&sample()).unwrap();
+        assert!(encoder.cached.is_some());
     }
 
     #[test]

@@ -105,6 +105,11 @@ pub struct TopicPublisher {
     /// Messages sent since the last wake-up.
     unwoken: usize,
     seq: u64,
+    /// Encodes the batches given as Arrow (the delivery protocol's [`Outlet`]), keeping
+    /// their schema message from one to the next.
+    ///
+    /// [`Outlet`]: sluice_core::Outlet
+    encoder: sluice_core::wire::Encoder,
     // Dropped last: the ports above belong to it.
     _node: Node<Ipc>,
 }
@@ -263,6 +268,7 @@ impl TopicPublisher {
             wake_owed,
             unwoken: 0,
             seq: 0,
+            encoder: sluice_core::wire::Encoder::new(),
             _node: node,
         })
     }
@@ -863,7 +869,7 @@ impl sluice_core::Outlet<arrow::record_batch::RecordBatch> for TopicPublisher {
         index: u64,
         payload: &arrow::record_batch::RecordBatch,
     ) -> Result<()> {
-        let encoded = sluice_core::wire::encode(payload)?;
+        let encoded = self.encoder.encode(payload)?;
         self.publish_batch(epoch, index, payload.num_rows() as u64, &encoded)
     }
 

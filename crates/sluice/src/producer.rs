@@ -155,6 +155,8 @@ impl Producer {
 
         // The first batch tells how large messages are, which sizes the shared memory.
         let mut source = EpochSource::new(&self.plan, &opts);
+        // Encodes each batch's schema message once for the run, not once per batch.
+        let mut encoder = wire::Encoder::new();
         let mut first = None;
         let mut first_error = None;
         if start_at.epoch < opts.epochs {
@@ -165,7 +167,7 @@ impl Producer {
                     Ok(Some((index, batch))) => {
                         // A device topic carries descriptors, not Arrow IPC.
                         let encoded = match device {
-                            None => Some(wire::encode(&batch)?),
+                            None => Some(encoder.encode(&batch)?),
                             Some(_) => None,
                         };
                         first = Some((index, batch, encoded));
@@ -272,7 +274,7 @@ impl Producer {
                         None => match source.next(handle)? {
                             Some((index, batch)) => {
                                 let encoded = match on_device {
-                                    false => Some(wire::encode(&batch)?),
+                                    false => Some(encoder.encode(&batch)?),
                                     true => None,
                                 };
                                 (index, batch, encoded)
