@@ -63,6 +63,16 @@ pub fn write(dir: &Path, rows: usize) -> Result<Dataset> {
 /// The plan every Sluice producer and every independent pipeline runs: the whole
 /// dataset, `batch_rows` rows per batch, `epochs` passes. `location` is a directory or an
 /// object-store URL (with its `OPTIONS`).
+/// `sluice.window` of the benchmark's topics (`--window`): how many batches a
+/// subscriber may have queued, and so how long a burst may run before it wakes them
+/// (half of it).
+pub static WINDOW: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(8);
+
+/// The benchmark's topics' window (see [`WINDOW`]).
+pub fn window() -> usize {
+    WINDOW.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 pub fn plan_sql(
     topic: &str,
     location: &str,
@@ -74,9 +84,10 @@ pub fn plan_sql(
         "SET sluice.topic = '{topic}';\n\
          SET sluice.batch_rows = {batch_rows};\n\
          SET sluice.epochs = {epochs};\n\
-         SET sluice.window = 8;\n\
+         SET sluice.window = {window};\n\
          SET sluice.max_subscribers = 16;\n\
          CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION '{location}'{options};\n\
-         SELECT id, label, text, features FROM train;\n"
+         SELECT id, label, text, features FROM train;\n",
+        window = window()
     )
 }

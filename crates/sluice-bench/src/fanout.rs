@@ -31,6 +31,10 @@ pub struct Run {
     pub consumer_cpu: f64,
     /// Rows each consumer received.
     pub rows: u64,
+    /// CPU-seconds of the thread that publishes (Sluice's producer loop: pulling batches
+    /// from DataFusion, encoding, the copy into shared memory, delivery and wake-ups), and
+    /// the wall-clock seconds it ran; 0 for independent pipelines.
+    pub publisher: (f64, f64),
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -102,7 +106,12 @@ pub fn sluice(
         subscriber_timeout: Some(Duration::from_secs(60)),
         ..RunOptions::default()
     };
+    let (pub_cpu0, pub_start) = (thread_cpu_seconds()?, Instant::now());
     let stats = producer.run(rt.handle(), &options, |_| {});
+    let publisher = (
+        thread_cpu_seconds()? - pub_cpu0,
+        pub_start.elapsed().as_secs_f64(),
+    );
     let mut rates = Vec::new();
     let mut failure = None;
     for s in subs {
@@ -135,6 +144,7 @@ pub fn sluice(
         wall,
         consumer_cpu: rates.iter().map(|(_, _, c)| c).sum(),
         rows: stats.rows,
+        publisher,
     })
 }
 
@@ -200,5 +210,6 @@ pub fn independent(data: &Dataset, n: usize, epochs: u64, batch_rows: usize) -> 
         wall: start.elapsed().as_secs_f64(),
         consumer_cpu: 0.0,
         rows: data.rows * epochs,
+        publisher: (0.0, 0.0),
     })
 }

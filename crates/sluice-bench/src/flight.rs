@@ -140,7 +140,7 @@ pub fn sluice(
     let stop = Arc::new(AtomicBool::new(false));
     let config = TopicConfig {
         topic: TopicName::new(topic)?,
-        window: 8,
+        window: crate::data::window(),
         max_subscribers: n,
         max_held: 4,
         max_message_bytes: encoded.iter().map(|e| e.len()).max().unwrap_or(1),

@@ -52,6 +52,10 @@ struct Args {
     /// with many cores runs the default in tenths of a second per run: give it more.
     #[arg(long)]
     rows: Option<usize>,
+    /// `sluice.window` of the topics of comparisons 1 to 3 (default 8): batches a
+    /// subscriber may have queued; a burst wakes subscribers after half of it.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    window: u64,
     /// Comparisons to leave out, by name (the report says which were skipped).
     #[arg(long, value_enum, value_delimiter = ',')]
     skip: Vec<Part>,
@@ -188,6 +192,7 @@ fn run(args: &Args) -> Result<()> {
         );
     }
     let runs = |part: Part| !args.skip.contains(&part);
+    data::WINDOW.store(args.window as usize, std::sync::atomic::Ordering::Relaxed);
     let img = args.out.join("img");
     std::fs::create_dir_all(&img).with_context(|| format!("cannot create {}", img.display()))?;
     if cfg!(debug_assertions) {
@@ -666,6 +671,16 @@ impl Report {
         )?;
         writeln!(
             head,
+            "* Topics of comparisons 1 to 3: `sluice.window = {}`{}",
+            args.window,
+            if args.window == 8 {
+                ""
+            } else {
+                " (`--window`; the default is 8)"
+            }
+        )?;
+        writeln!(
+            head,
             "* Everything runs in one process: producers, servers and consumers are threads \
              (each independent pipeline and each Flight client with a tokio runtime of its own)."
         )?;
@@ -722,13 +737,16 @@ impl Report {
              publishes every batch once; N subscribers (the `Subscriber` API) receive every batch and count \
              its rows. Baseline: the same run with N = 1. Per-subscriber rows/s is from each subscriber's \
              first batch to its end of stream (median over subscribers). Producer CPU is the process's CPU \
-             minus the subscribers' threads.\n"
+             minus the subscribers' threads. The publishing thread (the producer's loop: it takes each \
+             batch from DataFusion's threads, encodes it, copies it into shared memory, delivers it to \
+             every subscriber's queue and wakes them) is busy for the share of the run's wall time \
+             given; where it is near 1, that one thread is what paces every subscriber.\n"
         )?;
         writeln!(
             b,
-            "| N | per-subscriber rows/s | vs N=1 | aggregate rows/s | producer CPU-s / epoch |"
+            "| N | per-subscriber rows/s | vs N=1 | aggregate rows/s | producer CPU-s / epoch | publishing thread busy |"
         )?;
-        writeln!(b, "|---:|---:|---:|---:|---:|")?;
+        writeln!(b, "|---:|---:|---:|---:|---:|---:|")?;
         let mut per_sub = Vec::new();
         let mut ratio_at_8 = f64::NAN;
         for (i, &n) in NS.iter().enumerate() {
@@ -751,13 +769,20 @@ impl Report {
                     .map(|r| (r.cpu - r.consumer_cpu).max(0.0) / epochs as f64)
                     .collect::<Vec<_>>(),
             );
+            let busy = Summary::of(
+                &sl[i]
+                    .iter()
+                    .map(|r| r.publisher.0 / r.publisher.1)
+                    .collect::<Vec<_>>(),
+            );
             writeln!(
                 b,
-                "| {n} | {} | {} | {} | {} |",
+                "| {n} | {} | {} | {} | {} | {} |",
                 rates.show_count(),
                 ratio.show(2),
                 agg.show_count(),
-                prod.show(3)
+                prod.show(3),
+                busy.show(2)
             )?;
             per_sub.push((
                 n as f64,
