@@ -19,6 +19,7 @@
 #                   trainers, 26 MB for scripts/gpu-check.sh's); without them comparison 8
 #                   is skipped there
 #   DejaVuSans.ttf  the plots' font, where the other machine has none
+#   commit          the commit the binaries were built from, for the report
 #
 # Running unpacks into a temporary directory, installs the wheel with
 # `pip install --no-deps --target` into the machine's own Python (which has numpy, pyarrow
@@ -52,6 +53,13 @@ if [ "${1:-}" != "--run" ]; then
       break
     fi
   done
+  # The commit the binaries were built from, for the report (the copy on the other machine
+  # may carry no git history, or another one).
+  commit=$(git rev-parse --short HEAD 2> /dev/null || echo unknown)
+  if [ -n "$(git status --porcelain -- crates tools Cargo.toml Cargo.lock 2> /dev/null)" ]; then
+    commit="$commit (with uncommitted changes)"
+  fi
+  echo "$commit" > "$BUNDLE/commit"
   echo "== bundle: $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE"
   ls -l "$BUNDLE"
   exit 0
@@ -82,4 +90,4 @@ if [ -f "$BUNDLE/DejaVuSans.ttf" ] && [ ! -f /usr/share/fonts/truetype/dejavu/De
 fi
 out=${OUT:-target/bench-out}/bench
 mkdir -p "$out"
-"$bin/sluice-bench" --repo "$PWD" --out "$out" "$@"
+"$bin/sluice-bench" --repo "$PWD" --out "$out" --commit "$(cat "$BUNDLE/commit")" "$@"

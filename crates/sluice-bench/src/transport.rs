@@ -388,3 +388,21 @@ pub fn memcpy_gbps(batch: &RecordBatch, messages: usize) -> Result<f64> {
     }
     Ok((messages * src.len()) as f64 / start.elapsed().as_secs_f64() / 1e9)
 }
+
+/// Microseconds per encoding of `batch`, `times` times: as a fresh IPC stream each time
+/// ([`wire::encode`], the baseline) and with the topic's schema message kept
+/// ([`wire::Encoder`], what producers use).
+pub fn encode_us(batch: &RecordBatch, times: usize) -> Result<(f64, f64)> {
+    let start = Instant::now();
+    for _ in 0..times {
+        std::hint::black_box(wire::encode(batch)?);
+    }
+    let fresh = start.elapsed().as_secs_f64() / times as f64 * 1e6;
+    let mut encoder = wire::Encoder::new();
+    let start = Instant::now();
+    for _ in 0..times {
+        std::hint::black_box(encoder.encode(batch)?);
+    }
+    let kept = start.elapsed().as_secs_f64() / times as f64 * 1e6;
+    Ok((fresh, kept))
+}
