@@ -304,23 +304,21 @@ pub fn event_latency(
             .open_or_create()
             .map_err(|e| anyhow!("cannot create the event service: {e:?}"))
     };
-    let (ping, pong) = (event("ping")?, event("pong")?);
-    let ping_tx = ping
-        .notifier_builder()
-        .create()
-        .map_err(|e| anyhow!("cannot create a notifier: {e:?}"))?;
-    let pong_rx = pong
-        .listener_builder()
-        .create()
-        .map_err(|e| anyhow!("cannot create a listener: {e:?}"))?;
-    let ping_rx = ping
-        .listener_builder()
-        .create()
-        .map_err(|e| anyhow!("cannot create a listener: {e:?}"))?;
-    let pong_tx = pong
-        .notifier_builder()
-        .create()
-        .map_err(|e| anyhow!("cannot create a notifier: {e:?}"))?;
+    // Each side notifies on one event and listens on the other.
+    let ends = |name: &str| -> Result<_> {
+        let service = event(name)?;
+        let notifier = service
+            .notifier_builder()
+            .create()
+            .map_err(|e| anyhow!("cannot create a notifier: {e:?}"))?;
+        let listener = service
+            .listener_builder()
+            .create()
+            .map_err(|e| anyhow!("cannot create a listener: {e:?}"))?;
+        Ok((notifier, listener))
+    };
+    let (ping_tx, ping_rx) = ends("ping")?;
+    let (pong_tx, pong_rx) = ends("pong")?;
     let (sent_tx, sent_rx) = mpsc::channel::<Instant>();
     let total = warmup + samples;
     let cpu0 = crate::stats::process_cpu_seconds()?;

@@ -411,6 +411,16 @@ mod tests {
         .unwrap()
     }
 
+    /// `batch` with a schema that carries metadata (`k` = `v`).
+    fn with_metadata(batch: &RecordBatch) -> RecordBatch {
+        let schema = batch
+            .schema()
+            .as_ref()
+            .clone()
+            .with_metadata([("k".to_string(), "v".to_string())].into());
+        RecordBatch::try_new(Arc::new(schema), batch.columns().to_vec()).unwrap()
+    }
+
     /// Copies the message into a fresh 64-byte-aligned buffer, as shared memory would hold it.
     fn aligned(encoded: &Encoded) -> Buffer {
         let mut m = MutableBuffer::new(encoded.len());
@@ -551,16 +561,7 @@ mod tests {
         let decoded = decoder.decode(aligned(&encode(&other).unwrap())).unwrap();
         assert_eq!(decoded, other);
         assert!(!Arc::ptr_eq(&decoded.schema(), &schemas[0]));
-        let tagged = RecordBatch::try_new(
-            Arc::new(
-                full.schema()
-                    .as_ref()
-                    .clone()
-                    .with_metadata([("k".to_string(), "v".to_string())].into()),
-            ),
-            full.columns().to_vec(),
-        )
-        .unwrap();
+        let tagged = with_metadata(&full);
         let decoded = decoder.decode(aligned(&encode(&tagged).unwrap())).unwrap();
         assert_eq!(decoded.schema().metadata()["k"], "v");
         let decoded = decoder.decode(aligned(&encode(&full).unwrap())).unwrap();
@@ -573,16 +574,7 @@ mod tests {
         use arrow::array::{DictionaryArray, StringViewArray};
         use arrow::datatypes::Int32Type;
         let full = sample();
-        let tagged = RecordBatch::try_new(
-            Arc::new(
-                full.schema()
-                    .as_ref()
-                    .clone()
-                    .with_metadata([("k".to_string(), "v".to_string())].into()),
-            ),
-            full.columns().to_vec(),
-        )
-        .unwrap();
+        let tagged = with_metadata(&full);
         let dict: DictionaryArray<Int32Type> = vec!["a", "b", "a", "c"].into_iter().collect();
         let dict = RecordBatch::try_from_iter([("d", Arc::new(dict) as ArrayRef)]).unwrap();
         let views = RecordBatch::try_from_iter([(
