@@ -98,15 +98,9 @@ fn write_options() -> Result<IpcWriteOptions> {
 /// String and binary *view* columns are compacted first: a slice of a view array still
 /// references all of its parent's data buffers, which would otherwise all be written.
 pub fn encode(batch: &RecordBatch) -> Result<Encoded> {
-    let compacted;
-    let batch = if has_views(batch) {
-        compacted = compact_views(batch)?;
-        &compacted
-    } else {
-        batch
-    };
+    let batch = without_view_slack(batch)?;
     let mut encoder = StreamEncoder::try_new_with_options(&batch.schema(), write_options()?)?;
-    let parts = encoder.encode(batch)?;
+    let parts = encoder.encode(&batch)?;
     let len = parts.iter().map(|p| p.len()).sum();
     Ok(Encoded { parts, len })
 }
@@ -150,13 +144,8 @@ impl Encoder {
             self.cached = None;
             return encode(batch);
         }
-        let compacted;
-        let batch = if has_views(batch) {
-            compacted = compact_views(batch)?;
-            &compacted
-        } else {
-            batch
-        };
+        let batch = without_view_slack(batch)?;
+        let batch = batch.as_ref();
         let schema = batch.schema();
         let same = self
             .cached
@@ -201,6 +190,16 @@ impl Encoder {
 
 /// Bytes of the IPC end-of-stream marker (continuation marker and a zero length).
 const END_OF_STREAM_LEN: usize = 8;
+
+/// `batch` with its string and binary view columns compacted (see [`encode`]); the batch
+/// itself when it has none.
+fn without_view_slack(batch: &RecordBatch) -> Result<std::borrow::Cow<'_, RecordBatch>> {
+    Ok(if has_views(batch) {
+        std::borrow::Cow::Owned(compact_views(batch)?)
+    } else {
+        std::borrow::Cow::Borrowed(batch)
+    })
+}
 
 fn has_views(batch: &RecordBatch) -> bool {
     batch
