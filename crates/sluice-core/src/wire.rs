@@ -8,7 +8,9 @@
 //! [`encode`] returns the fragment as a list of buffers that still point at the batch's
 //! own column buffers (only the small flatbuffer headers and padding are new), so the
 //! producer writes the batch **once**, straight into shared memory, with
-//! [`Encoded::write_to`].
+//! [`Encoded::write_to`]. A producer encodes a topic's batches with an [`Encoder`], which
+//! writes the same bytes but encodes an unchanged schema message only once; a subscriber
+//! decodes them with a [`Decoder`], which likewise takes over an unchanged schema.
 //!
 //! [`decode`] reads a fragment in place: the returned arrays point into the given
 //! buffer, which keeps the shared-memory sample alive through its owner. Nothing in
