@@ -90,4 +90,5 @@ if [ -f "$BUNDLE/DejaVuSans.ttf" ] && [ ! -f /usr/share/fonts/truetype/dejavu/De
 fi
 out=${OUT:-target/bench-out}/bench
 mkdir -p "$out"
-"$bin/sluice-bench" --repo "$PWD" --out "$out" --commit "$(cat "$BUNDLE/commit")" "$@"
+commit=$(cat "$BUNDLE/commit" 2> /dev/null || echo "unknown (a bundle without its commit)")
+"$bin/sluice-bench" --repo "$PWD" --out "$out" --commit "$commit" "$@"

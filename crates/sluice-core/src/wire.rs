@@ -165,13 +165,14 @@ impl Encoder {
         // leading parts that hold the schema message are kept for the next fragments.
         let mut encoder = StreamEncoder::try_new_with_options(&schema, write_options()?)?;
         let parts = encoder.encode(batch)?;
-        let schema_len = StreamEncoder::try_new_with_options(&schema, write_options()?)?
-            .finish()?
-            .iter()
-            .map(|p| p.len())
-            .sum::<usize>()
-            .checked_sub(END_OF_STREAM_LEN)
-            .ok_or_else(|| SluiceError::Internal("an IPC stream shorter than its end".into()))?;
+        // The schema message is the fragment's first: its prefix (continuation marker,
+        // then the padded metadata's length) says how long it is.
+        let schema_len = parts
+            .first()
+            .map(|p| p.as_slice())
+            .filter(|head| head.len() >= 8 && head[..4] == CONTINUATION)
+            .and_then(|head| usize::try_from(i32::from_le_bytes(head[4..8].try_into().ok()?)).ok())
+            .map_or(usize::MAX, |metadata| 8 + metadata);
         let mut taken = 0;
         let schema_parts: Vec<Buffer> = parts
             .iter()
@@ -183,15 +184,16 @@ impl Encoder {
             .cloned()
             .collect();
         // The schema message ends on a part boundary (the IPC writer writes it apart from
-        // the batch); if it ever did not, nothing is cached and every fragment is whole.
+        // the batch); if it ever did not, or its prefix could not be read, nothing is
+        // cached and every fragment is encoded whole.
         self.cached = (taken == schema_len).then_some((schema, schema_parts, encoder));
         let len = parts.iter().map(|p| p.len()).sum();
         Ok(Encoded { parts, len })
     }
 }
 
-/// Bytes of the IPC end-of-stream marker (continuation marker and a zero length).
-const END_OF_STREAM_LEN: usize = 8;
+/// The IPC continuation marker that starts every message's prefix.
+const CONTINUATION: [u8; 4] = [0xff; 4];
 
 /// `batch` with its string and binary view columns compacted (see [`encode`]); the batch
 /// itself when it has none.
