@@ -24,7 +24,6 @@ import argparse
 import io
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -34,8 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 LOADER = r"""
-import io, sys, numpy as np, pyarrow.parquet as pq, pyarrow.dataset as ds
+import io, sys, time, numpy as np, pyarrow.parquet as pq, pyarrow.dataset as ds
 from PIL import Image
+started = time.process_time()
 path, epochs, seed = sys.argv[1], int(sys.argv[2]), 7
 mean = np.array([0.485, 0.456, 0.406], np.float32); std = np.array([0.229, 0.224, 0.225], np.float32)
 rows, total = 0, 0.0
@@ -56,32 +56,40 @@ for epoch in range(epochs):
         target = np.eye(10, dtype=np.float32)[labels]
         total += float(out.sum()) + float(target.sum())
         rows += len(images)
-print(rows, total)
+print(rows, total, started)
 """
 
 
+# Also prints the process's CPU-seconds at the end of its imports, so that the report can
+# tell Python's and numpy's start-up from the work per batch.
 TRAINER = r"""
-import sys, numpy as np, sluice
+import sys, time, numpy as np, sluice
+started = time.process_time()
 topic, rows, total = sys.argv[1], 0, 0.0
 with sluice.subscribe(topic, timeout=300) as sub:
     for batch in sub:
         total += float(np.from_dlpack(batch["pixels"]).sum()) + float(np.from_dlpack(batch["target"]).sum())
         rows += batch.num_rows
-print(rows, total)
+print(rows, total, started)
 """
 
 
-def children_cpu() -> float:
-    u = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return u.ru_utime + u.ru_stime
-
-
-def timed(cmds: list[list[str]], env: dict) -> tuple[float, float, list[str]]:
-    cpu0, t0 = children_cpu(), time.perf_counter()
+def timed(cmds: list[list[str]], env: dict) -> tuple[float, float, list[str], list[float]]:
+    """Runs `cmds` at once; wall seconds, CPU-seconds of all of them, their outputs, and
+    each one's CPU-seconds (user + system, its own children included)."""
+    t0 = time.perf_counter()
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True, env=env) for c in cmds]
-    outs = [p.communicate(timeout=1200)[0] for p in procs]
+    outs, cpus = [], []
+    for p in procs:
+        # Each prints one line at its end: reading it to EOF cannot fill the pipe.
+        outs.append(p.stdout.read())
+        p.stdout.close()
+        # wait4 (not Popen.wait) gives this one process's rusage.
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        cpus.append(usage.ru_utime + usage.ru_stime)
     assert all(p.returncode == 0 for p in procs), outs
-    return time.perf_counter() - t0, children_cpu() - cpu0, outs
+    return time.perf_counter() - t0, sum(cpus), outs, cpus
 
 
 def plan_file(workdir: Path, data: Path, topic: str, epochs: int, partitions: int | None, subscribers: int) -> Path:
@@ -103,58 +111,76 @@ def main() -> None:
     parser.add_argument("--trainers", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--producer-partitions", type=int,
+                        help="DataFusion partitions of the N-trainer producer (default: DataFusion's, one per core)")
     args = parser.parse_args()
     sluice = str(args.sluice)
     if not args.sluice.exists():
         sys.exit(f"{sluice} is missing: run `cargo build --release -p sluice-cli` first")
     ns = f"imgbench{os.getpid()}"
     env = dict(os.environ, SLUICE_NAMESPACE=ns, SLUICE_LOG="warn")
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-        data = workdir / "images"
-        subprocess.run(
-            [sluice, "demo", "--images", "--prepare-only", "--rows", str(args.images), "--data", str(data),
-             "--plan", str(workdir / "unused.sql")],
-            check=True, env=env,
-        )
-        # 1. Per core.
-        plan = plan_file(workdir, data, "percore", 1, 1, 1)
-        s_wall, s_cpu, _ = timed([[sluice, "checksum", str(plan)]], env)
-        p_wall, p_cpu, _ = timed([[sys.executable, "-c", LOADER, str(data), "1"]], env)
-        s_rate, p_rate = args.images / s_cpu, args.images / p_cpu
-        print(f"{args.images} JPEGs (48-127 px a side), decode, resize 72x72, random crop 64x64, flip, normalize, CHW\n")
-        print("| one core | CPU-s | images/s per core | vs Pillow + numpy |")
-        print("|---|---:|---:|---:|")
-        print(f"| Pillow + numpy (one Python process) | {p_cpu:.2f} | {p_rate:.0f} | 1.00 |")
-        print(f"| Sluice (`sluice checksum`, 1 partition) | {s_cpu:.2f} | {s_rate:.0f} | {s_rate / p_rate:.2f} |")
-        print()
-        # 2. N trainers.
-        n, epochs = args.trainers, args.epochs
-        plan = plan_file(workdir, data, "fanout", epochs, None, n)
-        trainers = [[sys.executable, "-c", TRAINER, "fanout"] for _ in range(n)]
-        producer = [sluice, "run", str(plan), "--quiet", "--min-subscribers", str(n), "--wait-timeout", "300"]
-        f_wall, f_cpu, outs = timed(trainers + [producer], env)
-        assert {int(o.split()[0]) for o in outs[:n]} == {args.images * epochs}, outs
-        l_wall, l_cpu, louts = timed([[sys.executable, "-c", LOADER, str(data), str(epochs)] for _ in range(n)], env)
-        assert {int(o.split()[0]) for o in louts} == {args.images * epochs}, louts
-        print(f"{n} Python trainers, {epochs} epochs of {args.images} images each\n")
-        print("| set-up | wall s | CPU-s (all processes) | wall vs loaders | CPU vs loaders |")
-        print("|---|---:|---:|---:|---:|")
-        print(f"| {n} independent Python loaders (Pillow + numpy) | {l_wall:.2f} | {l_cpu:.2f} | 1.00 | 1.00 |")
-        print(f"| Sluice: 1 producer + {n} Python trainers | {f_wall:.2f} | {f_cpu:.2f} | {f_wall / l_wall:.2f} | {f_cpu / l_cpu:.2f} |")
-        if args.json:
-            args.json.write_text(json.dumps({
-                "images": args.images,
-                "epochs": epochs,
-                "trainers": n,
-                "per_core": {"sluice_cpu": s_cpu, "pillow_cpu": p_cpu},
-                "sluice": {"wall": f_wall, "cpu": f_cpu},
-                "loaders": {"wall": l_wall, "cpu": l_cpu},
-            }))
-    for f in os.listdir("/dev/shm"):
-        if f.startswith(f"iox2_sluice_{ns}_"):
-            os.remove(f"/dev/shm/{f}")
-    subprocess.run(["rm", "-rf", f"/tmp/sluice-{ns}", f"/tmp/sluice-{ns}.state"], check=False)
+    # A failed run (an assertion, a trainer that died) leaves no shared memory behind either.
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            workdir = Path(tmp)
+            data = workdir / "images"
+            subprocess.run(
+                [sluice, "demo", "--images", "--prepare-only", "--rows", str(args.images), "--data", str(data),
+                 "--plan", str(workdir / "unused.sql")],
+                check=True, env=env,
+            )
+            # 1. Per core.
+            plan = plan_file(workdir, data, "percore", 1, 1, 1)
+            s_wall, s_cpu, _, _ = timed([[sluice, "checksum", str(plan)]], env)
+            p_wall, p_cpu, _, _ = timed([[sys.executable, "-c", LOADER, str(data), "1"]], env)
+            s_rate, p_rate = args.images / s_cpu, args.images / p_cpu
+            print(f"{args.images} JPEGs (48-127 px a side), decode, resize 72x72, random crop 64x64, flip, normalize, CHW\n")
+            print("| one core | CPU-s | images/s per core | vs Pillow + numpy |")
+            print("|---|---:|---:|---:|")
+            print(f"| Pillow + numpy (one Python process) | {p_cpu:.2f} | {p_rate:.0f} | 1.00 |")
+            print(f"| Sluice (`sluice checksum`, 1 partition) | {s_cpu:.2f} | {s_rate:.0f} | {s_rate / p_rate:.2f} |")
+            print()
+            # 2. N trainers.
+            n, epochs = args.trainers, args.epochs
+            plan = plan_file(workdir, data, "fanout", epochs, args.producer_partitions, n)
+            trainers = [[sys.executable, "-c", TRAINER, "fanout"] for _ in range(n)]
+            producer = [sluice, "run", str(plan), "--quiet", "--min-subscribers", str(n), "--wait-timeout", "300"]
+            f_wall, f_cpu, outs, f_cpus = timed(trainers + [producer], env)
+            assert {int(o.split()[0]) for o in outs[:n]} == {args.images * epochs}, outs
+            l_wall, l_cpu, louts, _ = timed([[sys.executable, "-c", LOADER, str(data), str(epochs)] for _ in range(n)], env)
+            assert {int(o.split()[0]) for o in louts} == {args.images * epochs}, louts
+            print(f"{n} Python trainers, {epochs} epochs of {args.images} images each\n")
+            print("| set-up | wall s | CPU-s (all processes) | wall vs loaders | CPU vs loaders |")
+            print("|---|---:|---:|---:|---:|")
+            print(f"| {n} independent Python loaders (Pillow + numpy) | {l_wall:.2f} | {l_cpu:.2f} | 1.00 | 1.00 |")
+            print(f"| Sluice: 1 producer + {n} Python trainers | {f_wall:.2f} | {f_cpu:.2f} | {f_wall / l_wall:.2f} | {f_cpu / l_cpu:.2f} |")
+            # Every Python process pays its interpreter's and numpy's start-up once, whatever it
+            # then does (with OpenBLAS, one spinning thread per core: most of a trainer's CPU on
+            # 16 cores); a run of hours amortises it. The same ratio without it, on both sides:
+            loader_startup = sum(float(o.split()[2]) for o in louts)
+            producer_cpu, trainer_cpus = f_cpus[n], f_cpus[:n]
+            startup = [float(o.split()[2]) for o in outs[:n]]
+            steady = (f_cpu - sum(startup)) / (l_cpu - loader_startup)
+            print(f"\nOf Sluice's CPU-s ({os.cpu_count()} cores): the producer {producer_cpu:.2f}; the trainers "
+                  f"{' '.join(f'{c:.2f}' for c in trainer_cpus)}, of which Python's start-up (to the end of "
+                  f"its imports) {' '.join(f'{c:.2f}' for c in startup)}; the loaders' start-up {loader_startup:.2f} in all.\n"
+                  f"CPU vs loaders without the Python processes' start-up, on both sides: {steady:.2f}")
+            if args.json:
+                args.json.write_text(json.dumps({
+                    "images": args.images,
+                    "epochs": epochs,
+                    "trainers": n,
+                    "per_core": {"sluice_cpu": s_cpu, "pillow_cpu": p_cpu},
+                    "sluice": {"wall": f_wall, "cpu": f_cpu, "producer_cpu": producer_cpu, "trainer_cpu": trainer_cpus,
+                               "trainer_startup_cpu": startup},
+                    "loaders": {"wall": l_wall, "cpu": l_cpu, "startup_cpu": loader_startup},
+                    "cpu_ratio_without_startup": steady,
+                }))
+    finally:
+        for f in os.listdir("/dev/shm"):
+            if f.startswith(f"iox2_sluice_{ns}_"):
+                os.remove(f"/dev/shm/{f}")
+        subprocess.run(["rm", "-rf", f"/tmp/sluice-{ns}", f"/tmp/sluice-{ns}.state"], check=False)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,10 @@
 #                   producers, 29 MB) and that optimised abi3 wheel (comparison 8's Python
 #                   trainers, 26 MB for scripts/gpu-check.sh's); without them comparison 8
 #                   is skipped there
+#   perf.tar.xz     only with SLUICE_BUNDLE_PERF=1: this machine's `perf` with every library
+#                   it links, its own loader included (the GPU machine has no perf; 9 MB),
+#                   and `sluice-bench` keeps its symbol table (stripped of debug info only)
+#                   so that the profile names its functions
 #   DejaVuSans.ttf  the plots' font, where the other machine has none
 #   commit          the commit the binaries were built from, for the report
 #
@@ -25,6 +29,12 @@
 # `pip install --no-deps --target` into the machine's own Python (which has numpy, pyarrow
 # and Pillow), and writes the report and plots to $OUT/bench when OUT is set (the device
 # tool brings that folder back), else to target/bench-out.
+#
+# With a perf bundle, `--run --perf ARGS` runs `sluice-bench ARGS` under `perf record` (a
+# flat profile: cpu-clock samples, no call graphs) and writes two reports next to the
+# benchmark's: perf-threads.txt (CPU share per thread: the benchmark names its threads by
+# role and N, see crates/sluice-bench/src/fanout.rs) and perf-symbols.txt (per thread,
+# per function).
 #
 # Through the device tool, from the repository root:
 #   scripts/bench-bundle.sh && run(command="bash scripts/bench-bundle.sh --run --skip gpu", carry=["target/bench-bundle"])
@@ -44,9 +54,26 @@ if [ "${1:-}" != "--run" ]; then
     echo "no wheel (SLUICE_BUNDLE_WHEEL): comparison 8 will be skipped there"
   fi
   for bin in $bins; do
-    strip -o "$BUNDLE/$bin" "target/profiling/$bin"
+    if [ -n "${SLUICE_BUNDLE_PERF:-}" ] && [ "$bin" = sluice-bench ]; then
+      strip --strip-debug -o "$BUNDLE/$bin" "target/profiling/$bin"
+    else
+      strip -o "$BUNDLE/$bin" "target/profiling/$bin"
+    fi
     xz -9 -T0 "$BUNDLE/$bin"
   done
+  if [ -n "${SLUICE_BUNDLE_PERF:-}" ]; then
+    perf=$(command -v perf)
+    staging=$(mktemp -d)
+    mkdir "$staging/perf"
+    cp -L "$perf" "$staging/perf/perf"
+    # Every library perf links (libc and the loader included, so that it runs on
+    # another distribution's C library).
+    ldd "$perf" | awk '/=>/ { print $3 } /ld-linux/ { print $1 }' | while read -r lib; do
+      cp -L "$lib" "$staging/perf/"
+    done
+    tar -C "$staging" -cJf "$BUNDLE/perf.tar.xz" perf
+    rm -rf "$staging"
+  fi
   for font in /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf /usr/share/fonts/TTF/DejaVuSans.ttf; do
     if [ -f "$font" ]; then
       cp "$font" "$BUNDLE/"
@@ -66,6 +93,11 @@ if [ "${1:-}" != "--run" ]; then
 fi
 
 shift
+profile=
+if [ "${1:-}" = "--perf" ]; then
+  profile=1
+  shift
+fi
 bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT
 for f in "$BUNDLE"/*.xz; do
@@ -91,4 +123,39 @@ fi
 out=${OUT:-target/bench-out}/bench
 mkdir -p "$out"
 commit=$(cat "$BUNDLE/commit" 2> /dev/null || echo "unknown (a bundle without its commit)")
-"$bin/sluice-bench" --repo "$PWD" --out "$out" --commit "$commit" "$@"
+if [ -z "$profile" ]; then
+  "$bin/sluice-bench" --repo "$PWD" --out "$out" --commit "$commit" "$@"
+  exit 0
+fi
+tar -C "$bin" -xJf "$BUNDLE/perf.tar.xz"
+perf() {
+  "$bin/perf/ld-linux-x86-64.so.2" --library-path "$bin/perf" "$bin/perf/perf" "$@"
+}
+# -N: no copy of the (large) binaries into ~/.debug.
+perf record -N -F 997 -o "$bin/perf.data" -- \
+  "$bin/sluice-bench" --repo "$PWD" --out "$out" --commit "$commit" "$@"
+perf report -i "$bin/perf.data" --stdio --no-children --sort comm > "$out/perf-threads.txt"
+# Per role at N = 1 and N = 8 with the default batch (1024 rows): the publishing thread,
+# DataFusion's workers, and all subscribers together. (perf's own `--comms` filter picked
+# the wrong samples for threads renamed after they start; grouping the `comm,dso,sym`
+# rows by their comm column does not.)
+perf report -i "$bin/perf.data" --stdio --no-children --sort comm,dso,sym -n \
+  --percent-limit 0 2> /dev/null | grep -v '^#' | grep -v '^$' > "$bin/rows.txt"
+: > "$out/perf-symbols.txt"
+for group in pub1/1024 df1/1024 'sub1\.[0-9]*/1024' pub8/1024 df8/1024 'sub8\.[0-9]*/1024'; do
+  awk -v re="^$group\$" '
+    $3 ~ re {
+      key = $4; for (k = 5; k <= NF; k++) key = key " " $k
+      # Addresses in a library without a symbol table (the libc of a distribution): one row.
+      if ($6 ~ /^0x/) key = $4 " " $5 " (no symbol table)"
+      n[key] += $2; total += $2; threads[$3] = 1
+    }
+    END {
+      if (total == 0) exit
+      list = ""; for (t in threads) list = list " " t
+      # Sorted by the first field, which the header outnumbers; cut drops it.
+      printf "%d\t=== %d samples, threads:%s\n", total + 1, total, list
+      for (k in n) printf "%d\t%7.2f%%  %7d  %s\n", n[k], 100 * n[k] / total, n[k], k
+    }' "$bin/rows.txt" | sort -t "$(printf '\t')" -k1,1 -rn | awk 'NR <= 41' | cut -f2- >> "$out/perf-symbols.txt"
+done
+echo "== profile: $out/perf-threads.txt, $out/perf-symbols.txt"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -38,6 +39,23 @@ def test_epochs_end_cleanly_with_every_row_once(plans):
     assert seen == [0, 1]
     stats = producer.wait(timeout=30)
     assert (stats.epochs, stats.rows, stats.batches) == (2, 460, 10)
+
+
+def test_run_stats_say_what_paced_the_producer(plans):
+    """A subscriber slower than the pipeline, with a queue of one batch: the producer
+    sleeps on its full queue, and its stats say so."""
+    plan = plans.plan(rows=400, batch_rows=50, epochs=1, extra="SET sluice.window = 1;\n")
+    producer = sluice.Producer(plan, min_subscribers=1)
+    rows = 0
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        for batch in sub:
+            rows += len(batch)
+            time.sleep(0.05)
+    assert rows == 400
+    stats = producer.wait(timeout=30)
+    assert stats.batches == 8
+    assert stats.waited_for_subscribers > 0
+    assert stats.waited_for_pipeline >= 0
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 50, 64, 100, 1000])

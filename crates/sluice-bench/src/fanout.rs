@@ -35,15 +35,54 @@ pub struct Run {
     /// from DataFusion, encoding, the copy into shared memory, delivery and wake-ups), and
     /// the wall-clock seconds it ran; 0 for independent pipelines.
     pub publisher: (f64, f64),
+    /// Seconds the publishing thread waited for the plan's next batch, and slept on a
+    /// subscriber's full queue (`RunStats::waited_for_pipeline`, `waited_for_subscribers`);
+    /// 0 for independent pipelines.
+    pub waits: (f64, f64),
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Runtime::new().context("cannot start a tokio runtime")
+/// A multi-threaded tokio runtime whose workers are named `name` (so that a per-thread
+/// profile, `perf report --sort comm`, tells each run's and each role's threads apart).
+fn runtime(name: &str) -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name(name)
+        .build()
+        .context("cannot start a tokio runtime")
+}
+
+/// Spawns `f` on a thread named `name` (at most 15 bytes: Linux truncates the rest).
+fn spawn_named<T: Send + 'static>(
+    name: String,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<std::thread::JoinHandle<Result<T>>> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(f)
+        .context("cannot start a thread")
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get((v.len().max(1) - 1) / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Receives everything `sub` delivers until the end of the stream: the rows, and when the
+/// first batch came.
+pub fn receive_all(sub: &mut Subscriber) -> Result<(u64, Option<Instant>)> {
+    let mut first = None;
+    let mut rows = 0u64;
+    loop {
+        match sub.next_event()? {
+            Event::Batch { batch, .. } => {
+                first.get_or_insert_with(Instant::now);
+                rows += batch.num_rows() as u64;
+            }
+            Event::EpochEnd(_) => {}
+            Event::DeviceBatch { .. } => bail!("a CPU benchmark topic sent a GPU batch"),
+            Event::End => return Ok((rows, first)),
+        }
+    }
 }
 
 /// One producer and `n` subscriber threads; every subscriber receives every row.
@@ -57,41 +96,32 @@ pub fn sluice(
 ) -> Result<Run> {
     let cpu0 = process_cpu_seconds()?;
     let start = Instant::now();
-    let subs: Vec<_> = (0..n)
-        .map(|_| {
+    // Threads are named by role, N and batch rows (`sub8.3/1024`, `pub8/1024`, `df8/1024`;
+    // `ind8.3/1024` and `pipe8.3/1024` for independent pipelines).
+    let subs = (0..n)
+        .map(|i| {
             let ns = ns.clone();
             let topic = topic.to_string();
-            std::thread::spawn(move || -> Result<(u64, f64, f64)> {
-                let cpu0 = thread_cpu_seconds()?;
-                let mut sub = Subscriber::connect(
-                    &topic,
-                    SubscribeOptions {
-                        timeout: Some(Duration::from_secs(120)),
-                        namespace: Some(ns),
-                        ..SubscribeOptions::default()
-                    },
-                )?;
-                let mut first = None;
-                let mut rows = 0u64;
-                loop {
-                    match sub.next_event()? {
-                        Event::Batch { batch, .. } => {
-                            first.get_or_insert_with(Instant::now);
-                            rows += batch.num_rows() as u64;
-                        }
-                        Event::EpochEnd(_) => {}
-                        Event::DeviceBatch { .. } => {
-                            bail!("a CPU benchmark topic sent a GPU batch")
-                        }
-                        Event::End => break,
-                    }
-                }
-                let secs = first.map_or(f64::NAN, |t| t.elapsed().as_secs_f64());
-                Ok((rows, secs, thread_cpu_seconds()? - cpu0))
-            })
+            spawn_named(
+                format!("sub{n}.{i}/{batch_rows}"),
+                move || -> Result<(u64, f64, f64)> {
+                    let cpu0 = thread_cpu_seconds()?;
+                    let mut sub = Subscriber::connect(
+                        &topic,
+                        SubscribeOptions {
+                            timeout: Some(Duration::from_secs(120)),
+                            namespace: Some(ns),
+                            ..SubscribeOptions::default()
+                        },
+                    )?;
+                    let (rows, first) = receive_all(&mut sub)?;
+                    let secs = first.map_or(f64::NAN, |t| t.elapsed().as_secs_f64());
+                    Ok((rows, secs, thread_cpu_seconds()? - cpu0))
+                },
+            )
         })
-        .collect();
-    let rt = runtime()?;
+        .collect::<Result<Vec<_>>>()?;
+    let rt = runtime(&format!("df{n}/{batch_rows}"))?;
     let sql = plan_sql(
         topic,
         &format!("{}/", data.dir.display()),
@@ -106,12 +136,18 @@ pub fn sluice(
         subscriber_timeout: Some(Duration::from_secs(60)),
         ..RunOptions::default()
     };
-    let (pub_cpu0, pub_start) = (thread_cpu_seconds()?, Instant::now());
-    let stats = producer.run(rt.handle(), &options, |_| {});
-    let publisher = (
-        thread_cpu_seconds()? - pub_cpu0,
-        pub_start.elapsed().as_secs_f64(),
-    );
+    let handle = rt.handle().clone();
+    let publishing = spawn_named(format!("pub{n}/{batch_rows}"), move || {
+        let (cpu0, start) = (thread_cpu_seconds()?, Instant::now());
+        let stats = producer.run(&handle, &options, |_| {});
+        Ok((
+            stats,
+            (thread_cpu_seconds()? - cpu0, start.elapsed().as_secs_f64()),
+        ))
+    })?;
+    let (stats, publisher) = publishing
+        .join()
+        .map_err(|_| anyhow!("the publishing thread panicked"))??;
     let mut rates = Vec::new();
     let mut failure = None;
     for s in subs {
@@ -145,6 +181,10 @@ pub fn sluice(
         consumer_cpu: rates.iter().map(|(_, _, c)| c).sum(),
         rows: stats.rows,
         publisher,
+        waits: (
+            stats.waited_for_pipeline.as_secs_f64(),
+            stats.waited_for_subscribers.as_secs_f64(),
+        ),
     })
 }
 
@@ -153,8 +193,8 @@ pub fn sluice(
 pub fn independent(data: &Dataset, n: usize, epochs: u64, batch_rows: usize) -> Result<Run> {
     let cpu0 = process_cpu_seconds()?;
     let start = Instant::now();
-    let trainers: Vec<_> = (0..n)
-        .map(|_| {
+    let trainers = (0..n)
+        .map(|i| {
             let sql = plan_sql(
                 "unused",
                 &format!("{}/", data.dir.display()),
@@ -162,34 +202,37 @@ pub fn independent(data: &Dataset, n: usize, epochs: u64, batch_rows: usize) -> 
                 batch_rows,
                 epochs,
             );
-            std::thread::spawn(move || -> Result<(u64, f64)> {
-                let rt = runtime()?;
-                rt.block_on(async {
-                    let plan = Plan::from_sql("bench.sql", &sql).await?;
-                    let opts = plan.options().clone();
-                    let mut first = None;
-                    let mut rows = 0u64;
-                    for epoch in 0..opts.epochs {
-                        let mut shaper = Shaper::new(opts.batch_rows, epoch, opts.shuffle())?;
-                        let mut stream = plan.execute_epoch(epoch).await?;
-                        while let Some(batch) = stream.next().await {
-                            for b in shaper.push(batch?)? {
-                                first.get_or_insert_with(Instant::now);
+            spawn_named(
+                format!("ind{n}.{i}/{batch_rows}"),
+                move || -> Result<(u64, f64)> {
+                    let rt = runtime(&format!("pipe{n}.{i}/{batch_rows}"))?;
+                    rt.block_on(async {
+                        let plan = Plan::from_sql("bench.sql", &sql).await?;
+                        let opts = plan.options().clone();
+                        let mut first = None;
+                        let mut rows = 0u64;
+                        for epoch in 0..opts.epochs {
+                            let mut shaper = Shaper::new(opts.batch_rows, epoch, opts.shuffle())?;
+                            let mut stream = plan.execute_epoch(epoch).await?;
+                            while let Some(batch) = stream.next().await {
+                                for b in shaper.push(batch?)? {
+                                    first.get_or_insert_with(Instant::now);
+                                    rows += b.num_rows() as u64;
+                                }
+                            }
+                            for b in shaper.finish()? {
                                 rows += b.num_rows() as u64;
                             }
                         }
-                        for b in shaper.finish()? {
-                            rows += b.num_rows() as u64;
-                        }
-                    }
-                    Ok::<_, anyhow::Error>((
-                        rows,
-                        first.map_or(f64::NAN, |t| t.elapsed().as_secs_f64()),
-                    ))
-                })
-            })
+                        Ok::<_, anyhow::Error>((
+                            rows,
+                            first.map_or(f64::NAN, |t| t.elapsed().as_secs_f64()),
+                        ))
+                    })
+                },
+            )
         })
-        .collect();
+        .collect::<Result<Vec<_>>>()?;
     let mut rates = Vec::new();
     for t in trainers {
         let (rows, secs) = t
@@ -209,6 +252,7 @@ pub fn independent(data: &Dataset, n: usize, epochs: u64, batch_rows: usize) -> 
         cpu: process_cpu_seconds()? - cpu0,
         wall: start.elapsed().as_secs_f64(),
         consumer_cpu: 0.0,
+        waits: (0.0, 0.0),
         rows: data.rows * epochs,
         publisher: (0.0, 0.0),
     })

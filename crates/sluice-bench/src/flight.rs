@@ -70,19 +70,7 @@ fn receive(
                     ..SubscribeOptions::default()
                 },
             )?;
-            loop {
-                match sub.next_event()? {
-                    Event::Batch { batch, .. } => {
-                        first.get_or_insert_with(Instant::now);
-                        rows += batch.num_rows() as u64;
-                    }
-                    Event::EpochEnd(_) => {}
-                    Event::DeviceBatch { .. } => {
-                        bail!("a CPU benchmark topic sent a GPU batch")
-                    }
-                    Event::End => break,
-                }
-            }
+            (rows, first) = crate::fanout::receive_all(&mut sub)?;
         }
         Reach::Remote => {
             let target = sluice::flight::FlightTarget {

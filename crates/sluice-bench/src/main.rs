@@ -757,13 +757,16 @@ impl Report {
              minus the subscribers' threads. The publishing thread (the producer's loop: it takes each \
              batch from DataFusion's threads, encodes it, copies it into shared memory, delivers it to \
              every subscriber's queue and wakes them) is busy for the share of the run's wall time \
-             given; where it is near 1, that one thread is what paces every subscriber.\n"
+             given; where it is near 1, that one thread is what paces every subscriber. The last two \
+             columns are shares of the same wall time: the thread waiting for the plan's next batch \
+             (DataFusion decoding on its own threads: the pipeline paces the run) and asleep on a \
+             subscriber's full queue (the slowest subscriber paces it).\n"
         )?;
         writeln!(
             b,
-            "| N | per-subscriber rows/s | vs N=1 | aggregate rows/s | producer CPU-s / epoch | publishing thread busy |"
+            "| N | per-subscriber rows/s | vs N=1 | aggregate rows/s | producer CPU-s / epoch | publishing thread busy | waits for the pipeline | waits for a full queue |"
         )?;
-        writeln!(b, "|---:|---:|---:|---:|---:|---:|")?;
+        writeln!(b, "|---:|---:|---:|---:|---:|---:|---:|---:|")?;
         let mut per_sub = Vec::new();
         let mut ratio_at_8 = f64::NAN;
         for (i, &n) in NS.iter().enumerate() {
@@ -792,14 +795,25 @@ impl Report {
                     .map(|r| r.publisher.0 / r.publisher.1)
                     .collect::<Vec<_>>(),
             );
+            // Shares of the publishing thread's wall time.
+            let share = |f: fn(&fanout::Run) -> f64| {
+                Summary::of(
+                    &sl[i]
+                        .iter()
+                        .map(|r| f(r) / r.publisher.1)
+                        .collect::<Vec<_>>(),
+                )
+            };
             writeln!(
                 b,
-                "| {n} | {} | {} | {} | {} | {} |",
+                "| {n} | {} | {} | {} | {} | {} | {} | {} |",
                 rates.show_count(),
                 ratio.show(2),
                 agg.show_count(),
                 prod.show(3),
-                busy.show(2)
+                busy.show(2),
+                share(|r| r.waits.0).show(2),
+                share(|r| r.waits.1).show(2),
             )?;
             per_sub.push((
                 n as f64,
@@ -1594,7 +1608,7 @@ impl Report {
         writeln!(b, "\n## 8. Python trainers against Python loaders\n")?;
         writeln!(
             b,
-            "Separate processes, CPU-seconds of all of them (`getrusage` of the children), one run each. \
+            "Separate processes, CPU-seconds of all of them (their rusage), one run each. \
              `benches/python_loaders.py`: {} rows of the demo dataset, {} epochs; each trainer sums \
              `(x - 0.5) / 0.25` over the 16 float32 features of every row; Sluice: `sluice run` and N \
              Python subscribers (`np.from_dlpack`), loaders: N Python processes reading the Parquet \
@@ -1648,6 +1662,27 @@ impl Report {
             "| Sluice: 1 producer + trainers | {sc:.2} | {:.2} | **{:.2}** |",
             f(i, &["sluice", "wall"]),
             sc / lc
+        )?;
+        let list = |key: &str| -> Vec<f64> {
+            i["sluice"][key]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(serde_json::Value::as_f64)
+                .collect()
+        };
+        let (trainers, startup) = (list("trainer_cpu"), list("trainer_startup_cpu"));
+        writeln!(
+            b,
+            "\nOf Sluice's CPU-s: the producer {:.2}, the trainers {:.2} in all, of which {:.2} is \
+             their Python start-up (CPU to the end of their imports: the interpreter and numpy, \
+             whose OpenBLAS starts a thread per core); the loaders' start-up: {:.2}. Without the \
+             Python processes' start-up on both sides (a long run amortises it): **{:.2}**.",
+            f(i, &["sluice", "producer_cpu"]),
+            trainers.iter().sum::<f64>(),
+            startup.iter().sum::<f64>(),
+            f(i, &["loaders", "startup_cpu"]),
+            f(i, &["cpu_ratio_without_startup"]),
         )?;
         self.goals.push((
             IMAGE_GOAL.into(),

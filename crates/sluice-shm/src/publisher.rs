@@ -1,7 +1,7 @@
 //! The producer end of a topic.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use iceoryx2::port::listener::Listener;
@@ -102,6 +102,8 @@ pub struct TopicPublisher {
     /// [`TopicPublisher::publish_batch_in_burst`]); the backpressure handler pays it
     /// before it waits.
     wake_owed: Arc<AtomicBool>,
+    /// Nanoseconds the backpressure handler slept waiting for a full queue.
+    full_queue_ns: Arc<AtomicU64>,
     /// Messages sent since the last wake-up.
     unwoken: usize,
     seq: u64,
@@ -219,6 +221,7 @@ impl TopicPublisher {
         );
 
         let sending_batch = Arc::new(AtomicBool::new(false));
+        let full_queue_ns = Arc::new(AtomicU64::new(0));
         let handler = BackpressureWaiter {
             released: released.clone(),
             // A second handle to the data service: the handler outlives this borrow.
@@ -235,6 +238,7 @@ impl TopicPublisher {
             sending_batch: sending_batch.clone(),
             ready: ready.clone(),
             wake_owed: wake_owed.clone(),
+            waited_ns: full_queue_ns.clone(),
         };
         let publisher = data
             .publisher_builder()
@@ -266,6 +270,7 @@ impl TopicPublisher {
             released,
             sending_batch,
             wake_owed,
+            full_queue_ns,
             unwoken: 0,
             seq: 0,
             encoder: sluice_core::wire::Encoder::new(),
@@ -432,6 +437,12 @@ impl TopicPublisher {
             Some(_) => 0,
             None => self.config.window / 2,
         }
+    }
+
+    /// How long this publisher has slept, in all, waiting for a subscriber's full queue
+    /// (the slowest subscriber pacing the producer), since the topic was created.
+    pub fn full_queue_wait(&self) -> Duration {
+        Duration::from_nanos(self.full_queue_ns.load(Ordering::Relaxed))
     }
 
     /// Wakes subscribers for messages sent in a burst whose wake-up is still owed.
@@ -801,6 +812,9 @@ struct BackpressureWaiter {
     /// The topic's wake-ups, and whether one is owed for a burst.
     ready: Arc<Notifier<Ipc>>,
     wake_owed: Arc<AtomicBool>,
+    /// Nanoseconds spent asleep waiting for a full queue (see
+    /// [`TopicPublisher::full_queue_wait`]).
+    waited_ns: Arc<AtomicU64>,
 }
 
 impl BackpressureWaiter {
@@ -842,7 +856,10 @@ impl BackpressureWaiter {
             return BackpressureAction::DiscardData;
         }
         // Sleep until some subscriber takes a message (or the interval passes).
+        let asleep = Instant::now();
         let _ = self.released.timed_wait(|_| {}, DEAD_CHECK_INTERVAL);
+        self.waited_ns
+            .fetch_add(asleep.elapsed().as_nanos() as u64, Ordering::Relaxed);
         BackpressureAction::Retry
     }
 

@@ -82,6 +82,13 @@ pub struct RunStats {
     pub shm_bytes: u64,
     /// Where the run started: `(0, 0)`, or the checkpoint it resumed from.
     pub resumed_from: Position,
+    /// Time the publishing thread spent waiting for the plan's next batch (DataFusion
+    /// decoding and transforming on its own threads): where it is a large share of
+    /// `elapsed`, the pipeline paces the subscribers.
+    pub waited_for_pipeline: Duration,
+    /// Time the publishing thread slept on a subscriber's full queue: where it is a large
+    /// share of `elapsed`, the slowest subscriber paces the producer.
+    pub waited_for_subscribers: Duration,
 }
 
 /// Runs a plan and publishes its output on the plan's topic.
@@ -335,6 +342,8 @@ impl Producer {
                 elapsed: start.elapsed(),
                 shm_bytes,
                 resumed_from: start_at,
+                waited_for_pipeline: source.waited,
+                waited_for_subscribers: publisher.full_queue_wait(),
             })
         })();
         // Whatever happens next, this run will not be resumed: it ended, or it told its
@@ -383,6 +392,8 @@ struct EpochSource<'a> {
     index: u64,
     /// Rows of the epoch produced so far (published or skipped).
     rows: u64,
+    /// Time spent waiting for the plan's stream, over all epochs.
+    waited: Duration,
 }
 
 impl<'a> EpochSource<'a> {
@@ -397,6 +408,7 @@ impl<'a> EpochSource<'a> {
             done: false,
             index: 0,
             rows: 0,
+            waited: Duration::ZERO,
         }
     }
 
@@ -448,7 +460,10 @@ impl<'a> EpochSource<'a> {
                     "an epoch was read before it started".into(),
                 ));
             };
-            let next = match handle.block_on(stream.next()) {
+            let asked = Instant::now();
+            let next = handle.block_on(stream.next());
+            self.waited += asked.elapsed();
+            let next = match next {
                 Some(batch) => shaper.push(batch?)?,
                 None => {
                     self.done = true;

@@ -358,6 +358,12 @@ class RunStats:
     def elapsed(self) -> float: ...
     @property
     def shm_bytes(self) -> int: ...
+    @property
+    def waited_for_pipeline(self) -> float:
+        """Seconds the producer waited for its plan's next batch."""
+    @property
+    def waited_for_subscribers(self) -> float:
+        """Seconds the producer slept on a subscriber's full queue (the slowest one)."""
 
 class Producer:
     """Runs a plan file on a background thread of this process and publishes its batches.
