@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -74,20 +75,44 @@ print(rows, total, started)
 """
 
 
-def timed(cmds: list[list[str]], env: dict) -> tuple[float, float, list[str], list[float]]:
+def timed(cmds: list[list[str]], env: dict, deadline: float = 1200) -> tuple[float, float, list[str], list[float]]:
     """Runs `cmds` at once; wall seconds, CPU-seconds of all of them, their outputs, and
-    each one's CPU-seconds (user + system, its own children included)."""
+    each one's CPU-seconds (user + system, its own children included). Kills them all
+    after `deadline` seconds, or as soon as something fails."""
     t0 = time.perf_counter()
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True, env=env) for c in cmds]
+
+    def kill_all() -> None:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        kill_all()
+
+    timer = threading.Timer(deadline, expire)
+    timer.start()
     outs, cpus = [], []
-    for p in procs:
-        # Each prints one line at its end: reading it to EOF cannot fill the pipe.
-        outs.append(p.stdout.read())
-        p.stdout.close()
-        # wait4 (not Popen.wait) gives this one process's rusage.
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-        cpus.append(usage.ru_utime + usage.ru_stime)
+    try:
+        for p in procs:
+            # Each prints one line at its end: reading it to EOF cannot fill the pipe.
+            outs.append(p.stdout.read())
+            p.stdout.close()
+            # wait4 (not Popen.wait) gives this one process's rusage.
+            _, status, usage = os.wait4(p.pid, 0)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            cpus.append(usage.ru_utime + usage.ru_stime)
+    finally:
+        timer.cancel()
+        kill_all()
+        for p in procs:
+            if p.returncode is None:
+                p.wait()
+    if expired.is_set():
+        raise RuntimeError(f"{cmds} did not finish in {deadline} s")
     assert all(p.returncode == 0 for p in procs), outs
     return time.perf_counter() - t0, sum(cpus), outs, cpus
 

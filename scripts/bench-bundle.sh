@@ -62,13 +62,18 @@ if [ "${1:-}" != "--run" ]; then
     xz -9 -T0 "$BUNDLE/$bin"
   done
   if [ -n "${SLUICE_BUNDLE_PERF:-}" ]; then
-    perf=$(command -v perf)
+    # The ELF binary itself (Ubuntu's /usr/bin/perf is a shell script that picks one).
+    perf=$(readlink -f "$(command -v perf || true)")
+    if [ ! -x "$perf" ] || ! ldd "$perf" > /dev/null 2>&1; then
+      echo "SLUICE_BUNDLE_PERF: no dynamically linked perf binary found (apt-get install linux-perf)" >&2
+      exit 1
+    fi
     staging=$(mktemp -d)
     mkdir "$staging/perf"
     cp -L "$perf" "$staging/perf/perf"
     # Every library perf links (libc and the loader included, so that it runs on
     # another distribution's C library).
-    ldd "$perf" | awk '/=>/ { print $3 } /ld-linux/ { print $1 }' | while read -r lib; do
+    ldd "$perf" | awk '/=>/ { if ($3 ~ /^\//) print $3; next } /ld-linux/ { print $1 }' | while read -r lib; do
       cp -L "$lib" "$staging/perf/"
     done
     tar -C "$staging" -cJf "$BUNDLE/perf.tar.xz" perf
@@ -101,6 +106,7 @@ fi
 bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT
 for f in "$BUNDLE"/*.xz; do
+  case "$f" in *.tar.xz) continue ;; esac # perf's, unpacked below with --perf
   name=$(basename "$f" .xz)
   if command -v xz > /dev/null; then
     xz -dc "$f" > "$bin/$name"
@@ -127,26 +133,33 @@ if [ -z "$profile" ]; then
   "$bin/sluice-bench" --repo "$PWD" --out "$out" --commit "$commit" "$@"
   exit 0
 fi
-tar -C "$bin" -xJf "$BUNDLE/perf.tar.xz"
+if [ ! -f "$BUNDLE/perf.tar.xz" ]; then
+  echo "--perf: this bundle has no perf (build it with SLUICE_BUNDLE_PERF=1)" >&2
+  exit 1
+fi
+python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$BUNDLE/perf.tar.xz" "$bin"
 perf() {
   "$bin/perf/ld-linux-x86-64.so.2" --library-path "$bin/perf" "$bin/perf/perf" "$@"
 }
 # -N: no copy of the (large) binaries into ~/.debug.
 perf record -N -F 997 -o "$bin/perf.data" -- \
   "$bin/sluice-bench" --repo "$PWD" --out "$out" --commit "$commit" "$@"
+# perf record exits with the benchmark's status: a failed run stops here, under set -e.
 perf report -i "$bin/perf.data" --stdio --no-children --sort comm > "$out/perf-threads.txt"
 # Per role at N = 1 and N = 8 with the default batch (1024 rows): the publishing thread,
 # DataFusion's workers, and all subscribers together. (perf's own `--comms` filter picked
 # the wrong samples for threads renamed after they start; grouping the `comm,dso,sym`
 # rows by their comm column does not.)
 perf report -i "$bin/perf.data" --stdio --no-children --sort comm,dso,sym -n \
-  --percent-limit 0 2> /dev/null | grep -v '^#' | grep -v '^$' > "$bin/rows.txt"
+  --percent-limit 0 > "$bin/report.txt"
+grep -v -e '^#' -e '^$' "$bin/report.txt" > "$bin/rows.txt" || true
 : > "$out/perf-symbols.txt"
 for group in pub1/1024 df1/1024 'sub1\.[0-9]*/1024' pub8/1024 df8/1024 'sub8\.[0-9]*/1024'; do
   awk -v re="^$group\$" '
     $3 ~ re {
       key = $4; for (k = 5; k <= NF; k++) key = key " " $k
-      # Addresses in a library without a symbol table (the libc of a distribution): one row.
+      # Addresses without a symbol (the internal functions of a distribution libc, whose
+      # symbol table is stripped: memcpy, the allocator): one row per library.
       if ($6 ~ /^0x/) key = $4 " " $5 " (no symbol table)"
       n[key] += $2; total += $2; threads[$3] = 1
     }

@@ -54,8 +54,8 @@ def test_run_stats_say_what_paced_the_producer(plans):
     assert rows == 400
     stats = producer.wait(timeout=30)
     assert stats.batches == 8
-    assert stats.waited_for_subscribers > 0
-    assert stats.waited_for_pipeline >= 0
+    assert 0 < stats.waited_for_subscribers <= stats.elapsed
+    assert 0 <= stats.waited_for_pipeline <= stats.elapsed
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 50, 64, 100, 1000])

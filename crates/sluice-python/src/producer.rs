@@ -93,27 +93,29 @@ impl PyRunStats {
     fn shm_bytes(&self) -> u64 {
         self.0.shm_bytes
     }
-    /// Seconds the producer waited for its plan's next batch: a large share of `elapsed`
-    /// means the pipeline paced the run.
+    /// Seconds of `elapsed` the producer waited for its plan (each epoch's and each next
+    /// batch): a large share means the pipeline paced the run.
     #[getter]
     fn waited_for_pipeline(&self) -> f64 {
         self.0.waited_for_pipeline.as_secs_f64()
     }
-    /// Seconds the producer slept on a subscriber's full queue: a large share of
-    /// `elapsed` means the slowest subscriber paced the run.
+    /// Seconds of `elapsed` the producer spent on subscribers' full queues: a large share
+    /// means the slowest subscriber paced the run.
     #[getter]
     fn waited_for_subscribers(&self) -> f64 {
         self.0.waited_for_subscribers.as_secs_f64()
     }
     fn __repr__(&self) -> String {
         format!(
-            "sluice.RunStats(epochs={}, batches={}, rows={}, bytes={}, elapsed={:.3}, shm_bytes={})",
+            "sluice.RunStats(epochs={}, batches={}, rows={}, bytes={}, elapsed={:.3}, shm_bytes={}, waited_for_pipeline={:.3}, waited_for_subscribers={:.3})",
             self.0.epochs,
             self.0.batches,
             self.0.rows,
             self.0.bytes,
             self.0.elapsed.as_secs_f64(),
-            self.0.shm_bytes
+            self.0.shm_bytes,
+            self.0.waited_for_pipeline.as_secs_f64(),
+            self.0.waited_for_subscribers.as_secs_f64(),
         )
     }
 }

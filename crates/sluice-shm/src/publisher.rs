@@ -102,7 +102,7 @@ pub struct TopicPublisher {
     /// [`TopicPublisher::publish_batch_in_burst`]); the backpressure handler pays it
     /// before it waits.
     wake_owed: Arc<AtomicBool>,
-    /// Nanoseconds the backpressure handler slept waiting for a full queue.
+    /// Nanoseconds the backpressure handler spent on full queues.
     full_queue_ns: Arc<AtomicU64>,
     /// Messages sent since the last wake-up.
     unwoken: usize,
@@ -439,8 +439,9 @@ impl TopicPublisher {
         }
     }
 
-    /// How long this publisher has slept, in all, waiting for a subscriber's full queue
-    /// (the slowest subscriber pacing the producer), since the topic was created.
+    /// How long this publisher has spent, in all, on subscribers' full queues (asleep
+    /// until one frees, or checking whether its subscriber died): the slowest subscriber
+    /// pacing the producer. Counted since the topic was created.
     pub fn full_queue_wait(&self) -> Duration {
         Duration::from_nanos(self.full_queue_ns.load(Ordering::Relaxed))
     }
@@ -812,13 +813,22 @@ struct BackpressureWaiter {
     /// The topic's wake-ups, and whether one is owed for a burst.
     ready: Arc<Notifier<Ipc>>,
     wake_owed: Arc<AtomicBool>,
-    /// Nanoseconds spent asleep waiting for a full queue (see
-    /// [`TopicPublisher::full_queue_wait`]).
+    /// Nanoseconds spent on full queues (see [`TopicPublisher::full_queue_wait`]).
     waited_ns: Arc<AtomicU64>,
 }
 
 impl BackpressureWaiter {
+    /// Counts the whole time spent on a full queue (the dead-subscriber checks included)
+    /// in [`TopicPublisher::full_queue_wait`].
     fn on_full_queue(&self, info: &BackpressureInfo) -> BackpressureAction {
+        let entered = Instant::now();
+        let action = self.decide(info);
+        self.waited_ns
+            .fetch_add(entered.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        action
+    }
+
+    fn decide(&self, info: &BackpressureInfo) -> BackpressureAction {
         // A subscriber whose queue is full may be asleep, waiting for the wake-up of a
         // burst: pay it before waiting for (or skipping) that subscriber.
         if self.wake_owed.swap(false, Ordering::Relaxed) {
@@ -856,10 +866,7 @@ impl BackpressureWaiter {
             return BackpressureAction::DiscardData;
         }
         // Sleep until some subscriber takes a message (or the interval passes).
-        let asleep = Instant::now();
         let _ = self.released.timed_wait(|_| {}, DEAD_CHECK_INTERVAL);
-        self.waited_ns
-            .fetch_add(asleep.elapsed().as_nanos() as u64, Ordering::Relaxed);
         BackpressureAction::Retry
     }
 

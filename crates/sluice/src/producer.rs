@@ -82,12 +82,13 @@ pub struct RunStats {
     pub shm_bytes: u64,
     /// Where the run started: `(0, 0)`, or the checkpoint it resumed from.
     pub resumed_from: Position,
-    /// Time the publishing thread spent waiting for the plan's next batch (DataFusion
-    /// decoding and transforming on its own threads): where it is a large share of
-    /// `elapsed`, the pipeline paces the subscribers.
+    /// Time the publishing thread spent, within `elapsed`, waiting for the plan: for an
+    /// epoch's plan and for each next batch (DataFusion decoding and transforming on its
+    /// own threads). Where it is a large share of `elapsed`, the pipeline paces the
+    /// subscribers.
     pub waited_for_pipeline: Duration,
-    /// Time the publishing thread slept on a subscriber's full queue: where it is a large
-    /// share of `elapsed`, the slowest subscriber paces the producer.
+    /// Time the publishing thread spent on subscribers' full queues, within `elapsed`:
+    /// where it is a large share of it, the slowest subscriber paces the producer.
     pub waited_for_subscribers: Duration,
 }
 
@@ -267,6 +268,9 @@ impl Producer {
             report("waiting", &publisher, &progress, start_at.index, true);
             publisher.wait_for_subscribers(min, options.subscriber_timeout, &options.stop)?;
             let start = Instant::now();
+            // The first batch was read (and a resumed run's first batches passed over)
+            // before the topic existed: `elapsed` and the waits count from here.
+            let waited_before_start = source.waited;
             for epoch in start_at.epoch..opts.epochs {
                 progress.epoch = epoch;
                 if source.epoch != Some(epoch) {
@@ -342,7 +346,7 @@ impl Producer {
                 elapsed: start.elapsed(),
                 shm_bytes,
                 resumed_from: start_at,
-                waited_for_pipeline: source.waited,
+                waited_for_pipeline: source.waited - waited_before_start,
                 waited_for_subscribers: publisher.full_queue_wait(),
             })
         })();
@@ -392,7 +396,7 @@ struct EpochSource<'a> {
     index: u64,
     /// Rows of the epoch produced so far (published or skipped).
     rows: u64,
-    /// Time spent waiting for the plan's stream, over all epochs.
+    /// Time spent waiting for the plan (each epoch's stream, and its batches).
     waited: Duration,
 }
 
@@ -426,7 +430,10 @@ impl<'a> EpochSource<'a> {
             epoch,
             self.opts.shuffle(),
         )?);
-        self.stream = Some(handle.block_on(self.plan.execute_epoch(epoch))?);
+        let asked = Instant::now();
+        let stream = handle.block_on(self.plan.execute_epoch(epoch));
+        self.waited += asked.elapsed();
+        self.stream = Some(stream?);
         while self.index < skip {
             if self.next(handle)?.is_none() {
                 return Err(SluiceError::Config(format!(

@@ -360,10 +360,10 @@ class RunStats:
     def shm_bytes(self) -> int: ...
     @property
     def waited_for_pipeline(self) -> float:
-        """Seconds the producer waited for its plan's next batch."""
+        """Seconds of ``elapsed`` the producer waited for its plan (each epoch's and each batch)."""
     @property
     def waited_for_subscribers(self) -> float:
-        """Seconds the producer slept on a subscriber's full queue (the slowest one)."""
+        """Seconds of ``elapsed`` the producer spent on subscribers' full queues (the slowest one's)."""
 
 class Producer:
     """Runs a plan file on a background thread of this process and publishes its batches.
