@@ -149,11 +149,9 @@ impl Encoder {
         let batch = without_view_slack(batch)?;
         let batch = batch.as_ref();
         let schema = batch.schema();
-        let same = self
-            .cached
-            .as_ref()
-            .is_some_and(|(s, _, _)| Arc::ptr_eq(s, &schema) || **s == *schema);
-        if same && let Some((_, schema_parts, encoder)) = &mut self.cached {
+        if let Some((kept, schema_parts, encoder)) = &mut self.cached
+            && (Arc::ptr_eq(kept, &schema) || **kept == *schema)
+        {
             let body = encoder.encode(batch)?;
             let mut parts = Vec::with_capacity(schema_parts.len() + body.len());
             parts.extend(schema_parts.iter().cloned());
