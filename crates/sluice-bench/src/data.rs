@@ -60,9 +60,6 @@ pub fn write(dir: &Path, rows: usize) -> Result<Dataset> {
     })
 }
 
-/// The plan every Sluice producer and every independent pipeline runs: the whole
-/// dataset, `batch_rows` rows per batch, `epochs` passes. `location` is a directory or an
-/// object-store URL (with its `OPTIONS`).
 /// `sluice.window` of the benchmark's topics (`--window`): how many batches a
 /// subscriber may have queued, and so how long a burst may run before it wakes them
 /// (half of it).
@@ -73,6 +70,9 @@ pub fn window() -> usize {
     WINDOW.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The plan every Sluice producer and every independent pipeline runs: the whole
+/// dataset, `batch_rows` rows per batch, `epochs` passes. `location` is a directory or an
+/// object-store URL (with its `OPTIONS`).
 pub fn plan_sql(
     topic: &str,
     location: &str,
