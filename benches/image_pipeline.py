@@ -205,7 +205,7 @@ def main() -> None:
         for f in os.listdir("/dev/shm"):
             if f.startswith(f"iox2_sluice_{ns}_"):
                 os.remove(f"/dev/shm/{f}")
-        subprocess.run(["rm", "-rf", f"/tmp/sluice-{ns}", f"/tmp/sluice-{ns}.state"], check=False)
+        subprocess.run(["rm", "-rf", f"/dev/shm/sluice-{ns}", f"{tempfile.gettempdir()}/sluice-{ns}.state"], check=False)
 
 
 if __name__ == "__main__":

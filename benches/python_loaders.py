@@ -189,7 +189,7 @@ def main() -> None:
         if f.startswith(f"iox2_sluice_{env['SLUICE_NAMESPACE']}_"):
             os.remove(f"/dev/shm/{f}")
     ns = env["SLUICE_NAMESPACE"]
-    subprocess.run(["rm", "-rf", f"/tmp/sluice-{ns}", f"/tmp/sluice-{ns}.state"], check=False)
+    subprocess.run(["rm", "-rf", f"/dev/shm/sluice-{ns}", f"{tempfile.gettempdir()}/sluice-{ns}.state"], check=False)
     assert not leftovers, leftovers
 
 

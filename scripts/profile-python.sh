@@ -23,7 +23,7 @@ sluice=$PWD/target/profiling/sluice
 python=$PWD/.venv/bin/python
 export SLUICE_NAMESPACE=pyprofile$$ SLUICE_LOG=warn
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp" "/tmp/sluice-$SLUICE_NAMESPACE" "/tmp/sluice-$SLUICE_NAMESPACE.state"; rm -f /dev/shm/iox2_sluice_${SLUICE_NAMESPACE}_*' EXIT
+trap 'rm -rf "$tmp" "/dev/shm/sluice-$SLUICE_NAMESPACE" "${TMPDIR:-/tmp}/sluice-$SLUICE_NAMESPACE.state"; rm -f /dev/shm/iox2_sluice_${SLUICE_NAMESPACE}_*' EXIT
 
 "$sluice" demo --images --prepare-only --rows 3000 --data "$tmp/images" --plan "$tmp/unused.sql" > /dev/null
 [ -d data/demo ] || "$sluice" demo --prepare-only > /dev/null

@@ -50,7 +50,7 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2> /dev/null || true; done
   # The namespace's shared memory and state (see docs/architecture.md).
-  rm -rf "$tmp" "/tmp/sluice-$ns" "/tmp/sluice-$ns.state"
+  rm -rf "$tmp" "/dev/shm/sluice-$ns" "${TMPDIR:-/tmp}/sluice-$ns.state"
   rm -f /dev/shm/iox2_sluice_"${ns}"_*
 }
 trap cleanup EXIT

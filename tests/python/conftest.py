@@ -3,7 +3,7 @@
 Every test runs in a Sluice namespace of its own (``SLUICE_NAMESPACE``, read by the Rust
 side when a producer or subscriber is created) and, when it ends, asserts that the
 namespace left nothing behind: no shared-memory segment in /dev/shm except iceoryx2's
-persistent ``global_mgmt`` counter, and no file under /tmp/sluice-<namespace>.
+persistent ``global_mgmt`` counter, and no file under /dev/shm/sluice-<namespace>.
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ def _shm_files(ns: str) -> list[Path]:
 
 
 def _service_root(ns: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"sluice-{ns}"
+    # Namespace::root: in /dev/shm, beside the segments (the temporary directory where
+    # there is no /dev/shm).
+    base = SHM if SHM.is_dir() else Path(tempfile.gettempdir())
+    return base / f"sluice-{ns}"
 
 
 def _leftovers(ns: str) -> list[str]:
@@ -82,7 +85,7 @@ def ns() -> Iterator[str]:
             p.unlink(missing_ok=True)
         shutil.rmtree(_service_root(name), ignore_errors=True)
         # Checkpoints and `sluice status` reports (Namespace::state_dir).
-        shutil.rmtree(_service_root(name).with_name(f"sluice-{name}.state"), ignore_errors=True)
+        shutil.rmtree(Path(tempfile.gettempdir()) / f"sluice-{name}.state", ignore_errors=True)
         if previous is None:
             os.environ.pop("SLUICE_NAMESPACE", None)
         else:

@@ -70,8 +70,24 @@ impl Namespace {
         })
     }
 
+    /// The service directory lives in `/dev/shm`, beside the topics' segments:
+    /// * it is a RAM file system, where creating and removing the node, service and
+    ///   socket files of every process that attaches costs no disk block lookups (on an
+    ///   ext4 `/tmp` that busy with files created and removed, inode allocation alone was
+    ///   a sixth of a short-lived subscriber's CPU; docs/benchmarks.md);
+    /// * every process that can share a topic shares `/dev/shm` (the segments are there),
+    ///   where `/tmp` or `TMPDIR` may differ between them (containers sharing the host's
+    ///   IPC namespace have a `/tmp` of their own).
+    ///
+    /// Without a `/dev/shm` directory, the temporary directory.
     fn root_for(name: &str) -> PathBuf {
-        std::env::temp_dir().join(format!("sluice-{name}"))
+        let shm = Path::new(SHM_DIR);
+        let base = if shm.is_dir() {
+            shm.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        base.join(format!("sluice-{name}"))
     }
 
     /// The namespace's name.
@@ -89,9 +105,10 @@ impl Namespace {
         Self::root_for(&self.name)
     }
 
-    /// The directory of the namespace's durable state (producer checkpoints): beside the
-    /// service directory, so that reclaiming a crashed process's resources never
-    /// touches it. Created owner-only on first use.
+    /// The directory of the namespace's durable state (producer checkpoints, status
+    /// reports, declared interest): in the temporary directory, apart from the service
+    /// directory, so that reclaiming a crashed process's resources never touches it.
+    /// Created owner-only on first use.
     pub fn state_dir(&self) -> PathBuf {
         std::env::temp_dir().join(format!("sluice-{}.state", self.name))
     }
@@ -409,7 +426,7 @@ impl Namespace {
                 let mode = meta.mode() & 0o777;
                 // A file inside the 0700 directory is unreachable to others whatever its
                 // own mode; anything directly in /dev/shm must be owner-only itself.
-                let reachable = path.starts_with(SHM_DIR) || path == self.root();
+                let reachable = path.parent() == Some(Path::new(SHM_DIR)) || path == self.root();
                 if reachable && mode & 0o022 != 0 {
                     out.push((path, mode));
                 }

@@ -300,3 +300,42 @@ fn bursts_arrive_whole_and_in_order() {
     }
     ns.purge();
 }
+
+/// The service directory is on the RAM file system beside the segments, owner-only; a
+/// file directly in /dev/shm that others may write is reported, one inside the 0700
+/// directory is not (nobody else can reach it).
+#[test]
+fn service_directory_in_dev_shm_and_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let ns = namespace("root");
+    let (publisher, subscriber) = pair(&ns, "rooted");
+    let root = ns.root();
+    assert_eq!(
+        root.parent(),
+        Some(std::path::Path::new(crate::namespace::SHM_DIR))
+    );
+    let mode = std::fs::metadata(&root).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{}", root.display());
+    assert!(
+        ns.loose_permissions().is_empty(),
+        "{:?}",
+        ns.loose_permissions()
+    );
+
+    let inside = root.join("inside");
+    let outside =
+        std::path::Path::new(crate::namespace::SHM_DIR).join(format!("{}loose", ns.shm_prefix()));
+    for path in [&inside, &outside] {
+        std::fs::write(path, b"").unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    let loose: Vec<_> = ns.loose_permissions().into_iter().map(|(p, _)| p).collect();
+    assert_eq!(loose, vec![outside.clone()]);
+
+    std::fs::remove_file(&inside).unwrap();
+    std::fs::remove_file(&outside).unwrap();
+    drop(subscriber);
+    drop(publisher);
+    ns.purge();
+}
