@@ -162,6 +162,9 @@ fn sweep_namespaces_of_dead_runs() {
             ns.reclaim_dead();
             if !ns.has_live_nodes() {
                 ns.purge();
+                // Where the service directory was before it moved to /dev/shm.
+                let _ =
+                    std::fs::remove_dir_all(std::env::temp_dir().join(format!("sluice-{name}")));
             }
         }
     });

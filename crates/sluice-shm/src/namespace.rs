@@ -15,6 +15,13 @@ use crate::Ipc;
 /// Directory of POSIX shared memory on Linux.
 pub const SHM_DIR: &str = "/dev/shm";
 
+/// The longest Unix socket path iceoryx2 binds (`sockaddr_un::sun_path`).
+const SOCKET_PATH_MAX: usize = 108;
+/// Digits of the largest listener id (`u128::MAX`).
+const LISTENER_ID_DIGITS: usize = 39;
+/// Namespace names are never longer, whatever the directory.
+const MAX_NAME_LEN: usize = 32;
+
 /// An isolated set of topics: its own shared-memory prefix and service directory.
 ///
 /// The default namespace is per user (`u<uid>`), so users on one machine never see each
@@ -41,16 +48,22 @@ impl Namespace {
         }
     }
 
-    /// A named namespace: 1 to 32 characters from `[A-Za-z0-9_-]`.
+    /// A named namespace: characters from `[A-Za-z0-9_-]`, at least one, and few enough
+    /// that its event sockets' paths fit a Unix socket address ([`Namespace::max_name_len`]:
+    /// 16 with the service directory in `/dev/shm`).
     pub fn new(name: &str) -> Result<Self> {
+        let max = Self::max_name_len();
         let valid = !name.is_empty()
-            && name.len() <= 32
+            && name.len() <= max
             && name
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
         if !valid {
             return Err(SluiceError::Config(format!(
-                "invalid SLUICE_NAMESPACE '{name}': use 1 to 32 characters from A-Z, a-z, 0-9, '_', '-'"
+                "invalid SLUICE_NAMESPACE '{name}': use 1 to {max} characters from A-Z, a-z, 0-9, '_', '-' \
+                 (event sockets live at {}/<shared-memory prefix><port id>.event, and a Unix socket path \
+                 has at most {SOCKET_PATH_MAX} bytes)",
+                Self::root_for("<namespace>").display()
             )));
         }
         let mut config = Config::default();
@@ -68,6 +81,25 @@ impl Namespace {
             name: name.to_string(),
             config,
         })
+    }
+
+    /// The longest namespace name whose event sockets' paths fit a Unix socket address.
+    ///
+    /// iceoryx2 names a listener's socket `<service directory>/<prefix><listener id>.event`,
+    /// the prefix being `iox2_sluice_<name>_` and the id a decimal `u128` of up to 39
+    /// digits, which grows with the ports a process has created: a name that fits only
+    /// short ids would fail later, in a long-running or reconnecting process. So the
+    /// worst case has to fit.
+    pub fn max_name_len() -> usize {
+        let fixed = |name_len: usize| {
+            // "<base>/sluice-<name>" + "/" + "iox2_sluice_<name>_" + id + ".event"
+            let root = Self::root_for(&"x".repeat(name_len)).as_os_str().len();
+            root + 1 + "iox2_sluice__".len() + name_len + LISTENER_ID_DIGITS + ".event".len()
+        };
+        (0..=MAX_NAME_LEN)
+            .rev()
+            .find(|&n| fixed(n) <= SOCKET_PATH_MAX)
+            .unwrap_or(0)
     }
 
     /// The service directory lives in `/dev/shm`, beside the topics' segments:
@@ -133,7 +165,12 @@ impl Namespace {
 
     fn prepare_root(&self) -> Result<()> {
         let root = self.root();
-        match std::fs::create_dir(&root) {
+        // Owner-only from the start: no moment in which others may enter it.
+        let created = {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new().mode(0o700).create(&root)
+        };
+        match created {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => {

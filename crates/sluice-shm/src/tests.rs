@@ -322,6 +322,17 @@ fn service_directory_in_dev_shm_and_owner_only() {
         "{:?}",
         ns.loose_permissions()
     );
+    // iceoryx2 put the subscriber's event socket there.
+    let sockets = std::fs::read_dir(&root)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".event"))
+        .count();
+    assert!(sockets >= 1, "no event socket in {}", root.display());
+    // A root others may enter is reported.
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert_eq!(ns.loose_permissions(), vec![(root.clone(), 0o777)]);
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700)).unwrap();
 
     let inside = root.join("inside");
     let outside =
@@ -335,6 +346,36 @@ fn service_directory_in_dev_shm_and_owner_only() {
 
     std::fs::remove_file(&inside).unwrap();
     std::fs::remove_file(&outside).unwrap();
+    drop(subscriber);
+    drop(publisher);
+    ns.purge();
+}
+
+/// A namespace is refused when its event sockets' paths could outgrow a Unix socket
+/// address (108 bytes), whatever the listener id; the longest accepted one works.
+#[test]
+fn namespace_names_fit_a_socket_path() {
+    let max = Namespace::max_name_len();
+    // "/dev/shm/sluice-<n>/iox2_sluice_<n>_<39 digits>.event" = 75 + 2n bytes.
+    assert_eq!(max, 16);
+    let err = Namespace::new(&"n".repeat(max + 1))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("1 to 16 characters"), "{err}");
+    assert!(Namespace::new(&"n".repeat(32)).is_err());
+    assert!(Namespace::new("").is_err());
+    assert!(Namespace::new("a/b").is_err());
+
+    // The longest name works end to end: a topic, a subscriber, a batch.
+    let name = format!("L{}", std::process::id());
+    let ns = Namespace::new(&format!("{name}{}", "x".repeat(max - name.len()))).unwrap();
+    let (mut publisher, mut subscriber) = pair(&ns, "long");
+    let encoded = wire::encode(&batch()).unwrap();
+    publisher.publish_batch(0, 0, 10, &encoded).unwrap();
+    assert!(matches!(
+        subscriber.recv(Some(Duration::from_secs(10))),
+        Ok(Frame::Batch { .. })
+    ));
     drop(subscriber);
     drop(publisher);
     ns.purge();
