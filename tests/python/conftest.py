@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import sluice
+from helpers import service_root
 
 _NEXT = itertools.count()
 SHM = Path("/dev/shm")
@@ -37,10 +38,7 @@ def _shm_files(ns: str) -> list[Path]:
 
 
 def _service_root(ns: str) -> Path:
-    # Namespace::root: in /dev/shm, beside the segments (the temporary directory where
-    # there is no /dev/shm).
-    base = SHM if SHM.is_dir() else Path(tempfile.gettempdir())
-    return base / f"sluice-{ns}"
+    return service_root(ns)
 
 
 def _leftovers(ns: str) -> list[str]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import tempfile
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -69,3 +71,11 @@ def in_batch_memory(array, shm_range: tuple[int, int]) -> bool:
     mine, batch = shm_backing(address), shm_backing(start)
     return (mine is not None and batch is not None and mine[0] == batch[0]
             and batch[1] <= mine[1] and mine[1] + size <= batch[1] + (end - start))
+
+
+def service_root(ns: str) -> Path:
+    """The namespace's service directory (``Namespace::root``): in /dev/shm, beside the
+    segments, or the temporary directory where there is no /dev/shm. Declared interest
+    is under ``interest/<topic>/`` in it."""
+    shm = Path("/dev/shm")
+    return (shm if shm.is_dir() else Path(tempfile.gettempdir())) / f"sluice-{ns}"

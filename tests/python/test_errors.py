@@ -225,9 +225,9 @@ def test_a_plan_that_cannot_load_fails_the_subscribers_waiting_for_it(plans, ns)
     """``sluice.Producer`` on a plan that fails while it is planned raises ``PlanError``,
     and the subscriber already waiting for its topic gets ``ProducerFailed`` with the same
     message instead of waiting until its timeout (issue 13)."""
-    import tempfile
     import threading
-    from pathlib import Path
+
+    from helpers import service_root
 
     plans.data(10)
     bad = plans.dir / "bad.sql"
@@ -247,7 +247,7 @@ def test_a_plan_that_cannot_load_fails_the_subscribers_waiting_for_it(plans, ns)
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    interest = Path(tempfile.gettempdir()) / f"sluice-{ns}.state" / "interest" / plans.topic
+    interest = service_root(ns) / "interest" / plans.topic
     deadline = time.monotonic() + 20
     while not any(not p.name.startswith(".") for p in interest.glob("*")):
         assert time.monotonic() < deadline, "the subscriber did not start waiting"

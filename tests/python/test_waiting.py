@@ -4,15 +4,14 @@ background of the calling process."""
 from __future__ import annotations
 
 import signal
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 import sluice
+from helpers import service_root
 
 BLOCKED_IN_NEXT = """
 import sys, sluice
@@ -129,7 +128,7 @@ def test_producer_wait_times_out_while_the_run_goes_on(plans):
 
 def _waiting_subscribers(ns: str, topic: str) -> int:
     """Subscribers that declared their interest in ``topic`` (docs/protocol.md)."""
-    interest = Path(tempfile.gettempdir()) / f"sluice-{ns}.state" / "interest" / topic
+    interest = service_root(ns) / "interest" / topic
     return sum(1 for p in interest.glob("*") if not p.name.startswith("."))
 
 

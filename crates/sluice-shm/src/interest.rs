@@ -4,7 +4,7 @@
 //! creates its topic and publishes at once can be through its first batches (or its
 //! whole run) before the waiting subscribers, polling for the topic, manage to attach:
 //! the PUB/SUB join race. So a subscriber that waits for a topic first registers under
-//! `<state dir>/interest/<topic>/`, and a producer that has just created the topic waits
+//! `<service directory>/interest/<topic>/`, and a producer that has just created the topic waits
 //! until every live registration is gone (each subscriber removes its own once it is
 //! attached) before it publishes, bounded by a grace period (`sluice.attach_grace_s`).
 //!
@@ -50,6 +50,7 @@ pub struct Interest {
 impl Interest {
     /// Declares that this process waits for `topic` in `namespace`.
     pub fn declare(namespace: &Namespace, topic: &TopicName) -> Result<Self> {
+        namespace.prepare_root()?;
         let dir = interest_dir(namespace, topic);
         create_private_dir(&dir)?;
         let name = format!(
@@ -88,8 +89,22 @@ impl Drop for Interest {
 /// The live registrations for `topic`: subscribers that wait to attach to it. Removes
 /// the registrations of processes that died.
 pub fn pending_interest(namespace: &Namespace, topic: &TopicName) -> usize {
-    let dir = interest_dir(namespace, topic);
-    let Ok(entries) = std::fs::read_dir(&dir) else {
+    live_in(&interest_dir(namespace, topic))
+}
+
+/// Removes the registrations of dead processes for every topic of `namespace` (part of
+/// [`Namespace::reclaim_dead`]: a subscriber killed while it waited for a topic that no
+/// producer created since leaves one).
+pub(crate) fn sweep(namespace: &Namespace) {
+    let topics = std::fs::read_dir(namespace.root().join("interest"));
+    for topic in topics.into_iter().flatten().flatten() {
+        live_in(&topic.path());
+    }
+}
+
+/// The live registrations in `dir`; removes those of processes that died.
+fn live_in(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
     let mut live = 0;
@@ -121,8 +136,11 @@ pub fn pending_interest(namespace: &Namespace, topic: &TopicName) -> usize {
     live
 }
 
+/// In the service directory (owner-only, in `/dev/shm`), not the state directory: a
+/// producer and subscribers that see each other's topic see each other's registrations,
+/// whatever their `TMPDIR`.
 fn interest_dir(namespace: &Namespace, topic: &TopicName) -> PathBuf {
-    namespace.state_dir().join("interest").join(topic.as_str())
+    namespace.root().join("interest").join(topic.as_str())
 }
 
 fn older_than(path: &Path, age: Duration) -> bool {

@@ -138,8 +138,8 @@ impl Namespace {
     }
 
     /// The directory of the namespace's durable state (producer checkpoints, status
-    /// reports, declared interest): in the temporary directory, apart from the service
-    /// directory, so that reclaiming a crashed process's resources never touches it.
+    /// reports): in the temporary directory, apart from the service directory, so that
+    /// reclaiming a crashed process's resources never touches it.
     /// Created owner-only on first use.
     pub fn state_dir(&self) -> PathBuf {
         std::env::temp_dir().join(format!("sluice-{}.state", self.name))
@@ -163,7 +163,8 @@ impl Namespace {
         Ok(node)
     }
 
-    fn prepare_root(&self) -> Result<()> {
+    /// Creates the service directory, owner-only, or checks that it is one of ours.
+    pub(crate) fn prepare_root(&self) -> Result<()> {
         let root = self.root();
         // Owner-only from the start: no moment in which others may enter it.
         let created = {
@@ -227,7 +228,8 @@ impl Namespace {
     }
 
     /// Removes the resources of every dead process of this namespace (crashed producers
-    /// and subscribers). Returns how many dead nodes were cleaned.
+    /// and subscribers, and the interest registrations of subscribers killed while they
+    /// waited). Returns how many dead nodes were cleaned.
     pub fn reclaim_dead(&self) -> usize {
         let mut cleaned = 0;
         let mut orphans = Vec::new();
@@ -248,6 +250,7 @@ impl Namespace {
         }
         cleaned += self.sweep_unmonitored_nodes();
         self.sweep_orphan_listeners();
+        crate::interest::sweep(self);
         // A process killed between creating the node counter and narrowing it.
         self.narrow_global_segment();
         cleaned
