@@ -51,6 +51,36 @@ fn subscribers_started_before_their_producer_receive_everything_under_load() {
     }
 }
 
+/// Subscribers started before their producer are waited for even when the two sides
+/// have different temporary directories (a batch scheduler's per-job `TMPDIR`,
+/// `PrivateTmp`): the topic and the subscribers' declared interest both live in the
+/// namespace's service directory in /dev/shm, so no `--min-subscribers` is needed.
+#[test]
+fn early_subscribers_are_waited_for_across_temporary_directories() {
+    let mut h = Harness::new();
+    h.dataset(7_001);
+    let (rows, sum) = parquet_oracle(&h.path("data"));
+    h.plan(
+        "p.sql",
+        &plan_sql("tmpdirs", "SET sluice.epochs = 2;", QUERY),
+    );
+    let (theirs, ours) = (h.path("tmp-subscribers"), h.path("tmp-producer"));
+    std::fs::create_dir_all(&theirs).unwrap();
+    std::fs::create_dir_all(&ours).unwrap();
+    h.env = vec![("TMPDIR".into(), theirs.display().to_string())];
+    let subs: Vec<_> = (0..2)
+        .map(|_| h.spawn(&["subscribe", "tmpdirs", "--json", "--timeout", "60"]))
+        .collect();
+    h.wait_for_interest("tmpdirs", 2, LIMIT);
+    h.env = vec![("TMPDIR".into(), ours.display().to_string())];
+    let producer = h.spawn(&["run", "p.sql", "--quiet"]);
+    for sub in subs {
+        assert_exactly_once(&sub.wait(LIMIT), 2, rows, &sum);
+    }
+    let out = producer.wait(LIMIT);
+    assert!(out.status.success(), "{}", out.stderr);
+}
+
 /// Three subscriber processes started before the producer each receive every row of
 /// every epoch exactly once (checked against DataFusion reading the same source), the
 /// final partial batch included.
