@@ -78,7 +78,8 @@ print(rows, total, started)
 def timed(cmds: list[list[str]], env: dict, deadline: float = 1200) -> tuple[float, float, list[str], list[float]]:
     """Runs `cmds` at once; wall seconds, CPU-seconds of all of them, their outputs, and
     each one's CPU-seconds (user + system, its own children included). Kills them all
-    after `deadline` seconds, or as soon as something fails."""
+    after `deadline` seconds, and the rest once one that is waited for has failed (they
+    are waited for in order, so a failure is noticed when its turn comes)."""
     t0 = time.perf_counter()
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True, env=env) for c in cmds]
 

@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import sluice
-from helpers import service_root
+from helpers import service_root, state_dir
 
 _NEXT = itertools.count()
 SHM = Path("/dev/shm")
@@ -37,13 +36,9 @@ def _shm_files(ns: str) -> list[Path]:
     return [p for p in SHM.iterdir() if p.name.startswith(prefix)]
 
 
-def _service_root(ns: str) -> Path:
-    return service_root(ns)
-
-
 def _leftovers(ns: str) -> list[str]:
     shm = [str(p) for p in _shm_files(ns) if not p.name.endswith("global_mgmt")]
-    root = _service_root(ns)
+    root = service_root(ns)
     files = [str(p) for p in root.rglob("*") if p.is_file()] if root.exists() else []
     return shm + files
 
@@ -81,9 +76,9 @@ def ns() -> Iterator[str]:
             left = _leftovers(name)
         for p in _shm_files(name):
             p.unlink(missing_ok=True)
-        shutil.rmtree(_service_root(name), ignore_errors=True)
+        shutil.rmtree(service_root(name), ignore_errors=True)
         # Checkpoints and `sluice status` reports (Namespace::state_dir).
-        shutil.rmtree(Path(tempfile.gettempdir()) / f"sluice-{name}.state", ignore_errors=True)
+        shutil.rmtree(state_dir(name), ignore_errors=True)
         if previous is None:
             os.environ.pop("SLUICE_NAMESPACE", None)
         else:

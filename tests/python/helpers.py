@@ -79,3 +79,16 @@ def service_root(ns: str) -> Path:
     is under ``interest/<topic>/`` in it."""
     shm = Path("/dev/shm")
     return (shm if shm.is_dir() else Path(tempfile.gettempdir())) / f"sluice-{ns}"
+
+
+def state_dir(ns: str) -> Path:
+    """The namespace's state directory (``Namespace::state_dir``): checkpoints and
+    ``sluice status`` reports."""
+    return Path(tempfile.gettempdir()) / f"sluice-{ns}.state"
+
+
+def waiting_subscribers(ns: str, topic: str) -> int:
+    """Subscribers whose declared interest in ``topic`` is registered (docs/protocol.md;
+    names starting with a dot are registrations being made)."""
+    interest = service_root(ns) / "interest" / topic
+    return sum(1 for p in interest.glob("*") if not p.name.startswith("."))

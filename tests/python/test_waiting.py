@@ -3,7 +3,9 @@ background of the calling process."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -11,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 import sluice
-from helpers import service_root
+from helpers import waiting_subscribers
 
 BLOCKED_IN_NEXT = """
 import sys, sluice
@@ -126,12 +128,6 @@ def test_producer_wait_times_out_while_the_run_goes_on(plans):
     producer.close()
 
 
-def _waiting_subscribers(ns: str, topic: str) -> int:
-    """Subscribers that declared their interest in ``topic`` (docs/protocol.md)."""
-    interest = service_root(ns) / "interest" / topic
-    return sum(1 for p in interest.glob("*") if not p.name.startswith("."))
-
-
 def test_subscribers_waiting_in_threads_get_a_producer_started_after_them_whole(plans, ns):
     """Three threads wait in ``sluice.subscribe`` before a ``Producer`` of the same
     process starts, with no ``min_subscribers``: each gets every row (issue 13: the run
@@ -152,7 +148,7 @@ def test_subscribers_waiting_in_threads_get_a_producer_started_after_them_whole(
     for t in threads:
         t.start()
     deadline = time.monotonic() + 20
-    while _waiting_subscribers(ns, plans.topic) < 3:
+    while waiting_subscribers(ns, plans.topic) < 3:
         assert time.monotonic() < deadline, "the subscribers did not start waiting"
         time.sleep(0.01)
     producer = sluice.Producer(plan)
@@ -165,3 +161,57 @@ def test_subscribers_waiting_in_threads_get_a_producer_started_after_them_whole(
     assert stats.rows == rows
     for i in range(3):
         assert sorted(received[i]) == list(range(rows)), f"subscriber {i}"
+
+
+EPOCH_ROWS = """
+import sys, sluice
+with sluice.subscribe(sys.argv[1], timeout=120) as sub:
+    print("ready", flush=True)
+    for epoch in sub.epochs():
+        rows = sum(b.num_rows for b in epoch)
+        s = epoch.summary
+        print(epoch.epoch, rows, s.complete, s.producer_rows, flush=True)
+"""
+
+RUN_PLAN = """
+import sys, sluice
+with sluice.Producer(sys.argv[1]) as p:
+    pass
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("producer", ["python", "cli"])
+def test_subscriber_processes_started_before_a_producer_process_get_every_epoch_whole(
+        plans, ns, run_python, producer):
+    """Two Python processes wait in ``sluice.subscribe`` (it waits in slices, to answer
+    Ctrl-C) before a producer process starts (``sluice.Producer``, or ``sluice run``),
+    with no ``min_subscribers``: both get every row of every epoch, the first included
+    (their declared interest must last through the slices, or the producer starts
+    without them)."""
+    cli = os.environ.get("SLUICE_CLI")
+    if producer == "cli" and not cli:
+        pytest.skip("SLUICE_CLI (the sluice binary, set by scripts/test-python.sh) is needed")
+    rows = 30_011
+    plan = plans.plan(rows=rows, batch_rows=101, epochs=2)
+    subs = [run_python(EPOCH_ROWS, plans.topic) for _ in range(2)]
+    deadline = time.monotonic() + 20
+    while waiting_subscribers(ns, plans.topic) < 2:
+        assert time.monotonic() < deadline, "the subscribers did not start waiting"
+        time.sleep(0.01)
+    # Several of their slices pass before the producer comes.
+    time.sleep(0.5)
+    if producer == "cli":
+        env = dict(os.environ, SLUICE_NAMESPACE=ns, SLUICE_LOG="warn")
+        run = subprocess.run([cli, "run", str(plan), "--quiet"], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+    else:
+        run = run_python(RUN_PLAN, str(plan))
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+    for sub in subs:
+        out, err = sub.communicate(timeout=60)
+        assert sub.returncode == 0, err
+        lines = [line.split() for line in out.splitlines() if line != "ready"]
+        assert lines == [[str(e), str(rows), "True", str(rows)] for e in range(2)], (out, err)

@@ -106,14 +106,7 @@ pub fn sluice(
                 format!("sub{n}.{i}/{batch_rows}"),
                 move || -> Result<(u64, f64, f64)> {
                     let cpu0 = thread_cpu_seconds()?;
-                    let mut sub = Subscriber::connect(
-                        &topic,
-                        SubscribeOptions {
-                            timeout: Some(Duration::from_secs(120)),
-                            namespace: Some(ns),
-                            ..SubscribeOptions::default()
-                        },
-                    )?;
+                    let mut sub = crate::transport::subscribe(&ns, &topic)?;
                     let (rows, first) = receive_all(&mut sub)?;
                     let secs = first.map_or(f64::NAN, |t| t.elapsed().as_secs_f64());
                     Ok((rows, secs, thread_cpu_seconds()? - cpu0))

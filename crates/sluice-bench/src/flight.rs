@@ -62,14 +62,7 @@ fn receive(
     let mut rows = 0u64;
     match reach {
         Reach::Local => {
-            let mut sub = Subscriber::connect(
-                &topic,
-                SubscribeOptions {
-                    timeout: Some(Duration::from_secs(60)),
-                    namespace: Some(ns),
-                    ..SubscribeOptions::default()
-                },
-            )?;
+            let mut sub = crate::transport::subscribe(&ns, &topic)?;
             (rows, first) = crate::fanout::receive_all(&mut sub)?;
         }
         Reach::Remote => {

@@ -21,7 +21,8 @@ use sluice::shm::{TopicConfig, TopicPublisher};
 
 const ACK_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn subscribe(ns: &Namespace, topic: &str) -> Result<Subscriber> {
+/// A benchmark's subscriber to `topic`: it waits up to a minute for its producer.
+pub(crate) fn subscribe(ns: &Namespace, topic: &str) -> Result<Subscriber> {
     Ok(Subscriber::connect(
         topic,
         SubscribeOptions {

@@ -306,14 +306,13 @@ impl PySubscriber {
         reconnect: Option<f64>,
     ) -> PyResult<Self> {
         // A local topic name, or flight://HOST:PORT/TOPIC (checked when connecting).
-        match sluice::flight::FlightTarget::parse(topic) {
+        let local = match sluice::flight::FlightTarget::parse(topic) {
             Some(target) => {
                 target.map_err(|e| PyValueError::new_err(e.to_string()))?;
+                None
             }
-            None => {
-                TopicName::new(topic).map_err(|e| PyValueError::new_err(e.to_string()))?;
-            }
-        }
+            None => Some(TopicName::new(topic).map_err(|e| PyValueError::new_err(e.to_string()))?),
+        };
         let batch_size = parse_count("batch_size", batch_size, 1)?;
         let join_mode = parse_join(join)?;
         let on_lag_mode = parse_on_lag(on_lag)?;
@@ -322,6 +321,21 @@ impl PySubscriber {
         let reconnect = match reconnect {
             Some(t) if t.is_infinite() && t > 0.0 => Some(Duration::MAX),
             other => parse_timeout("reconnect", other)?,
+        };
+        // Each slice below connects afresh, to answer Ctrl-C between slices, and a slice
+        // that times out withdraws the interest it declared: a producer starting between
+        // two slices would see nobody waiting and publish without this subscriber. So the
+        // interest is declared once, for the whole wait, in the namespace every slice uses.
+        let namespace = match local {
+            Some(_) => Some(sluice::Namespace::from_env().map_err(|e| to_py(&e))?),
+            None => None,
+        };
+        let interest = match (&namespace, &local) {
+            (Some(ns), Some(name)) => Some(
+                py.detach(|| sluice::shm::Interest::declare(ns, name))
+                    .map_err(|e| to_py(&e))?,
+            ),
+            _ => None,
         };
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
@@ -334,7 +348,7 @@ impl PySubscriber {
             #[allow(clippy::needless_update)]
             let options = SubscribeOptions {
                 timeout: Some(slice),
-                namespace: None,
+                namespace: namespace.clone(),
                 batch_size,
                 join: join_mode,
                 on_lag: on_lag_mode,
@@ -357,6 +371,8 @@ impl PySubscriber {
                 }));
             }
         };
+        // Attached: the producer may start.
+        drop(interest);
         Ok(Self {
             topic: topic.to_string(),
             batch_size,

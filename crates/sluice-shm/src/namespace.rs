@@ -19,8 +19,6 @@ pub const SHM_DIR: &str = "/dev/shm";
 const SOCKET_PATH_MAX: usize = 108;
 /// Digits of the largest listener id (`u128::MAX`).
 const LISTENER_ID_DIGITS: usize = 39;
-/// Namespace names are never longer, whatever the directory.
-const MAX_NAME_LEN: usize = 32;
 
 /// An isolated set of topics: its own shared-memory prefix and service directory.
 ///
@@ -33,6 +31,9 @@ const MAX_NAME_LEN: usize = 32;
 pub struct Namespace {
     name: String,
     config: Config,
+    /// The service directory (see [`Namespace::root`]), decided once: iceoryx2's
+    /// configuration and Sluice's own sweeps must agree on it.
+    root: PathBuf,
 }
 
 impl Namespace {
@@ -52,7 +53,14 @@ impl Namespace {
     /// that its event sockets' paths fit a Unix socket address ([`Namespace::max_name_len`]:
     /// 16 with the service directory in `/dev/shm`).
     pub fn new(name: &str) -> Result<Self> {
-        let max = Self::max_name_len();
+        let base = Self::base_dir();
+        let Some(max) = Self::max_name_len_in(&base) else {
+            return Err(SluiceError::Config(format!(
+                "the service directory's path ({}/sluice-<namespace>) is too long for Unix \
+                 sockets of at most {SOCKET_PATH_MAX} bytes: set TMPDIR to a shorter directory",
+                base.display()
+            )));
+        };
         let valid = !name.is_empty()
             && name.len() <= max
             && name
@@ -61,9 +69,9 @@ impl Namespace {
         if !valid {
             return Err(SluiceError::Config(format!(
                 "invalid SLUICE_NAMESPACE '{name}': use 1 to {max} characters from A-Z, a-z, 0-9, '_', '-' \
-                 (event sockets live at {}/<shared-memory prefix><port id>.event, and a Unix socket path \
-                 has at most {SOCKET_PATH_MAX} bytes)",
-                Self::root_for("<namespace>").display()
+                 (event sockets live at {}/sluice-<namespace>/<shared-memory prefix><port id>.event, \
+                 and a Unix socket path has at most {SOCKET_PATH_MAX} bytes)",
+                base.display()
             )));
         }
         let mut config = Config::default();
@@ -71,7 +79,7 @@ impl Namespace {
         config.global.prefix = FileName::new(prefix.as_bytes()).map_err(|e| {
             SluiceError::Config(format!("bad shared-memory prefix {prefix}: {e:?}"))
         })?;
-        let root = Self::root_for(name);
+        let root = base.join(format!("sluice-{name}"));
         let mut root_str = root.display().to_string();
         root_str.push('/');
         let root_path = IoxPath::new(root_str.as_bytes())
@@ -80,6 +88,7 @@ impl Namespace {
         Ok(Self {
             name: name.to_string(),
             config,
+            root,
         })
     }
 
@@ -91,18 +100,25 @@ impl Namespace {
     /// short ids would fail later, in a long-running or reconnecting process. So the
     /// worst case has to fit.
     pub fn max_name_len() -> usize {
-        let fixed = |name_len: usize| {
-            // "<base>/sluice-<name>" + "/" + "iox2_sluice_<name>_" + id + ".event"
-            let root = Self::root_for(&"x".repeat(name_len)).as_os_str().len();
-            root + 1 + "iox2_sluice__".len() + name_len + LISTENER_ID_DIGITS + ".event".len()
-        };
-        (0..=MAX_NAME_LEN)
-            .rev()
-            .find(|&n| fixed(n) <= SOCKET_PATH_MAX)
-            .unwrap_or(0)
+        Self::max_name_len_in(&Self::base_dir()).unwrap_or(0)
     }
 
-    /// The service directory lives in `/dev/shm`, beside the topics' segments:
+    /// [`Namespace::max_name_len`] for service directories in `base`; `None` when not even
+    /// a one-character name fits.
+    fn max_name_len_in(base: &Path) -> Option<usize> {
+        // "<base>/sluice-<name>" + "/" + "iox2_sluice_<name>_" + id + ".event": the name
+        // counts twice.
+        let fixed = base.as_os_str().len()
+            + "/sluice-".len()
+            + "/".len()
+            + "iox2_sluice__".len()
+            + LISTENER_ID_DIGITS
+            + ".event".len();
+        let max = SOCKET_PATH_MAX.checked_sub(fixed)? / 2;
+        (max >= 1).then_some(max)
+    }
+
+    /// Where service directories live: `/dev/shm`, beside the topics' segments:
     /// * it is a RAM file system, where creating and removing the node, service and
     ///   socket files of every process that attaches costs no disk block lookups (on an
     ///   ext4 `/tmp` that busy with files created and removed, inode allocation alone was
@@ -112,14 +128,13 @@ impl Namespace {
     ///   IPC namespace have a `/tmp` of their own).
     ///
     /// Without a `/dev/shm` directory, the temporary directory.
-    fn root_for(name: &str) -> PathBuf {
+    fn base_dir() -> PathBuf {
         let shm = Path::new(SHM_DIR);
-        let base = if shm.is_dir() {
+        if shm.is_dir() {
             shm.to_path_buf()
         } else {
             std::env::temp_dir()
-        };
-        base.join(format!("sluice-{name}"))
+        }
     }
 
     /// The namespace's name.
@@ -134,7 +149,7 @@ impl Namespace {
 
     /// The directory that holds the namespace's service and node files.
     pub fn root(&self) -> PathBuf {
-        Self::root_for(&self.name)
+        self.root.clone()
     }
 
     /// The directory of the namespace's durable state (producer checkpoints, status

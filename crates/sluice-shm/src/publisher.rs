@@ -250,14 +250,15 @@ impl TopicPublisher {
             .create()
             .map_err(transport("cannot create publisher"))?;
         tracing::info!(
-            "topic '{}' created: {:.1} MiB of shared memory ({} chunks of {} KiB: {} subscribers x ({} queued + {} held) + {} loaned); {:.1} MiB free in {SHM_DIR}",
+            "topic '{}' created: {:.1} MiB of shared memory ({} chunks of {} KiB: {} subscribers x ({} queued + {} held) + {} kept for replay + {} loaned); {:.1} MiB free in {SHM_DIR}",
             config.topic,
             needed as f64 / (1 << 20) as f64,
             config.chunks(),
             config.max_message_bytes.div_ceil(1024),
             config.max_subscribers,
-            config.window,
+            config.queue_depth(),
             config.max_held,
+            config.history(),
             MAX_LOANED,
             available as f64 / (1 << 20) as f64,
         );

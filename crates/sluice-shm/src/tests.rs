@@ -356,12 +356,14 @@ fn service_directory_in_dev_shm_and_owner_only() {
 #[test]
 fn namespace_names_fit_a_socket_path() {
     let max = Namespace::max_name_len();
-    // "/dev/shm/sluice-<n>/iox2_sluice_<n>_<39 digits>.event" = 75 + 2n bytes.
-    assert_eq!(max, 16);
+    if std::path::Path::new(crate::namespace::SHM_DIR).is_dir() {
+        // "/dev/shm/sluice-<n>/iox2_sluice_<n>_<39 digits>.event" = 75 + 2n bytes.
+        assert_eq!(max, 16);
+    }
     let err = Namespace::new(&"n".repeat(max + 1))
         .unwrap_err()
         .to_string();
-    assert!(err.contains("1 to 16 characters"), "{err}");
+    assert!(err.contains(&format!("1 to {max} characters")), "{err}");
     assert!(Namespace::new(&"n".repeat(32)).is_err());
     assert!(Namespace::new("").is_err());
     assert!(Namespace::new("a/b").is_err());
