@@ -77,7 +77,7 @@ def subscriber_rate(data: Path, workdir: Path, env: dict, python: bool, epochs: 
     plan = workdir / f"{topic}.sql"
     plan.write_text(
         f"SET sluice.topic = '{topic}'; SET sluice.batch_rows = 1024; SET sluice.epochs = {epochs};\n"
-        f"SET sluice.window = 8; SET sluice.max_subscribers = 1;\n"
+        f"SET sluice.max_subscribers = 1;\n"
         f"CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION '{data}/';\n"
         "SELECT id, label, text, features FROM train;\n"
     )
@@ -107,7 +107,7 @@ def run_sluice(data: Path, n: int, epochs: int, workdir: Path, env: dict) -> tup
     plan = workdir / f"{topic}.sql"
     plan.write_text(
         f"SET sluice.topic = '{topic}'; SET sluice.batch_rows = 512; SET sluice.epochs = {epochs};\n"
-        f"SET sluice.window = 8; SET sluice.max_subscribers = {max(n, 1)};\n"
+        f"SET sluice.max_subscribers = {max(n, 1)};\n"
         f"CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION '{data}/';\n"
         "SELECT id, label, text, features FROM train WHERE label IS NOT NULL;\n"
     )

@@ -2,7 +2,6 @@
 SET sluice.topic = 'demo';
 SET sluice.batch_rows = 512;
 SET sluice.epochs = 2;
-SET sluice.window = 8;
 
 CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION 'data/demo/';
 

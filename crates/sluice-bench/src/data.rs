@@ -62,12 +62,20 @@ pub fn write(dir: &Path, rows: usize) -> Result<Dataset> {
 
 /// `sluice.window` of the benchmark's topics (`--window`): how many batches a
 /// subscriber may have queued, and so how long a burst may run before it wakes them
-/// (half of it).
-pub static WINDOW: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(8);
+/// (half of it); 0: 'auto', the default.
+pub static WINDOW: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// The benchmark's topics' window (see [`WINDOW`]).
-pub fn window() -> usize {
-    WINDOW.load(std::sync::atomic::Ordering::Relaxed)
+/// The benchmark's topics' window (see [`WINDOW`]): `None` for 'auto'.
+pub fn window() -> Option<usize> {
+    match WINDOW.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => None,
+        n => Some(n),
+    }
+}
+
+/// `sluice.window` as a plan file sets it.
+pub fn window_option() -> String {
+    window().map_or_else(|| "'auto'".to_string(), |n| n.to_string())
 }
 
 /// The plan every Sluice producer and every independent pipeline runs: the whole
@@ -88,6 +96,6 @@ pub fn plan_sql(
          SET sluice.max_subscribers = 16;\n\
          CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION '{location}'{options};\n\
          SELECT id, label, text, features FROM train;\n",
-        window = window()
+        window = window_option()
     )
 }

@@ -39,6 +39,8 @@ pub struct Run {
     /// subscriber's full queue (`RunStats::waited_for_pipeline`, `waited_for_subscribers`);
     /// 0 for independent pipelines.
     pub waits: (f64, f64),
+    /// The topic's window (as `sluice.window` sized it); 0 for independent pipelines.
+    pub window: usize,
 }
 
 /// A multi-threaded tokio runtime whose workers are named `name` (so that a per-thread
@@ -178,6 +180,7 @@ pub fn sluice(
             stats.waited_for_pipeline.as_secs_f64(),
             stats.waited_for_subscribers.as_secs_f64(),
         ),
+        window: stats.window,
     })
 }
 
@@ -246,6 +249,7 @@ pub fn independent(data: &Dataset, n: usize, epochs: u64, batch_rows: usize) -> 
         wall: start.elapsed().as_secs_f64(),
         consumer_cpu: 0.0,
         waits: (0.0, 0.0),
+        window: 0,
         rows: data.rows * epochs,
         publisher: (0.0, 0.0),
     })

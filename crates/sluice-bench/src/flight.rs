@@ -119,13 +119,22 @@ pub fn sluice(
         .collect::<sluice::Result<Vec<_>>>()?;
     let rows_per_epoch: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
     let stop = Arc::new(AtomicBool::new(false));
-    let config = TopicConfig {
+    let mut config = TopicConfig {
         topic: TopicName::new(topic)?,
-        window: crate::data::window(),
+        window: 1,
         max_subscribers: n,
         max_held: 4,
         max_message_bytes: encoded.iter().map(|e| e.len()).max().unwrap_or(1),
         lag_limit: None,
+    };
+    // As a producer sizes an 'auto' window (with the exact message size: these batches
+    // are all known).
+    config.window = match crate::data::window() {
+        Some(n) => n,
+        None => config.auto_window(
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            sluice::shm::shm_available()?,
+        ),
     };
     let mut publisher = TopicPublisher::create(ns, config, stop.clone())?;
     let server = match reach {

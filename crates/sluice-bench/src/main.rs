@@ -52,10 +52,11 @@ struct Args {
     /// with many cores runs the default in tenths of a second per run: give it more.
     #[arg(long)]
     rows: Option<usize>,
-    /// `sluice.window` of the topics of comparisons 1 to 3 (default 8): batches a
-    /// subscriber may have queued; a burst wakes subscribers after half of it.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
-    window: u64,
+    /// `sluice.window` of the topics of comparisons 1 to 3: 'auto' (the default, as for
+    /// any topic) or batches a subscriber may have queued; a burst wakes subscribers
+    /// after half of it.
+    #[arg(long, default_value = "auto", value_parser = parse_window)]
+    window: WindowArg,
     /// Comparisons to leave out, by name (the report says which were skipped).
     #[arg(long, value_enum, value_delimiter = ',')]
     skip: Vec<Part>,
@@ -144,6 +145,21 @@ impl Drop for NamespaceGuard {
     }
 }
 
+/// `--window`: 'auto' (`None`) or a number of batches.
+#[derive(Debug, Clone, Copy)]
+struct WindowArg(Option<usize>);
+
+/// Parses `--window`: 'auto' or 1 to 1024 batches.
+fn parse_window(text: &str) -> std::result::Result<WindowArg, String> {
+    if text.eq_ignore_ascii_case("auto") {
+        return Ok(WindowArg(None));
+    }
+    match text.parse::<usize>() {
+        Ok(n @ 1..=1024) => Ok(WindowArg(Some(n))),
+        _ => Err(format!("'{text}': give 'auto' or 1 to 1024 batches")),
+    }
+}
+
 fn main() {
     let args = Args::parse();
     if let Err(e) = run(&args) {
@@ -196,7 +212,10 @@ fn run(args: &Args) -> Result<()> {
         );
     }
     let runs = |part: Part| !args.skip.contains(&part);
-    data::WINDOW.store(args.window as usize, std::sync::atomic::Ordering::Relaxed);
+    data::WINDOW.store(
+        args.window.0.unwrap_or(0),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let img = args.out.join("img");
     std::fs::create_dir_all(&img).with_context(|| format!("cannot create {}", img.display()))?;
     if cfg!(debug_assertions) {
@@ -689,11 +708,10 @@ impl Report {
         writeln!(
             head,
             "* Topics of comparisons 1 to 3: `sluice.window = {}`{}",
-            args.window,
-            if args.window == 8 {
-                ""
-            } else {
-                " (`--window`; the default is 8)"
+            data::window_option(),
+            match args.window.0 {
+                None => " (the default; comparisons 1 and 2b say what it came to)",
+                Some(_) => " (`--window`; the default is 'auto')",
             }
         )?;
         writeln!(
@@ -831,8 +849,11 @@ impl Report {
         let target = ratio_at_8 >= 0.9;
         writeln!(
             b,
-            "\nPer-subscriber rate at N = 8: **{ratio_at_8:.2}** of N = 1 (target ≥ 0.90: {}).",
-            verdict(target)
+            "\nPer-subscriber rate at N = 8: **{ratio_at_8:.2}** of N = 1 (target ≥ 0.90: {}). \
+             The topics' window: {} batches (`sluice.window = {}`).",
+            verdict(target),
+            sl[N8].first().map_or(0, |r| r.window),
+            data::window_option(),
         )?;
         self.goals.push((
             format!("per-subscriber rate, N = 8 against N = 1 (receive and release, {batch_kib:.0} KiB batches)"),
@@ -1423,9 +1444,9 @@ impl Report {
         )?;
         writeln!(
             b,
-            "| batch_rows | KiB per batch | Sluice CPU-s | independent CPU-s | Sluice / independent | subscribers' CPU µs per batch |"
+            "| batch_rows | KiB per batch | window | Sluice CPU-s | independent CPU-s | Sluice / independent | subscribers' CPU µs per batch |"
         )?;
-        writeln!(b, "|---:|---:|---:|---:|---:|---:|")?;
+        writeln!(b, "|---:|---:|---:|---:|---:|---:|---:|")?;
         let mut points = Vec::new();
         for (rows, r) in runs {
             let s = Summary::of(&r.iter().map(|(s, _)| s.cpu).collect::<Vec<_>>());
@@ -1439,8 +1460,9 @@ impl Report {
             );
             writeln!(
                 b,
-                "| {rows} | {:.0} | {} | {} | **{}** | {} |",
+                "| {rows} | {:.0} | {} | {} | {} | **{}** | {} |",
                 *rows as f64 * bytes_per_row / 1024.0,
+                r.first().map_or(0, |(s, _)| s.window),
                 s.show(2),
                 d.show(2),
                 ratio.show(3),

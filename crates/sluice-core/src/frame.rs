@@ -47,7 +47,10 @@ impl TopicName {
     /// Checks and wraps a topic name.
     pub fn new(name: impl Into<String>) -> Result<Self> {
         let name = name.into();
+        // A topic names directories (declared interest): "." and ".." would name others.
         let ok = !name.is_empty()
+            && name != "."
+            && name != ".."
             && name.len() <= 64
             && name
                 .bytes()
@@ -56,7 +59,7 @@ impl TopicName {
             Ok(Self(name))
         } else {
             Err(SluiceError::Config(format!(
-                "invalid topic name '{name}': use 1 to 64 characters from A-Z, a-z, 0-9, '_', '-', '.'"
+                "invalid topic name '{name}': use 1 to 64 characters from A-Z, a-z, 0-9, '_', '-', '.' (not '.' or '..' alone)"
             )))
         }
     }
@@ -96,8 +99,10 @@ mod tests {
 
     #[test]
     fn topic_names_are_restricted_to_safe_characters() {
-        assert!(TopicName::new("demo-1.train_a").is_ok());
-        for bad in ["", "a/b", "x y", "é", &"a".repeat(65)] {
+        for good in ["demo-1.train_a", "...", ".hidden", "a..b"] {
+            assert!(TopicName::new(good).is_ok(), "{good:?} refused");
+        }
+        for bad in ["", "a/b", "x y", "é", &"a".repeat(65), ".", ".."] {
             assert!(TopicName::new(bad).is_err(), "{bad:?} accepted");
         }
     }

@@ -18,8 +18,8 @@ extensions_options! {
         pub shuffle_seed: Option<u64>, default = None
         /// Rows held by the shuffle buffer (memory is bounded by it); used with shuffle_seed.
         pub shuffle_buffer: usize, default = 8192
-        /// Batches a subscriber may have queued: how far the producer runs ahead of the slowest subscriber.
-        pub window: usize, default = 4
+        /// Batches a subscriber may have queued: how far the producer runs ahead of the slowest subscriber. 'auto': about 2 MiB of batches per CPU core (4 to 32 MiB), 4 to 128 batches, within a quarter of the free shared memory; 4 on a device topic.
+        pub window: String, default = "auto".to_string()
         /// Most subscribers that can attach at once; sizes the shared memory.
         pub max_subscribers: usize, default = 16
         /// Subscribers to wait for before publishing the first batch (0: start at once).
@@ -45,6 +45,16 @@ extensions_options! {
         /// Where the final query runs: 'local' (DataFusion in the producer), 'ballista:standalone' (an in-process Ballista scheduler and executor) or 'ballista://HOST:PORT' (a Ballista cluster's scheduler). Set before the query.
         pub engine: String, default = "local".to_string()
     }
+}
+
+/// `sluice.window`: how many batches a subscriber may have queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    /// Sized by the producer from the first batch's size, the machine's cores and the
+    /// free shared memory (`sluice_shm::TopicConfig::auto_window`).
+    Auto,
+    /// This many batches.
+    Batches(usize),
 }
 
 impl ConfigExtension for SluiceOptions {
@@ -86,9 +96,9 @@ impl SluiceOptions {
         self.device()?;
         self.device_memory()?;
         self.read_ahead()?;
+        self.window()?;
         for (name, value) in [
             ("batch_rows", self.batch_rows),
-            ("window", self.window),
             ("max_subscribers", self.max_subscribers),
             ("max_held", self.max_held),
             ("shuffle_buffer", self.shuffle_buffer),
@@ -170,6 +180,21 @@ impl SluiceOptions {
         Ok(size)
     }
 
+    /// The validated `sluice.window`.
+    pub fn window(&self) -> Result<Window> {
+        let text = self.window.trim();
+        if text.eq_ignore_ascii_case("auto") {
+            return Ok(Window::Auto);
+        }
+        match text.parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(Window::Batches(n)),
+            _ => Err(SluiceError::Config(format!(
+                "sluice.window must be 'auto' or a number of batches (at least 1), not '{}'",
+                self.window
+            ))),
+        }
+    }
+
     /// The validated `sluice.read_ahead`: bytes a remote Parquet scan fetches ahead of
     /// its decoder, per partition (0: none).
     pub fn read_ahead(&self) -> Result<ByteSize> {
@@ -215,6 +240,16 @@ mod tests {
     }
 
     #[test]
+    fn the_window_is_auto_or_a_number_of_batches() {
+        let mut o = SluiceOptions::default();
+        assert_eq!(o.window().unwrap(), Window::Auto);
+        o.set_checked("window", "32").unwrap();
+        assert_eq!(o.window().unwrap(), Window::Batches(32));
+        o.set_checked("window", "AUTO").unwrap();
+        assert_eq!(o.window().unwrap(), Window::Auto);
+    }
+
+    #[test]
     fn unknown_options_list_the_valid_ones() {
         let err = SluiceOptions::default()
             .set_checked("bach_rows", "1")
@@ -235,6 +270,16 @@ mod tests {
         assert!(o.set_checked("min_subscribers", "99").is_err());
         let mut o = SluiceOptions::default();
         assert!(o.set_checked("topic", "a/b").is_err());
+        for bad in ["0", "-1", "many", "", "4.5"] {
+            let err = SluiceOptions::default()
+                .set_checked("window", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("'auto' or a number of batches"),
+                "{bad:?}: {err}"
+            );
+        }
         let mut o = SluiceOptions::default();
         assert!(o.set_checked("shard", "3/3").is_err());
         o.set_checked("shard", "2/3").unwrap();

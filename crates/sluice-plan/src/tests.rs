@@ -123,8 +123,8 @@ async fn options_are_applied_and_datafusion_options_pass_through() {
     let plan = Plan::from_sql("p.sql", &sql).await.unwrap();
     let o = plan.options();
     assert_eq!(
-        (o.batch_rows, o.epochs, o.shuffle_seed, o.window),
-        (128, 3, Some(7), 4)
+        (o.batch_rows, o.epochs, o.shuffle_seed, o.window().unwrap()),
+        (128, 3, Some(7), crate::Window::Auto)
     );
     assert_eq!(rows(&plan).await, 500);
     let explain = plan.explain().await.unwrap();

@@ -93,6 +93,11 @@ impl PyRunStats {
     fn shm_bytes(&self) -> u64 {
         self.0.shm_bytes
     }
+    /// Batches a subscriber could have queued (`sluice.window`, as 'auto' sized it).
+    #[getter]
+    fn window(&self) -> usize {
+        self.0.window
+    }
     /// Seconds of `elapsed` the producer waited for its plan (each epoch's and each next
     /// batch): a large share means the pipeline paced the run.
     #[getter]
@@ -107,13 +112,14 @@ impl PyRunStats {
     }
     fn __repr__(&self) -> String {
         format!(
-            "sluice.RunStats(epochs={}, batches={}, rows={}, bytes={}, elapsed={:.3}, shm_bytes={}, waited_for_pipeline={:.3}, waited_for_subscribers={:.3})",
+            "sluice.RunStats(epochs={}, batches={}, rows={}, bytes={}, elapsed={:.3}, shm_bytes={}, window={}, waited_for_pipeline={:.3}, waited_for_subscribers={:.3})",
             self.0.epochs,
             self.0.batches,
             self.0.rows,
             self.0.bytes,
             self.0.elapsed.as_secs_f64(),
             self.0.shm_bytes,
+            self.0.window,
             self.0.waited_for_pipeline.as_secs_f64(),
             self.0.waited_for_subscribers.as_secs_f64(),
         )

@@ -149,6 +149,61 @@ fn shared_memory_is_sized_for_the_worst_case() {
     assert_eq!(config.shm_bytes(), 50 * (1000 + 256));
 }
 
+/// `sluice.window = 'auto'`: about 2 MiB of queue per core (4 to 32 MiB), 4 to 128
+/// messages, a power of two, within a quarter of the free shared memory.
+#[test]
+fn the_auto_window_is_sized_in_bytes_by_cores_and_bounded_by_dev_shm() {
+    const MIB: usize = 1 << 20;
+    let topic = |max_message_bytes: usize| TopicConfig {
+        topic: TopicName::new("t").unwrap(),
+        window: 1,
+        max_subscribers: 16,
+        max_held: 4,
+        max_message_bytes,
+        lag_limit: None,
+    };
+    let plenty = 64 << 30;
+    // The benchmark's 1 024-row batches (107 KiB, planned with half again: 160 KiB).
+    let batch = 160 * 1024;
+    // 2 cores: a 4 MiB queue holds 25 such messages.
+    assert_eq!(topic(batch).auto_window(2, plenty), 16);
+    // 16 cores: 32 MiB, 204 messages, at most 128.
+    assert_eq!(topic(batch).auto_window(16, plenty), 128);
+    // More cores do not raise the queue past 32 MiB.
+    assert_eq!(topic(4 * MIB).auto_window(256, plenty), 4);
+    // (Each chunk carries 256 bytes of bookkeeping besides the message.)
+    assert_eq!(topic(2 * MIB - 256).auto_window(256, plenty), 16);
+    assert_eq!(topic(2 * MIB).auto_window(256, plenty), 8);
+    // Large batches: never fewer than 4; small ones: never more than 128.
+    assert_eq!(topic(8 * MIB).auto_window(2, plenty), 4);
+    assert_eq!(topic(100).auto_window(2, plenty), 128);
+    // A small /dev/shm (a container's 64 MiB): the topic keeps to a quarter of it.
+    let small = 64 * MIB as u64;
+    let window = topic(batch).auto_window(16, small);
+    assert_eq!(window, 4);
+    let window = topic(16 * 1024).auto_window(16, small);
+    let sized = TopicConfig {
+        window,
+        ..topic(16 * 1024)
+    };
+    assert!(
+        sized.shm_bytes() <= small / 4,
+        "{window}: {}",
+        sized.shm_bytes()
+    );
+    let twice = TopicConfig {
+        window: window * 2,
+        ..topic(16 * 1024)
+    };
+    assert!(
+        twice.shm_bytes() > small / 4,
+        "{window} could have been doubled"
+    );
+    // Nothing free at all: the least window (the topic then fails to be created, with
+    // the size it needs).
+    assert_eq!(topic(batch).auto_window(16, 0), 4);
+}
+
 /// Device messages carry their descriptor's bytes, and the chunk a message went out in is
 /// not loaned again while any subscriber holds that message: the guarantee sluice-cuda's
 /// slot ledger binds device slots to.

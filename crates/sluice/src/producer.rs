@@ -10,12 +10,16 @@ use std::path::PathBuf;
 use arrow::record_batch::RecordBatch;
 use futures::StreamExt;
 use sluice_core::{Position, Result, Shaper, SluiceError, wire};
-use sluice_plan::{BatchStream, Plan, SluiceOptions};
+use sluice_plan::{BatchStream, Plan, SluiceOptions, Window};
 use sluice_shm::{Namespace, TopicConfig, TopicPublisher};
 use tokio::runtime::Handle;
 
 use crate::checkpoint::{Checkpoint, CheckpointWriter};
 use crate::status::{ProducerReport, Reporter, unix_now};
+
+/// The window of a device topic under `sluice.window = 'auto'` (its chunks are GPU slots
+/// too), and of a topic that only carries an error.
+const SHORT_WINDOW: usize = 4;
 
 /// Smallest shared-memory chunk a topic is planned with.
 const MIN_MESSAGE_BYTES: usize = 4096;
@@ -80,6 +84,9 @@ pub struct RunStats {
     pub elapsed: Duration,
     /// Shared memory the topic reserved.
     pub shm_bytes: u64,
+    /// The topic's window: batches a subscriber may have queued (`sluice.window`, as
+    /// 'auto' sized it).
+    pub window: usize,
     /// Where the run started: `(0, 0)`, or the checkpoint it resumed from.
     pub resumed_from: Position,
     /// Time the publishing thread spent, within `elapsed`, waiting for the plan: for an
@@ -195,9 +202,9 @@ impl Producer {
             (Some((_, _, Some(encoded))), None) => encoded.len() + encoded.len() / 2,
             _ => 0,
         };
-        let config = TopicConfig {
+        let mut config = TopicConfig {
             topic: topic.clone(),
-            window: opts.window,
+            window: SHORT_WINDOW,
             max_subscribers: opts.max_subscribers,
             max_held: opts.max_held,
             lag_limit: (opts.lag_limit > 0).then_some(opts.lag_limit),
@@ -205,6 +212,16 @@ impl Producer {
             max_message_bytes: largest
                 .max(MIN_MESSAGE_BYTES)
                 .next_multiple_of(wire::ALIGNMENT),
+        };
+        config.window = match opts.window()? {
+            Window::Batches(n) => n,
+            // A device topic's chunks are also GPU slots (sluice.device_memory): its
+            // queues stay short.
+            Window::Auto if device.is_some() => SHORT_WINDOW,
+            Window::Auto => {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                config.auto_window(cores, sluice_shm::shm_available()?)
+            }
         };
         // The device ring is allocated before the topic exists: a ring over
         // sluice.device_memory fails here, with nothing to clean up.
@@ -244,7 +261,7 @@ impl Producer {
                 rows_per_s,
                 subscribers: publisher.subscribers(),
                 shm_bytes,
-                window: opts.window,
+                window: publisher.config().window,
                 lag_limit: opts.lag_limit,
                 updated: unix_now(),
             });
@@ -345,6 +362,7 @@ impl Producer {
                 bytes: progress.bytes,
                 elapsed: start.elapsed(),
                 shm_bytes,
+                window: publisher.config().window,
                 resumed_from: start_at,
                 waited_for_pipeline: source.waited - waited_before_start,
                 waited_for_subscribers: publisher.full_queue_wait(),
@@ -591,7 +609,8 @@ impl Producer {
         let message = error.to_string();
         let config = TopicConfig {
             topic,
-            window: declared.window.max(1),
+            // Nothing but the error goes out: the shortest queue will do.
+            window: SHORT_WINDOW,
             max_subscribers: declared.max_subscribers.max(1),
             max_held: declared.max_held.max(1),
             lag_limit: None,

@@ -359,6 +359,9 @@ class RunStats:
     @property
     def shm_bytes(self) -> int: ...
     @property
+    def window(self) -> int:
+        """Batches a subscriber could have queued (``sluice.window``, as ``'auto'`` sized it)."""
+    @property
     def waited_for_pipeline(self) -> float:
         """Seconds of ``elapsed`` the producer waited for its plan (each epoch's and each batch)."""
     @property
