@@ -108,7 +108,9 @@ def test_a_producer_failing_at_run_time_raises_producer_failed_in_subscribers(pl
 
 
 def test_a_killed_producer_raises_producer_lost(plans, run_python):
-    plan = plans.plan(rows=2000, batch_rows=50)
+    # A short window keeps the producer mid-stream behind this subscriber; 'auto' would
+    # queue all 40 batches at once and the run could be over before the SIGKILL.
+    plan = plans.plan(rows=2000, batch_rows=50, extra="SET sluice.window = 4;\n")
     child = run_python(
         "import sys, sluice\n"
         "p = sluice.Producer(sys.argv[1], min_subscribers=1)\n"
@@ -193,7 +195,8 @@ def test_a_subscriber_behind_the_lag_limit_raises_lagged(plans):
 
 
 def test_on_lag_skip_goes_on_and_reports_the_gap(plans):
-    plan = plans.plan(rows=4000, batch_rows=50, extra=LAG_PLAN)
+    # The window left at 'auto': with a lag limit the queues hold the limit.
+    plan = plans.plan(rows=4000, batch_rows=50, extra="SET sluice.lag_limit = 3;\n")
     producer = sluice.Producer(plan, min_subscribers=1, linger=30)
     with sluice.subscribe(plans.topic, timeout=30, on_lag="skip") as sub:
         assert sub.on_lag == "skip"
@@ -207,7 +210,7 @@ def test_on_lag_skip_goes_on_and_reports_the_gap(plans):
     assert rows < 4000
     assert summary.complete is False and summary.missed > 0
     assert summary.rows == rows and summary.producer_rows == 4000
-    producer.wait(timeout=30)
+    assert producer.wait(timeout=30).window == 3
 
 
 def test_sluice_torch_imports_without_torch_and_says_what_is_missing(ns):

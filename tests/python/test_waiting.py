@@ -100,7 +100,10 @@ def test_a_producer_runs_in_the_background_and_reports_progress(plans):
 
 
 def test_closing_a_producer_stops_its_subscribers(plans):
-    producer = sluice.Producer(plans.plan(rows=5000, batch_rows=50), min_subscribers=1)
+    # A short window keeps the producer mid-stream behind this subscriber; 'auto' would
+    # queue all 100 batches at once and the run could be over before close().
+    plan = plans.plan(rows=5000, batch_rows=50, extra="SET sluice.window = 4;\n")
+    producer = sluice.Producer(plan, min_subscribers=1)
     with sluice.subscribe(plans.topic, timeout=30) as sub:
         batch = next(sub)
         del batch

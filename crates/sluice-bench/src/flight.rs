@@ -127,11 +127,15 @@ pub fn sluice(
         max_message_bytes: encoded.iter().map(|e| e.len()).max().unwrap_or(1),
         lag_limit: None,
     };
-    // As a producer sizes an 'auto' window (with the exact message size: these batches
-    // are all known).
+    // As a producer sizes an 'auto' window: from its plan for the largest message,
+    // half again the first batch's size.
     config.window = match crate::data::window() {
         Some(n) => n,
-        None => config.auto_window(
+        None => TopicConfig {
+            max_message_bytes: config.max_message_bytes + config.max_message_bytes / 2,
+            ..config.clone()
+        }
+        .auto_window(
             std::thread::available_parallelism().map_or(1, |n| n.get()),
             sluice::shm::shm_available()?,
         ),

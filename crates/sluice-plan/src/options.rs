@@ -18,7 +18,7 @@ extensions_options! {
         pub shuffle_seed: Option<u64>, default = None
         /// Rows held by the shuffle buffer (memory is bounded by it); used with shuffle_seed.
         pub shuffle_buffer: usize, default = 8192
-        /// Batches a subscriber may have queued: how far the producer runs ahead of the slowest subscriber. 'auto': about 2 MiB of batches per CPU core (4 to 32 MiB), 4 to 128 batches, within a quarter of the free shared memory; 4 on a device topic.
+        /// Batches a subscriber may have queued: how far the producer runs ahead of the slowest subscriber. 'auto': about 2 MiB of batches per CPU core (4 to 32 MiB), 4 to 128 batches, within an eighth of the free shared memory; 4 on a 'cuda:N' topic or with a lag limit.
         pub window: String, default = "auto".to_string()
         /// Most subscribers that can attach at once; sizes the shared memory.
         pub max_subscribers: usize, default = 16

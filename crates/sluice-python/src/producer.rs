@@ -93,7 +93,8 @@ impl PyRunStats {
     fn shm_bytes(&self) -> u64 {
         self.0.shm_bytes
     }
-    /// Batches a subscriber could have queued (`sluice.window`, as 'auto' sized it).
+    /// Batches a subscriber could have queued: `sluice.window` as 'auto' sized it, or the
+    /// lag limit where one is set.
     #[getter]
     fn window(&self) -> usize {
         self.0.window

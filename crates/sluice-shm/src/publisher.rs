@@ -80,14 +80,19 @@ impl TopicConfig {
     /// The window `sluice.window = 'auto'` gives this topic (its other fields set) on a
     /// machine with `cores` CPU cores and `shm_free` bytes free in `/dev/shm`.
     ///
-    /// A subscriber's queue holds about 2 MiB of messages per core, from 4 to 32 MiB, as a power of two of 4 to 128 messages; then the window is
-    /// halved (not below 4) while the topic would take more than a quarter of the free
-    /// shared memory. Why bytes and cores: a deeper queue absorbs the moments a
-    /// subscriber is late (a wake-up, a preempted core) and wakes subscribers once per
-    /// longer burst, so fan-out and CPU improve with depth, but only up to what the
-    /// caches hold on a small machine. Measured (docs/benchmarks.md, "The window in
-    /// bytes"): 107 KiB batches on 2 cores were best at 16 to 32 messages (128 cost CPU);
-    /// on 16 cores 128 took fan-out at N = 8 from 0.64 (8) and 0.68 (32) to 0.84.
+    /// A subscriber's queue holds about 2 MiB of messages per core, from 4 to 32 MiB, as
+    /// a power of two of 4 to 128 messages; then the window is halved (not below 4) while
+    /// the topic would take more than an eighth of the free shared memory. An eighth,
+    /// because a batch larger than planned makes iceoryx2 add a segment of the same
+    /// chunks at the next power of two while the first may still be in use: the topic
+    /// must be able to triple.
+    ///
+    /// Why bytes and cores: a deeper queue absorbs the moments a subscriber is late (a
+    /// wake-up, a preempted core) and wakes subscribers once per longer burst, so
+    /// fan-out and CPU improve with depth, but only up to what the caches hold on a small
+    /// machine. Measured (docs/benchmarks.md, "The window in bytes"): 107 KiB batches on 2
+    /// cores were best at 16 to 32 messages (128 cost CPU); on 16 cores 128 took fan-out
+    /// at N = 8 from 0.64 (8) and 0.68 (32) to 0.84.
     pub fn auto_window(&self, cores: usize, shm_free: u64) -> usize {
         let queue_bytes = (cores.max(1) as u64 * AUTO_QUEUE_BYTES_PER_CORE)
             .clamp(AUTO_QUEUE_BYTES.0, AUTO_QUEUE_BYTES.1);
@@ -103,7 +108,7 @@ impl TopicConfig {
                 lag_limit: None,
                 ..self.clone()
             };
-            if sized.shm_bytes() <= shm_free / 4 {
+            if sized.shm_bytes() <= shm_free / AUTO_SHM_SHARE {
                 break;
             }
             window /= 2;
@@ -117,6 +122,8 @@ impl TopicConfig {
 const AUTO_QUEUE_BYTES_PER_CORE: u64 = 2 << 20;
 /// The least and most bytes of a queue under `sluice.window = 'auto'`.
 const AUTO_QUEUE_BYTES: (u64, u64) = (4 << 20, 32 << 20);
+/// `sluice.window = 'auto'` keeps a topic to this fraction (1/n) of the free `/dev/shm`.
+const AUTO_SHM_SHARE: u64 = 8;
 /// The least and most messages of a queue under `sluice.window = 'auto'`.
 const AUTO_WINDOW: (usize, usize) = (4, 128);
 

@@ -17,8 +17,9 @@ use tokio::runtime::Handle;
 use crate::checkpoint::{Checkpoint, CheckpointWriter};
 use crate::status::{ProducerReport, Reporter, unix_now};
 
-/// The window of a device topic under `sluice.window = 'auto'` (its chunks are GPU slots
-/// too), and of a topic that only carries an error.
+/// The window under `sluice.window = 'auto'` of a `cuda:N` topic (its chunks are GPU
+/// slots too) and of a topic with a lag limit (whose queues hold the limit), and the
+/// window of the topic `fail_before_start` creates to carry an error.
 const SHORT_WINDOW: usize = 4;
 
 /// Smallest shared-memory chunk a topic is planned with.
@@ -84,8 +85,8 @@ pub struct RunStats {
     pub elapsed: Duration,
     /// Shared memory the topic reserved.
     pub shm_bytes: u64,
-    /// The topic's window: batches a subscriber may have queued (`sluice.window`, as
-    /// 'auto' sized it).
+    /// Batches a subscriber could have queued: `sluice.window` as 'auto' sized it, or the
+    /// lag limit where one is set.
     pub window: usize,
     /// Where the run started: `(0, 0)`, or the checkpoint it resumed from.
     pub resumed_from: Position,
@@ -215,11 +216,16 @@ impl Producer {
         };
         config.window = match opts.window()? {
             Window::Batches(n) => n,
-            // A device topic's chunks are also GPU slots (sluice.device_memory): its
+            // A `cuda:N` topic's chunks are also GPU slots (sluice.device_memory): its
             // queues stay short.
             Window::Auto if device.is_some() => SHORT_WINDOW,
+            // With a lag limit the queues hold the limit and bursts wake at once: the
+            // window sizes nothing.
+            Window::Auto if config.lag_limit.is_some() => SHORT_WINDOW,
             Window::Auto => {
                 let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                // A crashed predecessor's segments are not free space for long.
+                self.namespace.reclaim_dead();
                 config.auto_window(cores, sluice_shm::shm_available()?)
             }
         };
@@ -261,7 +267,7 @@ impl Producer {
                 rows_per_s,
                 subscribers: publisher.subscribers(),
                 shm_bytes,
-                window: publisher.config().window,
+                window: publisher.config().queue_depth(),
                 lag_limit: opts.lag_limit,
                 updated: unix_now(),
             });
@@ -362,7 +368,7 @@ impl Producer {
                 bytes: progress.bytes,
                 elapsed: start.elapsed(),
                 shm_bytes,
-                window: publisher.config().window,
+                window: publisher.config().queue_depth(),
                 resumed_from: start_at,
                 waited_for_pipeline: source.waited - waited_before_start,
                 waited_for_subscribers: publisher.full_queue_wait(),

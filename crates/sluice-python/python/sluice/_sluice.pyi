@@ -360,7 +360,7 @@ class RunStats:
     def shm_bytes(self) -> int: ...
     @property
     def window(self) -> int:
-        """Batches a subscriber could have queued (``sluice.window``, as ``'auto'`` sized it)."""
+        """Batches a subscriber could have queued: ``sluice.window`` as ``'auto'`` sized it, or the lag limit where one is set."""
     @property
     def waited_for_pipeline(self) -> float:
         """Seconds of ``elapsed`` the producer waited for its plan (each epoch's and each batch)."""
