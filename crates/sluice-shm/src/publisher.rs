@@ -56,9 +56,14 @@ pub struct TopicConfig {
 impl TopicConfig {
     /// Shared-memory chunks the producer preallocates: enough that it can always loan
     /// one, whatever its subscribers hold or have queued, and the replay history.
+    /// Saturates: absurd options (`SET sluice.window = 1e18`) make a topic too large for
+    /// any `/dev/shm` (`ShmTooSmall`), not an overflow.
     pub fn chunks(&self) -> u64 {
-        (self.max_subscribers * (self.queue_depth() + self.max_held) + self.history() + MAX_LOANED)
-            as u64
+        let per_subscriber = (self.queue_depth() as u64).saturating_add(self.max_held as u64);
+        (self.max_subscribers as u64)
+            .saturating_mul(per_subscriber)
+            .saturating_add(self.history() as u64)
+            .saturating_add(MAX_LOANED as u64)
     }
 
     /// Messages the topic keeps for subscribers that join with replay (and for
@@ -74,7 +79,30 @@ impl TopicConfig {
 
     /// Bytes of shared memory the topic's data segment takes.
     pub fn shm_bytes(&self) -> u64 {
-        self.chunks() * (self.max_message_bytes as u64 + CHUNK_OVERHEAD)
+        self.chunks()
+            .saturating_mul((self.max_message_bytes as u64).saturating_add(CHUNK_OVERHEAD))
+    }
+
+    /// The topic after a message of `len` bytes, more than planned: iceoryx2 adds a
+    /// segment of as many chunks, each the next power of two, beside the one in use.
+    /// Fails with [`SluiceError::ShmTooSmall`] if `/dev/shm` (`shm_free` bytes free) cannot
+    /// hold it: its pages are only used when written, so a segment larger than the free
+    /// space would be created and then kill this process with SIGBUS mid-stream.
+    pub fn grown_for(&self, len: usize, shm_free: u64) -> Result<Self> {
+        let grown = Self {
+            max_message_bytes: len.next_power_of_two(),
+            ..self.clone()
+        };
+        let needed = grown.shm_bytes();
+        if needed > shm_free {
+            return Err(SluiceError::ShmTooSmall {
+                topic: self.topic.to_string(),
+                needed,
+                available: shm_free,
+                path: SHM_DIR.into(),
+            });
+        }
+        Ok(grown)
     }
 
     /// The window `sluice.window = 'auto'` gives this topic (its other fields set) on a
@@ -451,13 +479,15 @@ impl TopicPublisher {
         more: bool,
     ) -> Result<()> {
         if encoded.len() > self.config.max_message_bytes {
+            let grown = self.config.grown_for(encoded.len(), shm_available()?)?;
             tracing::warn!(
                 topic = %self.config.topic,
                 bytes = encoded.len(),
                 planned = self.config.max_message_bytes,
+                segment_bytes = grown.shm_bytes(),
                 "batch is larger than planned; the topic's shared memory grows"
             );
-            self.config.max_message_bytes = encoded.len().next_power_of_two();
+            self.config = grown;
         }
         let header = FrameHeader {
             kind: FrameKind::Batch as u32,

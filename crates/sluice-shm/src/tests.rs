@@ -147,6 +147,50 @@ fn shared_memory_is_sized_for_the_worst_case() {
     assert_eq!(config.history(), 8);
     assert_eq!(config.chunks(), 4 * (8 + 2) + 8 + 2);
     assert_eq!(config.shm_bytes(), 50 * (1000 + 256));
+    // Absurd options saturate (the topic is then too large for any /dev/shm), never
+    // overflow.
+    let absurd = TopicConfig {
+        window: usize::MAX / 2,
+        max_subscribers: usize::MAX,
+        ..config
+    };
+    assert_eq!((absurd.chunks(), absurd.shm_bytes()), (u64::MAX, u64::MAX));
+}
+
+/// A message larger than planned grows the topic (a segment of as many chunks, each the
+/// next power of two), unless `/dev/shm` cannot hold it: then an error that says what to
+/// lower, not a SIGBUS when the producer writes pages that do not exist.
+#[test]
+fn a_topic_grows_for_a_larger_message_only_if_dev_shm_holds_it() {
+    let config = TopicConfig {
+        topic: TopicName::new("t").unwrap(),
+        window: 8,
+        max_subscribers: 4,
+        max_held: 2,
+        max_message_bytes: 4096,
+        lag_limit: None,
+    };
+    let grown = config.grown_for(5000, u64::MAX).unwrap();
+    assert_eq!(grown.max_message_bytes, 8192);
+    assert_eq!(grown.shm_bytes(), config.chunks() * (8192 + 256));
+    assert_eq!(
+        config
+            .grown_for(5000, grown.shm_bytes())
+            .unwrap()
+            .max_message_bytes,
+        8192
+    );
+    match config.grown_for(5000, grown.shm_bytes() - 1) {
+        Err(SluiceError::ShmTooSmall {
+            needed, available, ..
+        }) => {
+            assert_eq!(
+                (needed, available),
+                (grown.shm_bytes(), grown.shm_bytes() - 1)
+            );
+        }
+        other => panic!("expected ShmTooSmall, got {other:?}"),
+    }
 }
 
 /// `sluice.window = 'auto'`: about 2 MiB of queue per core (4 to 32 MiB), 4 to 128
