@@ -124,18 +124,15 @@ pub fn sluice(
         window: 1,
         max_subscribers: n,
         max_held: 4,
-        max_message_bytes: encoded.iter().map(|e| e.len()).max().unwrap_or(1),
+        // Planned as a producer plans its topic (and so its 'auto' window).
+        max_message_bytes: sluice::shm::planned_message_bytes(
+            encoded.iter().map(|e| e.len()).max().unwrap_or(1),
+        ),
         lag_limit: None,
     };
-    // As a producer sizes an 'auto' window: from its plan for the largest message,
-    // half again the first batch's size.
     config.window = match crate::data::window() {
         Some(n) => n,
-        None => TopicConfig {
-            max_message_bytes: config.max_message_bytes + config.max_message_bytes / 2,
-            ..config.clone()
-        }
-        .auto_window(
+        None => config.auto_window(
             std::thread::available_parallelism().map_or(1, |n| n.get()),
             sluice::shm::shm_available()?,
         ),

@@ -247,6 +247,16 @@ mod tests {
         assert_eq!(o.window().unwrap(), Window::Batches(32));
         o.set_checked("window", "AUTO").unwrap();
         assert_eq!(o.window().unwrap(), Window::Auto);
+        for bad in ["0", "-1", "many", "", "4.5"] {
+            let err = SluiceOptions::default()
+                .set_checked("window", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("'auto' or a number of batches"),
+                "{bad:?}: {err}"
+            );
+        }
     }
 
     #[test]
@@ -270,16 +280,6 @@ mod tests {
         assert!(o.set_checked("min_subscribers", "99").is_err());
         let mut o = SluiceOptions::default();
         assert!(o.set_checked("topic", "a/b").is_err());
-        for bad in ["0", "-1", "many", "", "4.5"] {
-            let err = SluiceOptions::default()
-                .set_checked("window", bad)
-                .unwrap_err()
-                .to_string();
-            assert!(
-                err.contains("'auto' or a number of batches"),
-                "{bad:?}: {err}"
-            );
-        }
         let mut o = SluiceOptions::default();
         assert!(o.set_checked("shard", "3/3").is_err());
         o.set_checked("shard", "2/3").unwrap();

@@ -36,7 +36,7 @@ mod tests;
 pub use header::{FrameHeader, monotonic_ns};
 pub use interest::{Interest, pending_interest};
 pub use namespace::{Namespace, shm_available};
-pub use publisher::{TopicConfig, TopicPublisher};
+pub use publisher::{TopicConfig, TopicPublisher, message_bytes, planned_message_bytes};
 pub use segment::{Backing, Maps, SegmentMap, backing_file};
 pub use subscriber::{Frame, SamplePayload, TopicSubscriber, subscriber_count};
 

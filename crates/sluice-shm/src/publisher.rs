@@ -33,6 +33,22 @@ const MAX_LOANED: usize = 2;
 /// Per-sample bookkeeping iceoryx2 adds to each chunk (header, user header, alignment).
 const CHUNK_OVERHEAD: u64 = 256;
 
+/// Smallest shared-memory chunk a topic is planned with.
+const MIN_MESSAGE_BYTES: usize = 4096;
+
+/// A topic's `max_message_bytes` for messages of at most `len` bytes: at least 4 KiB, a
+/// multiple of the payload alignment.
+pub fn message_bytes(len: usize) -> usize {
+    len.max(MIN_MESSAGE_BYTES).next_multiple_of(ALIGNMENT)
+}
+
+/// A topic's `max_message_bytes` planned from its first batch of `first` encoded bytes:
+/// half again, since later batches may carry longer strings or lists (a larger one still
+/// grows the topic, see [`TopicConfig::grown_for`]).
+pub fn planned_message_bytes(first: usize) -> usize {
+    message_bytes(first.saturating_add(first / 2))
+}
+
 /// How a topic is sized. Fixed when the topic is created.
 #[derive(Debug, Clone)]
 pub struct TopicConfig {

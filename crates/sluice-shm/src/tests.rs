@@ -14,15 +14,23 @@ fn namespace(tag: &str) -> Namespace {
     Namespace::new(&format!("shm{}{tag}", std::process::id())).unwrap()
 }
 
+/// A topic "t" without a lag limit.
+fn config(window: usize, max_subscribers: usize, max_held: usize, bytes: usize) -> TopicConfig {
+    TopicConfig {
+        topic: TopicName::new("t").unwrap(),
+        window,
+        max_subscribers,
+        max_held,
+        max_message_bytes: bytes,
+        lag_limit: None,
+    }
+}
+
 fn pair(ns: &Namespace, topic: &str) -> (TopicPublisher, TopicSubscriber) {
     let topic = TopicName::new(topic).unwrap();
     let config = TopicConfig {
         topic: topic.clone(),
-        window: 4,
-        max_subscribers: 2,
-        max_held: 2,
-        max_message_bytes: 4096,
-        lag_limit: None,
+        ..config(4, 2, 2, 4096)
     };
     let publisher = TopicPublisher::create(ns, config, Arc::new(AtomicBool::new(false))).unwrap();
     let subscriber =
@@ -136,14 +144,7 @@ fn a_topic_larger_than_dev_shm_is_refused_before_anything_is_created() {
 /// producer's loans.
 #[test]
 fn shared_memory_is_sized_for_the_worst_case() {
-    let config = TopicConfig {
-        topic: TopicName::new("t").unwrap(),
-        window: 8,
-        max_subscribers: 4,
-        max_held: 2,
-        max_message_bytes: 1000,
-        lag_limit: None,
-    };
+    let config = config(8, 4, 2, 1000);
     assert_eq!(config.history(), 8);
     assert_eq!(config.chunks(), 4 * (8 + 2) + 8 + 2);
     assert_eq!(config.shm_bytes(), 50 * (1000 + 256));
@@ -162,14 +163,7 @@ fn shared_memory_is_sized_for_the_worst_case() {
 /// lower, not a SIGBUS when the producer writes pages that do not exist.
 #[test]
 fn a_topic_grows_for_a_larger_message_only_if_dev_shm_holds_it() {
-    let config = TopicConfig {
-        topic: TopicName::new("t").unwrap(),
-        window: 8,
-        max_subscribers: 4,
-        max_held: 2,
-        max_message_bytes: 4096,
-        lag_limit: None,
-    };
+    let config = config(8, 4, 2, 4096);
     let grown = config.grown_for(5000, u64::MAX).unwrap();
     assert_eq!(grown.max_message_bytes, 8192);
     assert_eq!(grown.shm_bytes(), config.chunks() * (8192 + 256));
@@ -198,14 +192,7 @@ fn a_topic_grows_for_a_larger_message_only_if_dev_shm_holds_it() {
 #[test]
 fn the_auto_window_is_sized_in_bytes_by_cores_and_bounded_by_dev_shm() {
     const MIB: usize = 1 << 20;
-    let topic = |max_message_bytes: usize| TopicConfig {
-        topic: TopicName::new("t").unwrap(),
-        window: 1,
-        max_subscribers: 16,
-        max_held: 4,
-        max_message_bytes,
-        lag_limit: None,
-    };
+    let topic = |max_message_bytes: usize| config(1, 16, 4, max_message_bytes);
     let plenty = 64 << 30;
     // The benchmark's 1 024-row batches (107 KiB, planned with half again: 160 KiB).
     let batch = 160 * 1024;

@@ -11,7 +11,7 @@ use arrow::record_batch::RecordBatch;
 use futures::StreamExt;
 use sluice_core::{Position, Result, Shaper, SluiceError, wire};
 use sluice_plan::{BatchStream, Plan, SluiceOptions, Window};
-use sluice_shm::{Namespace, TopicConfig, TopicPublisher};
+use sluice_shm::{Namespace, TopicConfig, TopicPublisher, message_bytes, planned_message_bytes};
 use tokio::runtime::Handle;
 
 use crate::checkpoint::{Checkpoint, CheckpointWriter};
@@ -21,9 +21,6 @@ use crate::status::{ProducerReport, Reporter, unix_now};
 /// slots too) and of a topic with a lag limit (whose queues hold the limit), and the
 /// window of the topic `fail_before_start` creates to carry an error.
 const SHORT_WINDOW: usize = 4;
-
-/// Smallest shared-memory chunk a topic is planned with.
-const MIN_MESSAGE_BYTES: usize = 4096;
 
 /// How a run behaves beyond what the plan file says.
 #[derive(Debug, Clone)]
@@ -197,11 +194,11 @@ impl Producer {
             (Some(_), Some((_, batch, _))) => Some(crate::gpu::DeviceSizing::of(batch)?),
             _ => None,
         };
-        let largest = match (&first, sizing) {
+        let max_message_bytes = match (&first, sizing) {
             // Descriptors have a bound: device messages never grow.
-            (_, Some(sizing)) => sizing.footprint.descriptor_bytes,
-            (Some((_, _, Some(encoded))), None) => encoded.len() + encoded.len() / 2,
-            _ => 0,
+            (_, Some(sizing)) => message_bytes(sizing.footprint.descriptor_bytes),
+            (Some((_, _, Some(encoded))), None) => planned_message_bytes(encoded.len()),
+            _ => message_bytes(0),
         };
         let mut config = TopicConfig {
             topic: topic.clone(),
@@ -209,10 +206,7 @@ impl Producer {
             max_subscribers: opts.max_subscribers,
             max_held: opts.max_held,
             lag_limit: (opts.lag_limit > 0).then_some(opts.lag_limit),
-            // Later batches may carry longer strings or lists: room was left above.
-            max_message_bytes: largest
-                .max(MIN_MESSAGE_BYTES)
-                .next_multiple_of(wire::ALIGNMENT),
+            max_message_bytes,
         };
         config.window = match opts.window()? {
             Window::Batches(n) => n,
@@ -620,9 +614,7 @@ impl Producer {
             max_subscribers: declared.max_subscribers.max(1),
             max_held: declared.max_held.max(1),
             lag_limit: None,
-            max_message_bytes: (message.len() + 256)
-                .max(MIN_MESSAGE_BYTES)
-                .next_multiple_of(wire::ALIGNMENT),
+            max_message_bytes: message_bytes(message.len() + 256),
         };
         let mut publisher = TopicPublisher::create(namespace, config, options.stop.clone())?;
         // Those waiting for the topic attach within the grace period; those the run was
