@@ -13,3 +13,4 @@ mod gpu_cli;
 mod gpu_subscriber;
 mod in_process;
 mod object_storage;
+mod parquet_testing;
