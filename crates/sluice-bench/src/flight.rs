@@ -3,11 +3,13 @@
 //!
 //! Both sides serve the same pre-computed record batches (the dataset's plan, run once,
 //! re-batched), repeated for every epoch, to N consumers on threads of this process.
-//! Sluice: a topic publisher encodes each batch and writes it once into shared memory;
-//! each subscriber (the `Subscriber` API) decodes it in place. Flight: a tonic Flight
-//! server on 127.0.0.1 answers each client's `do_get` with the batches
-//! (`FlightDataEncoderBuilder`), each client (`FlightClient`, its own thread and
-//! runtime) decodes the stream (`FlightRecordBatchStream`). HTTP/2 windows are raised to
+//! Sluice: a topic publisher encodes each batch and writes it once into shared memory,
+//! an epoch's batches as one burst (`publish_batch_in_burst`: `sluice run` says `more`
+//! while its next batch is ready, and here all are); each subscriber (the `Subscriber`
+//! API) decodes it in place. Flight: a tonic Flight server on 127.0.0.1 answers each
+//! client's `do_get` with the batches (`FlightDataEncoderBuilder`), each client
+//! (`FlightClient`, its own thread and runtime) decodes the stream
+//! (`FlightRecordBatchStream`). HTTP/2 windows are raised to
 //! 8 MiB per stream so that flow control does not throttle Flight.
 
 use std::net::SocketAddr;
@@ -151,16 +153,29 @@ pub fn sluice(
     };
     let addr = server.as_ref().map(|s| s.local_addr().to_string());
     let subs: Vec<_> = (0..n)
-        .map(|_| {
+        .map(|i| {
             let (ns, topic, addr) = (ns.clone(), topic.to_string(), addr.clone());
-            std::thread::spawn(move || receive(ns, topic, reach, addr))
+            // Named for profiles (`perf report --sort comm`).
+            std::thread::Builder::new()
+                .name(format!("fsub{n}.{i}"))
+                .spawn(move || receive(ns, topic, reach, addr))
         })
-        .collect();
+        .collect::<std::io::Result<_>>()?;
     let published = (|| -> Result<()> {
         publisher.wait_for_subscribers(n, Some(Duration::from_secs(60)), &stop)?;
         for epoch in 0..epochs {
+            // The whole epoch is ready, as a producer's re-batched burst is: every batch
+            // but the last says another follows (`more`), so idle subscribers are woken
+            // once per burst (at most half a window), as `sluice run` wakes them.
             for (i, (batch, enc)) in batches.iter().zip(&encoded).enumerate() {
-                publisher.publish_batch(epoch, i as u64, batch.num_rows() as u64, enc)?;
+                let more = i + 1 < batches.len();
+                publisher.publish_batch_in_burst(
+                    epoch,
+                    i as u64,
+                    batch.num_rows() as u64,
+                    enc,
+                    more,
+                )?;
             }
             publisher.publish_end_of_epoch(epoch, batches.len() as u64, rows_per_epoch)?;
         }

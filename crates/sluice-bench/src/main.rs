@@ -993,8 +993,9 @@ impl Report {
         writeln!(
             b,
             "The same batches (the plan's output, computed once, {bytes_per_row:.0} bytes per row as Arrow IPC) \
-             to N consumers. Sluice: a topic publisher encodes each batch and writes it once into shared memory, \
-             N subscribers decode it in place. Flight: an arrow-flight 59 server (tonic, 127.0.0.1, HTTP/2 \
+             to N consumers. Sluice: a topic publisher encodes each batch and writes it once into shared memory \
+             (an epoch's batches as one burst, as a producer publishes what it has ready: idle subscribers are \
+             woken once per half window, not per batch), N subscribers decode it in place. Flight: an arrow-flight 59 server (tonic, 127.0.0.1, HTTP/2 \
              windows of 8 MiB) answers each client's `do_get` with the batches; N `FlightClient`s decode them. \
              Baseline: Flight at the same N in the same repetition. Target: ≥ 10×.\n"
         )?;
