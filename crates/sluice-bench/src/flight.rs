@@ -134,10 +134,7 @@ pub fn sluice(
     };
     config.window = match crate::data::window() {
         Some(n) => n,
-        None => config.auto_window(
-            std::thread::available_parallelism().map_or(1, |n| n.get()),
-            sluice::shm::shm_available()?,
-        ),
+        None => config.auto_window_here()?,
     };
     let mut publisher = TopicPublisher::create(ns, config, stop.clone())?;
     let server = match reach {

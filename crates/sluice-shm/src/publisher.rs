@@ -121,8 +121,8 @@ impl TopicConfig {
         Ok(grown)
     }
 
-    /// The window `sluice.window = 'auto'` gives this topic (its other fields set) on a
-    /// machine with `cores` CPU cores and `shm_free` bytes free in `/dev/shm`.
+    /// The window `sluice.window = 'auto'` gives this topic (its other fields set) on this
+    /// machine: its CPU cores and the bytes free in `/dev/shm` now.
     ///
     /// A subscriber's queue holds about 2 MiB of messages per core, from 4 to 32 MiB, as
     /// a power of two of 4 to 128 messages; then the window is halved (not below 4) while
@@ -137,6 +137,13 @@ impl TopicConfig {
     /// machine. Measured (docs/benchmarks.md, "The window in bytes"): 107 KiB batches on 2
     /// cores were best at 16 to 32 messages (128 cost CPU); on 16 cores 128 took fan-out
     /// at N = 8 from 0.64 (8) and 0.68 (32) to 0.84.
+    pub fn auto_window_here(&self) -> Result<usize> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Ok(self.auto_window(cores, shm_available()?))
+    }
+
+    /// [`Self::auto_window_here`] on a machine with `cores` CPU cores and `shm_free` bytes
+    /// free in `/dev/shm`: the rule itself, a pure function.
     pub fn auto_window(&self, cores: usize, shm_free: u64) -> usize {
         let queue_bytes = (cores.max(1) as u64 * AUTO_QUEUE_BYTES_PER_CORE)
             .clamp(AUTO_QUEUE_BYTES.0, AUTO_QUEUE_BYTES.1);

@@ -217,10 +217,9 @@ impl Producer {
             // window sizes nothing.
             Window::Auto if config.lag_limit.is_some() => SHORT_WINDOW,
             Window::Auto => {
-                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
                 // A crashed predecessor's segments are not free space for long.
                 self.namespace.reclaim_dead();
-                config.auto_window(cores, sluice_shm::shm_available()?)
+                config.auto_window_here()?
             }
         };
         // The device ring is allocated before the topic exists: a ring over
