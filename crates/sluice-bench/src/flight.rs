@@ -53,6 +53,16 @@ pub enum Reach {
     Remote,
 }
 
+impl Reach {
+    /// The first letter of the benchmark's thread names for this reach.
+    fn tag(self) -> &'static str {
+        match self {
+            Reach::Local => "f",
+            Reach::Remote => "r",
+        }
+    }
+}
+
 /// Receives a topic to its end; returns (rows, seconds from the first batch).
 fn receive(
     ns: Namespace,
@@ -152,13 +162,16 @@ pub fn sluice(
     let subs: Vec<_> = (0..n)
         .map(|i| {
             let (ns, topic, addr) = (ns.clone(), topic.to_string(), addr.clone());
-            // Named for profiles (`perf report --sort comm`).
+            // Named for profiles (`perf report --sort comm`): `fsub` for shared memory,
+            // `rsub` through the Flight server.
             std::thread::Builder::new()
-                .name(format!("fsub{n}.{i}"))
+                .name(format!("{}sub{n}.{i}", reach.tag()))
                 .spawn(move || receive(ns, topic, reach, addr))
         })
         .collect::<std::io::Result<_>>()?;
-    let published = (|| -> Result<()> {
+    // The publisher runs on a thread of its own, named as its subscribers are, so that a
+    // profile can tell its samples from the rest of the benchmark's.
+    let publish = || -> Result<()> {
         publisher.wait_for_subscribers(n, Some(Duration::from_secs(60)), &stop)?;
         for epoch in 0..epochs {
             // The whole epoch is ready, as a producer's re-batched burst is: every batch
@@ -179,7 +192,15 @@ pub fn sluice(
         publisher.publish_end_of_stream(epochs)?;
         publisher.drain(Duration::from_secs(30));
         Ok(())
-    })();
+    };
+    let published = std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name(format!("{}pub{n}", reach.tag()))
+            .spawn_scoped(scope, publish)
+            .map_err(anyhow::Error::from)?
+            .join()
+            .map_err(|_| anyhow!("the publisher thread panicked"))?
+    });
     if published.is_err() {
         // Tell the subscribers, so that they do not wait for their timeout.
         let _ = publisher.publish_error("the benchmark's publisher failed");

@@ -405,3 +405,39 @@ pub fn encode_us(batch: &RecordBatch, times: usize) -> Result<(f64, f64)> {
     let kept = start.elapsed().as_secs_f64() / times as f64 * 1e6;
     Ok((fresh, kept))
 }
+
+/// What decoding `batch` costs a subscriber, `times` times: microseconds per
+/// [`wire::Decoder::decode`] of its fragment (in place, from 64-byte aligned memory, with
+/// the schema kept as subscribers keep it), and per `ArrayData::validate_full` of its
+/// decoded columns alone: arrow's validation, which the decoding does for every message
+/// (the safety promise: UTF-8, offsets, null counts).
+pub fn decode_us(batch: &RecordBatch, times: usize) -> Result<(f64, f64)> {
+    let encoded = wire::encode(batch)?;
+    let mut bytes = arrow::buffer::MutableBuffer::from_len_zeroed(encoded.len());
+    // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and every byte of `bytes` is
+    // initialised (zeroed); `write_to` only writes through the slice.
+    let dst = unsafe {
+        std::slice::from_raw_parts_mut(
+            bytes.as_mut_ptr().cast::<std::mem::MaybeUninit<u8>>(),
+            bytes.len(),
+        )
+    };
+    encoded.write_to(dst)?;
+    let fragment = arrow::buffer::Buffer::from(bytes);
+    let mut decoder = wire::Decoder::new();
+    let decoded = decoder.decode(fragment.clone())?;
+    let start = Instant::now();
+    for _ in 0..times {
+        std::hint::black_box(decoder.decode(fragment.clone())?);
+    }
+    let decode = start.elapsed().as_secs_f64() / times as f64 * 1e6;
+    let columns: Vec<_> = decoded.columns().iter().map(|c| c.to_data()).collect();
+    let start = Instant::now();
+    for _ in 0..times {
+        for c in &columns {
+            std::hint::black_box(c).validate_full()?;
+        }
+    }
+    let validate = start.elapsed().as_secs_f64() / times as f64 * 1e6;
+    Ok((decode, validate))
+}

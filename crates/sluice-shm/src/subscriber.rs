@@ -27,6 +27,11 @@ use crate::{Ipc, permission_denied, transport};
 /// How often a waiting subscriber checks that its producer is alive; bounds the time
 /// to [`SluiceError::ProducerLost`].
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(100);
+
+/// `released` notifications per queue's worth of messages taken while the queue holds
+/// more: a producer asleep on this subscriber's full queue is woken once a quarter of it
+/// is free (see [`TopicSubscriber::recv`]).
+const RELEASES_PER_QUEUE: usize = 4;
 /// How often a subscriber looks for a topic that does not exist yet.
 const TOPIC_POLL_INTERVAL: Duration = Duration::from_millis(25);
 /// How long a topic may refuse access before the refusal is taken as final: a service
@@ -184,6 +189,11 @@ pub struct TopicSubscriber {
     producer_seen: bool,
     ended: bool,
     held: Arc<AtomicUsize>,
+    /// Messages taken from the queue since the last `released` notification.
+    untold: usize,
+    /// How many messages are taken between two `released` notifications while the queue
+    /// holds more (see [`TopicSubscriber::recv`]).
+    tell_every: usize,
     /// Decodes batches, keeping the topic's schema from one message to the next.
     decoder: wire::Decoder,
     // Dropped last: the ports above belong to it.
@@ -323,6 +333,7 @@ impl TopicSubscriber {
         // know that one arrived.
         drop(interest);
         let _ = released.notify_with_custom_event_id(EventId::new(events::RELEASED));
+        let tell_every = (subscriber.buffer_size() / RELEASES_PER_QUEUE).max(1);
         Ok(Self {
             topic: topic.clone(),
             namespace: namespace.clone(),
@@ -336,6 +347,8 @@ impl TopicSubscriber {
             producer_seen: false,
             ended: false,
             held: Arc::new(AtomicUsize::new(0)),
+            untold: 0,
+            tell_every,
             decoder: wire::Decoder::new(),
             _node: node,
         })
@@ -398,12 +411,25 @@ impl TopicSubscriber {
                 }
                 Err(e) => return Err(SluiceError::Transport(format!("receive failed: {e:?}"))),
             };
+            // Taking a message frees a place in this subscriber's queue, which a producer
+            // asleep on that full queue waits for (`released`). Telling it costs a
+            // system call, so it is told once every `tell_every` messages, and whenever
+            // the queue runs empty, before this subscriber sleeps. A producer waiting on
+            // this queue is then woken after at most a quarter of the queue was taken,
+            // while this subscriber is still busy with the rest: the two keep
+            // overlapping, and a subscriber that stops taking messages has told of all
+            // it took before it waits (or it is slow, and the producer's bounded sleep
+            // looks again; see `crate::publisher`).
             if let Some(sample) = received {
                 self.producer_seen = true;
-                let _ = self
-                    .released
-                    .notify_with_custom_event_id(EventId::new(events::RELEASED));
+                self.untold += 1;
+                if self.untold >= self.tell_every {
+                    self.tell_released();
+                }
                 return self.frame(sample);
+            }
+            if self.untold > 0 {
+                self.tell_released();
             }
             let elapsed = start.elapsed();
             if let Some(t) = timeout
@@ -431,6 +457,15 @@ impl TopicSubscriber {
                 self.check_producer()?;
             }
         }
+    }
+
+    /// Tells a producer that may be asleep on a full queue that this subscriber took
+    /// messages from it.
+    fn tell_released(&mut self) {
+        self.untold = 0;
+        let _ = self
+            .released
+            .notify_with_custom_event_id(EventId::new(events::RELEASED));
     }
 
     fn frame(&mut self, sample: Sample<Ipc, [u8], FrameHeader>) -> Result<Frame> {
