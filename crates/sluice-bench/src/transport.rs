@@ -406,23 +406,25 @@ pub fn encode_us(batch: &RecordBatch, times: usize) -> Result<(f64, f64)> {
     Ok((fresh, kept))
 }
 
-/// What decoding `batch` costs a subscriber, `times` times: microseconds per
-/// [`wire::Decoder::decode`] of its fragment (in place, from 64-byte aligned memory, with
-/// the schema kept as subscribers keep it), and per `ArrayData::validate_full` of its
-/// decoded columns alone: arrow's validation, which the decoding does for every message
-/// (the safety promise: UTF-8, offsets, null counts).
-pub fn decode_us(batch: &RecordBatch, times: usize) -> Result<(f64, f64)> {
+/// What a subscriber's decoding of `batch` costs, measured `times` times.
+pub struct Decoding {
+    /// Bytes of the batch's fragment.
+    pub bytes: usize,
+    /// Microseconds per [`wire::Decoder::decode`] of the fragment: in place, from 64-byte
+    /// aligned memory, with the schema kept as subscribers keep it.
+    pub decode_us: f64,
+    /// Microseconds per `ArrayData::validate_full` of the decoded columns alone: arrow's
+    /// validation, which the decoding does for every message (the safety promise: UTF-8,
+    /// offsets, null counts).
+    pub validate_us: f64,
+}
+
+/// Measures [`Decoding`] of `batch`, `times` times.
+pub fn decode_us(batch: &RecordBatch, times: usize) -> Result<Decoding> {
     let encoded = wire::encode(batch)?;
-    let mut bytes = arrow::buffer::MutableBuffer::from_len_zeroed(encoded.len());
-    // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and every byte of `bytes` is
-    // initialised (zeroed); `write_to` only writes through the slice.
-    let dst = unsafe {
-        std::slice::from_raw_parts_mut(
-            bytes.as_mut_ptr().cast::<std::mem::MaybeUninit<u8>>(),
-            bytes.len(),
-        )
-    };
-    encoded.write_to(dst)?;
+    // Copied once into a fresh (64-byte aligned) buffer, as shared memory holds it.
+    let mut bytes = arrow::buffer::MutableBuffer::new(encoded.len());
+    bytes.extend_from_slice(&encoded.to_vec());
     let fragment = arrow::buffer::Buffer::from(bytes);
     let mut decoder = wire::Decoder::new();
     let decoded = decoder.decode(fragment.clone())?;
@@ -430,7 +432,7 @@ pub fn decode_us(batch: &RecordBatch, times: usize) -> Result<(f64, f64)> {
     for _ in 0..times {
         std::hint::black_box(decoder.decode(fragment.clone())?);
     }
-    let decode = start.elapsed().as_secs_f64() / times as f64 * 1e6;
+    let decode_us = start.elapsed().as_secs_f64() / times as f64 * 1e6;
     let columns: Vec<_> = decoded.columns().iter().map(|c| c.to_data()).collect();
     let start = Instant::now();
     for _ in 0..times {
@@ -438,6 +440,10 @@ pub fn decode_us(batch: &RecordBatch, times: usize) -> Result<(f64, f64)> {
             std::hint::black_box(c).validate_full()?;
         }
     }
-    let validate = start.elapsed().as_secs_f64() / times as f64 * 1e6;
-    Ok((decode, validate))
+    let validate_us = start.elapsed().as_secs_f64() / times as f64 * 1e6;
+    Ok(Decoding {
+        bytes: encoded.len(),
+        decode_us,
+        validate_us,
+    })
 }
