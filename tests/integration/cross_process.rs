@@ -104,6 +104,45 @@ fn three_subscriber_processes_receive_every_row_exactly_once() {
     assert!(out.status.success(), "{}", out.stderr);
 }
 
+/// `sluice subscribe --columns` receives the columns it names, in that order, every row
+/// exactly once: its checksum is that of the plan's query selecting only those columns,
+/// beside a subscriber of every column. A column the topic lacks fails its subscriber
+/// with an error that lists the topic's columns, and the others do not wait for it.
+#[test]
+fn a_subscriber_process_receives_the_columns_it_names() {
+    let mut h = Harness::new();
+    h.dataset(9_001);
+    let narrow = h.plan(
+        "narrow.sql",
+        &plan_sql(
+            "cols",
+            "SET sluice.epochs = 2;",
+            "SELECT features, id FROM train WHERE label IS NOT NULL",
+        ),
+    );
+    let (rows, narrow_sum) = h.source_checksum(&narrow);
+    let plan = h.plan("p.sql", &plan_sql("cols", "SET sluice.epochs = 2;", QUERY));
+    let (_, sum) = h.source_checksum(&plan);
+    assert_ne!(sum, narrow_sum);
+    let args = ["subscribe", "cols", "--json", "--timeout", "60"];
+    let named = h.spawn(&[&args[..], &["--columns", "features,id"]].concat());
+    let whole = h.spawn(&args);
+    let wrong = h.spawn(&[&args[..], &["--columns", "id,pixels"]].concat());
+    let producer = h.spawn_producer(3, &[]);
+    let out = wrong.wait(LIMIT);
+    assert!(!out.status.success());
+    assert!(
+        out.stderr.contains("no column 'pixels'")
+            && out.stderr.contains("id, label, text, features"),
+        "{}",
+        out.stderr
+    );
+    assert_exactly_once(&named.wait(LIMIT), 2, rows, &narrow_sum);
+    assert_exactly_once(&whole.wait(LIMIT), 2, rows, &sum);
+    let out = producer.wait(LIMIT);
+    assert!(out.status.success(), "{}", out.stderr);
+}
+
 /// A producer waits for eight subscribers that start after it; all eight get the whole
 /// stream; everything the topic puts in /dev/shm and the service directory is private
 /// to its owner.

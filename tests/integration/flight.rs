@@ -53,13 +53,22 @@ fn subscribe(h: &mut Harness, token: &str, args: &[&str]) -> Proc {
 }
 
 /// Three remote subscribers (the producer's batches, 333 rows, 4096 rows) receive both
-/// epochs whole, with the source's checksum, through the server.
+/// epochs whole, with the source's checksum, through the server; a fourth that names its
+/// columns (`--columns features,id`, 333 rows) receives those, with the checksum of the
+/// query that selects only them.
 #[test]
 fn remote_subscribers_get_every_row_of_every_epoch_in_their_batch_size() {
     let mut h = Harness::new();
     h.dataset(20_000);
     plan(&h, "remote", 2);
+    let text = std::fs::read_to_string(h.path("p.sql")).unwrap();
+    let narrow = h.plan(
+        "narrow.sql",
+        &text.replace("SELECT id, label, text, features", "SELECT features, id"),
+    );
+    let (narrow_rows, narrow_sum) = h.source_checksum(&narrow);
     let (rows, sum) = h.source_checksum(&h.path("p.sql"));
+    assert_eq!(rows, narrow_rows);
     let (server, addr) = serve(&mut h);
     let url = format!("flight://{addr}/remote");
     let subs: Vec<_> = [None, Some("333"), Some("4096")]
@@ -72,10 +81,25 @@ fn remote_subscribers_get_every_row_of_every_epoch_in_their_batch_size() {
             subscribe(&mut h, TOKEN, &args)
         })
         .collect();
-    let producer = h.spawn_producer(3, &[]);
+    let named = subscribe(
+        &mut h,
+        TOKEN,
+        &[
+            url.as_str(),
+            "--json",
+            "--timeout",
+            "120",
+            "--batch-size",
+            "333",
+            "--columns",
+            "features,id",
+        ],
+    );
+    let producer = h.spawn_producer(4, &[]);
     for sub in subs {
         assert_exactly_once(&sub.wait(LIMIT), 2, rows, &sum);
     }
+    assert_exactly_once(&named.wait(LIMIT), 2, rows, &narrow_sum);
     assert!(producer.wait(LIMIT).status.success());
     server.kill9();
 }

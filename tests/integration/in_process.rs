@@ -383,3 +383,123 @@ fn replay_starts_with_the_messages_the_producer_still_holds() {
         assert_eq!(seen.complete, vec![first == 0]);
     }
 }
+
+/// A subscriber that names its columns receives those, in its order, decoded in place
+/// from the sample, with every row exactly once, in any batch size; another subscriber
+/// of the same stream still receives every column. A name the topic lacks fails the
+/// first event with a configuration error that lists the topic's columns, and the
+/// subscriber leaves the topic.
+#[test]
+fn subscribers_receive_the_columns_they_name() {
+    let ns = TestNamespace::new();
+    let select = |columns: &str| {
+        format!(
+            "SET sluice.topic = 'cols'; SET sluice.batch_rows = 100; SET sluice.epochs = 2;\n\
+             SELECT {columns} FROM (SELECT value AS v, CAST(value AS VARCHAR) AS s, \
+             make_array(value, value + 1) AS l FROM generate_series(1, 1050))"
+        )
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let checksum = |sql: String| {
+        rt.block_on(async { Plan::from_sql("t.sql", &sql).await?.checksum().await })
+            .unwrap()
+    };
+    let (whole, projected) = (
+        checksum(select("v, s, l")).hex(),
+        checksum(select("l, v")).hex(),
+    );
+    let producer = {
+        let ns = ns.0.clone();
+        let sql = select("v, s, l");
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            let plan = rt.block_on(Plan::from_sql("test.sql", &sql))?;
+            let options = RunOptions {
+                // All four, the one that will fail among them.
+                min_subscribers: Some(4),
+                subscriber_timeout: Some(Duration::from_secs(30)),
+                ..RunOptions::default()
+            };
+            Producer::new(plan, ns).run(rt.handle(), &options, |_| {})
+        })
+    };
+    let connect = |columns: Columns, batch_size: Option<usize>| {
+        Subscriber::connect(
+            "cols",
+            SubscribeOptions {
+                timeout: Some(Duration::from_secs(30)),
+                namespace: Some(ns.0.clone()),
+                batch_size,
+                columns,
+                ..SubscribeOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let mut wrong = connect(Columns::named(["v", "label"]), None);
+    let readers: Vec<_> = [
+        (Columns::All, None),
+        (Columns::named(["l", "v"]), None),
+        (Columns::named(["l", "v"]), Some(37)),
+    ]
+    .into_iter()
+    .map(|(columns, batch_size)| {
+        let mut sub = connect(columns, batch_size);
+        std::thread::spawn(move || {
+            let mut sums = Vec::new();
+            let mut sum = Checksum::default();
+            let mut names = std::collections::BTreeSet::new();
+            let mut zero_copy = 0;
+            loop {
+                match sub.next_event().unwrap() {
+                    Event::Batch {
+                        batch, shm_range, ..
+                    } => {
+                        names.insert(
+                            batch
+                                .schema()
+                                .fields()
+                                .iter()
+                                .map(|f| f.name().clone())
+                                .collect::<Vec<_>>()
+                                .join(","),
+                        );
+                        if let Some(range) = shm_range {
+                            assert!(sluice::lies_within(&batch, &range));
+                            zero_copy += 1;
+                        }
+                        sum.update(&batch).unwrap();
+                    }
+                    Event::DeviceBatch { .. } => panic!("a CPU topic sent a GPU batch"),
+                    Event::EpochEnd(s) => {
+                        assert!(s.complete, "{s:?}");
+                        assert_eq!(s.received_rows, 1050);
+                        sums.push(std::mem::take(&mut sum).hex());
+                    }
+                    Event::End => break,
+                }
+            }
+            (sums, names, zero_copy)
+        })
+    })
+    .collect();
+    match wrong.next_event() {
+        Err(SluiceError::Config(what)) => {
+            assert!(what.contains("'label'"), "{what}");
+            assert!(what.contains("v, s, l"), "{what}");
+        }
+        other => panic!("expected a configuration error, got {other:?}"),
+    }
+    // It left the topic: the others get the whole stream without waiting for it.
+    let results: Vec<_> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    producer.join().unwrap().unwrap();
+    assert_eq!(results[0].0, vec![whole.clone(), whole]);
+    assert_eq!(results[0].1, ["v,s,l".to_string()].into());
+    for (sums, names, zero_copy) in &results[1..] {
+        assert_eq!(*sums, vec![projected.clone(), projected.clone()]);
+        assert_eq!(*names, ["l,v".to_string()].into());
+        assert!(*zero_copy > 0);
+    }
+    // Producer-sized batches are all zero-copy.
+    assert_eq!(results[1].2, 22);
+}

@@ -224,3 +224,41 @@ def test_a_python_producer_runs_its_query_on_standalone_ballista(plans):
     assert orders[0] == orders[1]
     stats = producer.wait(timeout=60)
     assert (stats.epochs, stats.rows) == (2, 660)
+
+
+def test_subscribers_receive_the_columns_they_name(plans):
+    """``columns=`` gives those columns, in that order, zero-copy, in any batch size; a
+    subscriber without it gets them all; a name the topic lacks raises ``PlanError`` that
+    lists the topic's columns; a lone string is refused before connecting."""
+    with pytest.raises(TypeError, match="list of column names"):
+        sluice.Subscriber(plans.topic, columns="vec", timeout=1)
+    with pytest.raises(TypeError, match="column names"):
+        sluice.Subscriber(plans.topic, columns=[1], timeout=1)
+    producer = sluice.Producer(plans.plan(rows=230, batch_rows=50, epochs=1), min_subscribers=4)
+    everything = sluice.subscribe(plans.topic, timeout=30)
+    named = sluice.subscribe(plans.topic, columns=["vec", "id"], timeout=30)
+    rebatched = sluice.subscribe(plans.topic, columns=("id",), batch_size=7, timeout=30)
+    wrong = sluice.subscribe(plans.topic, columns=["id", "pixels"], timeout=30)
+    assert (everything.columns, named.columns, rebatched.columns) == (None, ["vec", "id"], ["id"])
+    with pytest.raises(sluice.PlanError, match=r"no column 'pixels'.*id, x, vec, label, text"):
+        next(wrong)
+    # It left the topic: the others, read one after another below, are not held back by
+    # its full queue.
+    whole, picked, few = [], [], []
+    for batch in everything:
+        assert batch.column_names == ["id", "x", "vec", "label", "text"]
+        whole.append(pa.record_batch(batch.copy()))
+    for batch in named:
+        assert batch.column_names == ["vec", "id"]
+        assert batch.shm_range is not None
+        assert all(inside(span, batch.shm_range) for span in arrow_buffers(pa.record_batch(batch)))
+        picked.append(pa.record_batch(batch.copy()))
+    for batch in rebatched:
+        assert batch.column_names == ["id"]
+        few += ids_of(batch)
+    assert pa.Table.from_batches(picked).equals(pa.Table.from_batches(whole).select(["vec", "id"]))
+    assert few == pa.Table.from_batches(whole).column("id").to_pylist()
+    assert sorted(few) == list(range(230))
+    producer.wait(timeout=30)
+    for sub in (everything, named, rebatched, wrong):
+        sub.close()

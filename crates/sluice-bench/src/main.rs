@@ -1203,6 +1203,18 @@ impl Report {
             validate.show(2),
             share.show(2)
         )?;
+        let named = Summary::of(&decoding.iter().map(|d| d.named_us).collect::<Vec<_>>());
+        let named_share = ratio_summary(decoding.iter().map(|d| (d.named_us, d.decode_us)));
+        writeln!(
+            b,
+            "A subscriber that names its columns decodes and validates only those: the same              batch by a `wire::Decoder` of its columns that are not strings ({}), what a trainer              that never reads the text asks for, {} µs, **{}** of decoding every column.\n",
+            decoding
+                .first()
+                .map(|d| d.named.join(", "))
+                .unwrap_or_default(),
+            named.show(2),
+            named_share.show(2)
+        )?;
         writeln!(
             b,
             "| rows | Sluice p50 µs | p90 µs | p99 µs | publisher's part p50 µs | delivery p50 µs | delivery p99 µs | hand-off p50 µs | hand-off p99 µs | Sluice / hand-off (p50) |"

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use sluice::{Checksum, Event, Join, OnLag, SubscribeOptions, Subscriber};
+use sluice::{Checksum, Columns, Event, Join, OnLag, SubscribeOptions, Subscriber};
 
 /// Arguments of `sluice subscribe`.
 #[derive(Debug, clap::Args)]
@@ -34,6 +34,10 @@ pub(crate) struct SubscribeArgs {
     /// Count rows only, without the checksum (for measuring the transport alone).
     #[arg(long)]
     no_checksum: bool,
+    /// Receive only these columns, comma-separated, in this order (default: all). The
+    /// others are neither decoded nor validated; the checksum covers the columns received.
+    #[arg(long, value_delimiter = ',', num_args = 1)]
+    columns: Option<Vec<String>>,
     /// When the producer is lost, wait this many seconds for a restarted one
     /// (`sluice run --resume`) and continue without duplicates or gaps.
     #[arg(long)]
@@ -69,6 +73,7 @@ pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
             join: args.join,
             on_lag: args.on_lag,
             reconnect: args.reconnect.map(Duration::from_secs_f64),
+            columns: args.columns.as_ref().map_or(Columns::All, Columns::named),
         },
     )?;
     let delay = args.delay_ms.map(Duration::from_millis);

@@ -145,10 +145,9 @@ pub enum Inbound<P> {
 }
 
 impl<P> Inbound<P> {
-    /// The same message with its payload converted (a transport's batches into the
-    /// subscriber's payload type).
-    pub fn map<Q>(self, f: impl FnOnce(P) -> Q) -> Inbound<Q> {
-        match self {
+    /// The same message with its payload converted by `f`, which may fail.
+    pub fn try_map<Q, E>(self, f: impl FnOnce(P) -> Result<Q, E>) -> Result<Inbound<Q>, E> {
+        Ok(match self {
             Self::Batch {
                 epoch,
                 index,
@@ -156,7 +155,7 @@ impl<P> Inbound<P> {
             } => Inbound::Batch {
                 epoch,
                 index,
-                payload: f(payload),
+                payload: f(payload)?,
             },
             Self::EndOfEpoch {
                 epoch,
@@ -170,6 +169,15 @@ impl<P> Inbound<P> {
             Self::EndOfStream => Inbound::EndOfStream,
             Self::Missed { messages } => Inbound::Missed { messages },
             Self::Reconnected => Inbound::Reconnected,
+        })
+    }
+
+    /// The same message with its payload converted (a transport's batches into the
+    /// subscriber's payload type).
+    pub fn map<Q>(self, f: impl FnOnce(P) -> Q) -> Inbound<Q> {
+        match self.try_map(|p| Ok::<_, std::convert::Infallible>(f(p))) {
+            Ok(mapped) => mapped,
+            Err(never) => match never {},
         }
     }
 }

@@ -46,3 +46,4 @@ pub use position::{Position, Resume, Verdict};
 pub use rebatch::{Rebatcher, Rows};
 pub use shaper::Shaper;
 pub use shuffle::Shuffler;
+pub use wire::Columns;

@@ -18,15 +18,15 @@
 //! misaligned data is rejected rather than copied, and a panic inside the decoder is
 //! turned into [`SluiceError::Corrupt`].
 
+use std::collections::HashMap;
 use std::mem::MaybeUninit;
-
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray};
 use arrow::buffer::Buffer;
-use arrow::datatypes::{DataType, SchemaRef};
+use arrow::datatypes::{DataType, Schema, SchemaRef};
 use arrow::ipc::MetadataVersion;
-use arrow::ipc::reader::StreamDecoder;
+use arrow::ipc::reader::{RecordBatchDecoder, StreamDecoder};
 use arrow::ipc::writer::{IpcWriteOptions, StreamEncoder};
 use arrow::record_batch::RecordBatch;
 
@@ -258,86 +258,232 @@ fn decode_with(decoder: &mut StreamDecoder, mut buffer: Buffer) -> Result<Record
     }
 }
 
+/// The columns a [`Decoder`] decodes: all of them, or those named, in the order named.
+///
+/// A subscriber that reads only some columns of a topic asks for them by name; the other
+/// columns' buffers stay in shared memory, neither decoded nor validated, which is what a
+/// subscriber spends most of its decoding on when it skips a string column.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Columns {
+    /// Every column of the topic's schema.
+    #[default]
+    All,
+    /// These columns, in this order (a name may repeat).
+    Named(Arc<[String]>),
+}
+
+impl Columns {
+    /// The columns named in `names`, in that order.
+    pub fn named<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> Self {
+        Self::Named(names.into_iter().map(|s| s.as_ref().to_string()).collect())
+    }
+
+    /// Indices of the named columns in `schema`; `None` for [`Columns::All`].
+    ///
+    /// A name the schema lacks is an error that lists the columns there are.
+    pub fn indices(&self, schema: &Schema) -> Result<Option<Vec<usize>>> {
+        let Self::Named(names) = self else {
+            return Ok(None);
+        };
+        names
+            .iter()
+            .map(|name| {
+                schema.index_of(name).map_err(|_| {
+                    let there: Vec<&str> =
+                        schema.fields().iter().map(|f| f.name().as_str()).collect();
+                    SluiceError::Config(format!(
+                        "the topic has no column '{name}'; its columns are: {}",
+                        there.join(", ")
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+
+    /// `batch` with only these columns (the batch itself for [`Columns::All`]).
+    pub fn project(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        match self.indices(batch.schema_ref())? {
+            None => Ok(batch),
+            Some(indices) => Ok(batch.project(&indices)?),
+        }
+    }
+}
+
 /// Decodes a topic's fragments one after another, in place, as [`decode`] does, without
-/// decoding the same schema again and again.
+/// decoding the same schema again and again, and only the columns asked for.
 ///
 /// Every fragment starts with its schema message, which is what lets a subscriber join
 /// late or skip messages. A subscriber receives the same schema message with every
 /// batch, though: when a fragment's schema message is byte for byte the previous
-/// fragment's, its decoded schema is taken over (the decoder that read it goes on with
-/// the record batch), saving the schema's flatbuffer verification and the construction
-/// of its fields and metadata on every message. Everything after the schema message is
-/// verified and validated as by [`decode`], and equal bytes decode to an equal schema,
-/// so this is exactly as strict. Schemas with dictionary-encoded columns are decoded
-/// every time: a decoder kept from one fragment to the next would keep the previous
-/// fragment's dictionaries, and with them its shared memory.
+/// fragment's, its decoded schema (and which of its columns to decode) is taken over,
+/// saving the schema's flatbuffer verification and the construction of its fields and
+/// metadata on every message. The record batch message after it is read as arrow's
+/// `StreamDecoder` reads it: its flatbuffer verified, every decoded column fully
+/// validated, misaligned buffers refused. With [`Columns::Named`], the other columns are
+/// skipped: their buffers are never read, so nothing of them is trusted either.
+///
+/// Schemas with dictionary-encoded columns are decoded whole by a fresh `StreamDecoder`
+/// every time (and then projected): a decoder kept from one fragment to the next would
+/// keep the previous fragment's dictionaries, and with them its shared memory.
 #[derive(Default)]
 pub struct Decoder {
-    /// The previous fragment's schema message, and the decoder that read it, ready for
-    /// a record batch.
-    cached: Option<(Vec<u8>, StreamDecoder)>,
+    /// What to decode.
+    columns: Columns,
+    /// The previous fragment's schema message, its schema, and which of its columns to
+    /// decode.
+    cached: Option<Kept>,
+}
+
+/// A schema message taken over from one fragment to the next.
+struct Kept {
+    /// The schema message, prefix included.
+    bytes: Vec<u8>,
+    schema: SchemaRef,
+    /// Indices of the columns to decode; `None`: all.
+    projection: Option<Vec<usize>>,
 }
 
 impl std::fmt::Debug for Decoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Decoder")
+            .field("columns", &self.columns)
             .field(
                 "cached_schema_bytes",
-                &self.cached.as_ref().map(|(b, _)| b.len()),
+                &self.cached.as_ref().map(|k| k.bytes.len()),
             )
             .finish()
     }
 }
 
 impl Decoder {
-    /// A decoder with no schema yet.
+    /// A decoder of every column, with no schema yet.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// A decoder of `columns` only.
+    pub fn with_columns(columns: Columns) -> Self {
+        Self {
+            columns,
+            cached: None,
+        }
+    }
+
+    /// What this decoder decodes.
+    pub fn columns(&self) -> &Columns {
+        &self.columns
+    }
+
     /// Decodes one fragment made by [`encode`], in place (see [`decode`]).
+    ///
+    /// A column asked for that the fragment's schema lacks is [`SluiceError::Config`];
+    /// anything malformed is [`SluiceError::Corrupt`].
     pub fn decode(&mut self, buffer: Buffer) -> Result<RecordBatch> {
         if buffer.as_ptr().align_offset(ALIGNMENT) != 0 {
             return Err(SluiceError::Corrupt(format!(
                 "message is not {ALIGNMENT}-byte aligned"
             )));
         }
-        let first_len = first_message_len(&buffer);
-        if let (Some(n), Some((bytes, decoder))) = (first_len, self.cached.as_mut())
-            && bytes.as_slice() == &buffer[..n]
+        // A panic inside the IPC decoder on hostile input is a bug there, but a
+        // subscriber must survive it: report it as a corrupt message.
+        let decoded = crate::panics::catch(|| self.decode_inner(buffer));
+        let decoded = decoded.unwrap_or_else(|what| {
+            Err(SluiceError::Corrupt(format!("undecodable message: {what}")))
+        });
+        if decoded.is_err() {
+            // Start afresh next time.
+            self.cached = None;
+        }
+        decoded
+    }
+
+    fn decode_inner(&mut self, buffer: Buffer) -> Result<RecordBatch> {
+        let Some(n) = first_message_len(&buffer) else {
+            return Err(SluiceError::Corrupt(
+                "message does not start with an IPC message prefix".into(),
+            ));
+        };
+        if let Some(kept) = &self.cached
+            && kept.bytes.as_slice() == &buffer[..n]
         {
-            let rest = buffer.slice(n);
-            // A panic inside the IPC decoder on hostile input is a bug there, but a
-            // subscriber must survive it: report it as a corrupt message.
-            match crate::panics::catch(|| decode_with(decoder, rest)) {
-                Ok(Ok(batch)) => return Ok(batch),
-                // The decoder may be mid-message: start afresh next time.
-                Ok(Err(e)) => {
-                    self.cached = None;
-                    return Err(e);
-                }
-                Err(what) => {
-                    self.cached = None;
-                    return Err(SluiceError::Corrupt(format!("undecodable message: {what}")));
-                }
-            }
+            return read_record_batch(&buffer.slice(n), &kept.schema, kept.projection.as_deref());
         }
         self.cached = None;
-        let mut decoder = StreamDecoder::new().with_require_alignment(true);
-        let batch = match crate::panics::catch(|| decode_with(&mut decoder, buffer.clone())) {
-            Ok(result) => result?,
-            Err(what) => {
-                return Err(SluiceError::Corrupt(format!("undecodable message: {what}")));
+        let message = arrow::ipc::root_as_message(&buffer[8..n])
+            .map_err(|e| SluiceError::Corrupt(format!("invalid schema message: {e}")))?;
+        let ipc_schema = match message.header_as_schema() {
+            Some(s) if message.bodyLength() == 0 => s,
+            _ => {
+                return Err(SluiceError::Corrupt(format!(
+                    "the first message is a {:?} of {} body bytes, not a schema",
+                    message.header_type(),
+                    message.bodyLength()
+                )));
             }
         };
-        if let Some(n) = first_len
-            && is_schema_message(&buffer[8..n])
-            && !has_dictionaries(batch.schema_ref().fields())
-        {
-            self.cached = Some((buffer[..n].to_vec(), decoder));
+        let schema = Arc::new(arrow::ipc::convert::fb_to_schema(ipc_schema));
+        if has_dictionaries(schema.fields()) {
+            let mut decoder = StreamDecoder::new().with_require_alignment(true);
+            let batch = decode_with(&mut decoder, buffer)?;
+            return self.columns.project(batch);
         }
+        let projection = self.columns.indices(&schema)?;
+        let batch = read_record_batch(&buffer.slice(n), &schema, projection.as_deref())?;
+        self.cached = Some(Kept {
+            bytes: buffer[..n].to_vec(),
+            schema,
+            projection,
+        });
         Ok(batch)
     }
+}
+
+/// Reads `buffer`, which must hold exactly one IPC record batch message of `schema` (its
+/// prefix, metadata and body), decoding the columns in `projection` (all with `None`):
+/// in place, flatbuffer verified, decoded columns fully validated, misaligned buffers
+/// refused, as arrow's `StreamDecoder` reads such a message.
+fn read_record_batch(
+    buffer: &Buffer,
+    schema: &SchemaRef,
+    projection: Option<&[usize]>,
+) -> Result<RecordBatch> {
+    let corrupt = |what: String| SluiceError::Corrupt(what);
+    let n = first_message_len(buffer)
+        .ok_or_else(|| corrupt("message ended before its record batch".into()))?;
+    let message = arrow::ipc::root_as_message(&buffer[8..n])
+        .map_err(|e| corrupt(format!("invalid record batch message: {e}")))?;
+    let batch = message.header_as_record_batch().ok_or_else(|| {
+        corrupt(format!(
+            "expected a record batch message, found a {:?}",
+            message.header_type()
+        ))
+    })?;
+    let body_len = usize::try_from(message.bodyLength())
+        .map_err(|_| corrupt(format!("negative body length {}", message.bodyLength())))?;
+    let rest = buffer.len() - n;
+    if body_len > rest {
+        return Err(corrupt(format!(
+            "record batch body of {body_len} bytes, but only {rest} follow"
+        )));
+    }
+    if body_len < rest {
+        return Err(corrupt(format!(
+            "{} unexpected bytes after the record batch",
+            rest - body_len
+        )));
+    }
+    let body = buffer.slice_with_length(n, body_len);
+    let version = message.version();
+    let no_dictionaries = HashMap::new();
+    let decoded =
+        RecordBatchDecoder::try_new(&body, batch, schema.clone(), &no_dictionaries, &version)
+            .and_then(|d| {
+                d.with_projection(projection)
+                    .with_require_alignment(true)
+                    .read_record_batch()
+            });
+    decoded.map_err(|e| corrupt(e.to_string()))
 }
 
 /// The length of the fragment's first message without its body (continuation marker,
@@ -349,13 +495,6 @@ fn first_message_len(buffer: &[u8]) -> Option<usize> {
     let len = u32::from_le_bytes(buffer.get(4..8)?.try_into().ok()?) as usize;
     let end = 8usize.checked_add(len)?;
     (end <= buffer.len()).then_some(end)
-}
-
-/// Whether `metadata` is a schema message without a body: the whole of a message that a
-/// fresh decoder took as the stream's schema, so that equal bytes later are that schema.
-fn is_schema_message(metadata: &[u8]) -> bool {
-    arrow::ipc::root_as_message(metadata)
-        .is_ok_and(|m| m.header_type() == arrow::ipc::MessageHeader::Schema && m.bodyLength() == 0)
 }
 
 fn has_dictionaries(fields: &arrow::datatypes::Fields) -> bool {
@@ -651,13 +790,16 @@ mod tests {
                 copy[i] = next() as u8;
             }
             let fresh = decode(buffer(&copy));
+            let arrows = reference(buffer(&copy));
             match decoder.decode(buffer(&copy)) {
                 Ok(batch) => {
                     for col in batch.columns() {
                         col.to_data().validate_full().unwrap();
                     }
-                    // Exactly as strict as a fresh decode.
-                    assert_eq!(batch, fresh.unwrap());
+                    // Exactly as strict as a fresh decode, and no looser than arrow's
+                    // own stream decoder.
+                    assert_eq!(batch, *fresh.as_ref().unwrap());
+                    assert_eq!(batch, arrows.unwrap());
                 }
                 Err(e) => assert!(
                     fresh.is_err(),
@@ -673,5 +815,152 @@ mod tests {
             assert!(decoder.decode(buffer(&trailing)).is_err());
         }
         assert_eq!(decoder.decode(buffer(&good)).unwrap(), sample());
+    }
+
+    /// Arrow's own stream decoder on a fragment: the reference the decoder must be no
+    /// looser than.
+    fn reference(buffer: Buffer) -> Result<RecordBatch> {
+        let mut decoder = StreamDecoder::new().with_require_alignment(true);
+        match crate::panics::catch(|| decode_with(&mut decoder, buffer)) {
+            Ok(result) => result,
+            Err(what) => Err(SluiceError::Corrupt(what.to_string())),
+        }
+    }
+
+    #[test]
+    fn named_columns_decode_in_their_order_in_place() {
+        let batch = sample();
+        let message = aligned(&encode(&batch).unwrap());
+        let (lo, hi) = (
+            message.as_ptr() as usize,
+            message.as_ptr() as usize + message.len(),
+        );
+        for names in [vec!["x"], vec!["name", "id"], vec!["id", "x", "id"], vec![]] {
+            let mut decoder = Decoder::with_columns(Columns::named(&names));
+            let indices: Vec<usize> = names
+                .iter()
+                .map(|n| batch.schema().index_of(n).unwrap())
+                .collect();
+            let expected = batch.project(&indices).unwrap();
+            // Twice: the second takes over the first's schema and projection.
+            for _ in 0..2 {
+                let decoded = decoder.decode(message.clone()).unwrap();
+                assert_eq!(decoded, expected, "columns {names:?}");
+                assert_eq!(decoded.num_rows(), batch.num_rows());
+                for col in decoded.columns() {
+                    for buf in col.to_data().buffers() {
+                        let p = buf.as_ptr() as usize;
+                        assert!(p >= lo && p + buf.len() <= hi, "copied out of the message");
+                    }
+                }
+            }
+            assert!(decoder.cached.is_some());
+        }
+    }
+
+    #[test]
+    fn columns_not_asked_for_are_never_read() {
+        let batch = sample();
+        let mut bytes = encode(&batch).unwrap().to_vec();
+        // Break the UTF-8 of the `name` column ("n1n2n4n5...") in place.
+        let at = bytes
+            .windows(4)
+            .position(|w| w == b"n1n2")
+            .expect("the strings of `name` are in the message");
+        bytes[at] = 0xff;
+        assert!(matches!(
+            decode(buffer(&bytes)),
+            Err(SluiceError::Corrupt(_))
+        ));
+        let mut with_name = Decoder::with_columns(Columns::named(["id", "name"]));
+        assert!(matches!(
+            with_name.decode(buffer(&bytes)),
+            Err(SluiceError::Corrupt(_))
+        ));
+        let mut without = Decoder::with_columns(Columns::named(["x", "id"]));
+        let good = encode(&batch).unwrap().to_vec();
+        for message in [&good, &bytes, &good, &bytes] {
+            assert_eq!(
+                without.decode(buffer(message)).unwrap(),
+                batch.project(&[2, 0]).unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn a_column_the_topic_lacks_is_a_configuration_error_that_lists_the_columns() {
+        let mut decoder = Decoder::with_columns(Columns::named(["id", "label"]));
+        let message = aligned(&encode(&sample()).unwrap());
+        for _ in 0..2 {
+            match decoder.decode(message.clone()) {
+                Err(SluiceError::Config(what)) => {
+                    assert!(what.contains("'label'"), "{what}");
+                    assert!(what.contains("id, name, x"), "{what}");
+                }
+                other => panic!("expected a configuration error, got {other:?}"),
+            }
+        }
+        // A later schema that has it decodes.
+        let labelled = RecordBatch::try_from_iter([
+            ("label", Arc::new(Int64Array::from(vec![7, 8])) as ArrayRef),
+            ("id", Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef),
+        ])
+        .unwrap();
+        let decoded = decoder
+            .decode(aligned(&encode(&labelled).unwrap()))
+            .unwrap();
+        assert_eq!(decoded, labelled.project(&[1, 0]).unwrap());
+    }
+
+    #[test]
+    fn named_columns_of_a_schema_with_dictionaries() {
+        use arrow::array::DictionaryArray;
+        use arrow::datatypes::Int32Type;
+        let dict: DictionaryArray<Int32Type> = vec!["a", "b", "a", "c"].into_iter().collect();
+        let batch = RecordBatch::try_from_iter([
+            ("d", Arc::new(dict) as ArrayRef),
+            (
+                "n",
+                Arc::new(Int64Array::from(vec![1, 2, 3, 4])) as ArrayRef,
+            ),
+        ])
+        .unwrap();
+        let message = aligned(&encode(&batch).unwrap());
+        let mut decoder = Decoder::with_columns(Columns::named(["n"]));
+        assert_eq!(
+            decoder.decode(message.clone()).unwrap(),
+            batch.project(&[1]).unwrap()
+        );
+        let mut decoder = Decoder::with_columns(Columns::named(["d", "n"]));
+        assert_eq!(decoder.decode(message).unwrap(), batch);
+    }
+
+    #[test]
+    fn corrupt_messages_with_named_columns_are_errors_or_what_arrow_decodes() {
+        let good = encode(&sample()).unwrap().to_vec();
+        let mut next = xorshift(0x1234_5678_9ABC_DEF1);
+        let columns = Columns::named(["x", "name"]);
+        let mut decoder = Decoder::with_columns(columns.clone());
+        for _ in 0..3000 {
+            assert_eq!(
+                decoder.decode(buffer(&good)).unwrap(),
+                sample().project(&[2, 1]).unwrap()
+            );
+            let mut copy = good.clone();
+            for _ in 0..(next() % 8 + 1) {
+                let i = (next() as usize) % copy.len();
+                copy[i] = next() as u8;
+            }
+            if let Ok(batch) = decoder.decode(buffer(&copy)) {
+                for col in batch.columns() {
+                    col.to_data().validate_full().unwrap();
+                }
+                // What arrow's own decoder makes of the whole message, projected, where
+                // it decodes it; a corrupt unread column may fail it, never this.
+                if let Ok(whole) = reference(buffer(&copy)) {
+                    assert_eq!(batch, columns.project(whole).unwrap());
+                }
+            }
+        }
     }
 }

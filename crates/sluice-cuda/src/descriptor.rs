@@ -286,6 +286,32 @@ impl DeviceDescriptor {
         Ok(d)
     }
 
+    /// The same batch with only `columns` (indices into the schema, in that order; one
+    /// may repeat): their fields and the layouts of their arrays. The slot and its bytes
+    /// are the same; the other columns are simply not described. A subscriber asking for
+    /// some columns of a GPU topic sees this descriptor.
+    pub fn project(&self, columns: &[usize]) -> Result<Self> {
+        let roots = self.column_roots()?;
+        let mut nodes = Vec::new();
+        for &c in columns {
+            let root = *roots.get(c).ok_or_else(|| {
+                CudaError::Unsupported(format!(
+                    "column {c} does not exist: the batch has {}",
+                    roots.len()
+                ))
+            })?;
+            nodes.extend_from_slice(&self.nodes[root..self.subtree_end(root)?]);
+        }
+        let schema = Arc::new(self.schema.project(columns)?);
+        let d = Self {
+            schema,
+            nodes,
+            ..self.clone()
+        };
+        d.check_tree()?;
+        Ok(d)
+    }
+
     /// The index in [`Self::nodes`] of each top-level column.
     pub fn column_roots(&self) -> Result<Vec<usize>> {
         let mut roots = Vec::new();
@@ -424,6 +450,25 @@ mod tests {
             d.encoded_len(encode_schema(&d.schema).unwrap().len())
         );
         assert_eq!(DeviceDescriptor::decode(&bytes).unwrap(), d);
+    }
+
+    #[test]
+    fn a_projection_describes_the_columns_asked_for_in_their_order() {
+        let d = descriptor();
+        let pixels = d.project(&[1]).unwrap();
+        assert_eq!(pixels.schema.fields().len(), 1);
+        assert_eq!(pixels.schema.field(0).name(), "pixels");
+        assert_eq!(pixels.nodes, d.nodes[1..]);
+        assert_eq!((pixels.slot, pixels.used_bytes), (d.slot, d.used_bytes));
+        let swapped = d.project(&[1, 0, 1]).unwrap();
+        assert_eq!(swapped.column_roots().unwrap(), vec![0, 2, 3]);
+        assert_eq!(swapped.nodes[2], d.nodes[0]);
+        assert_eq!(swapped.nodes[3..], d.nodes[1..]);
+        // It travels as any descriptor does.
+        let bytes = swapped.encode().unwrap();
+        assert_eq!(DeviceDescriptor::decode(&bytes).unwrap(), swapped);
+        assert_eq!(d.project(&[]).unwrap().nodes.len(), 0);
+        assert!(d.project(&[2]).is_err());
     }
 
     #[test]

@@ -19,9 +19,11 @@ use arrow::ffi_stream::FFI_ArrowArrayStream;
 use arrow::record_batch::{RecordBatch, RecordBatchReader};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyCapsule};
+use pyo3::types::{PyBool, PyBytes, PyCapsule, PyString};
 use sluice::core::TopicName;
-use sluice::{EpochSummary, Event, Join, OnLag, SluiceError, SubscribeOptions, Subscriber};
+use sluice::{
+    Columns, EpochSummary, Event, Join, OnLag, SluiceError, SubscribeOptions, Subscriber,
+};
 
 use crate::batch::{PyBatch, deep_copy};
 use crate::errors::to_py;
@@ -113,6 +115,45 @@ pub fn parse_timeout(what: &str, timeout: Option<f64>) -> PyResult<Option<Durati
 }
 
 /// A count from Python: `None`, or an int (not a bool) of at least `min`.
+/// `columns=`: `None`, or an iterable of column names (a lone string is refused: it
+/// would otherwise be taken as one column per character).
+fn parse_columns(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<String>>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    let type_name = |v: &Bound<'_, PyAny>| {
+        v.get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default()
+    };
+    if value.is_instance_of::<PyString>() || value.is_instance_of::<PyBytes>() {
+        return Err(PyTypeError::new_err(format!(
+            "columns must be a list of column names, not one {}: columns=[{}]",
+            type_name(value),
+            value.repr().map(|r| r.to_string()).unwrap_or_default()
+        )));
+    }
+    let items = value.try_iter().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "columns must be a list of column names or None, not {}",
+            type_name(value)
+        ))
+    })?;
+    items
+        .map(|item| {
+            let item = item?;
+            item.extract::<String>().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "columns must hold column names (str), not {}",
+                    type_name(&item)
+                ))
+            })
+        })
+        .collect::<PyResult<Vec<_>>>()
+        .map(Some)
+}
+
 pub fn parse_count(
     name: &str,
     value: Option<&Bound<'_, PyAny>>,
@@ -230,6 +271,8 @@ impl PyEpochSummary {
 pub struct PySubscriber {
     topic: String,
     batch_size: Option<usize>,
+    /// The columns received, by name; `None`: all.
+    columns: Option<Vec<String>>,
     join: &'static str,
     on_lag: &'static str,
     timeout: Option<Duration>,
@@ -293,9 +336,11 @@ impl PySubscriber {
     /// `Lagged`) or `"skip"` (go on past batches missed under the producer's
     /// `sluice.lag_limit`). `reconnect`: seconds to wait for a restarted producer
     /// (`sluice run --resume`) after the producer is lost, continuing without duplicates
-    /// or gaps (default: raise `ProducerLost`).
+    /// or gaps (default: raise `ProducerLost`). `columns`: the names of the columns to
+    /// receive, in that order (default: all); the others are never decoded.
     #[new]
-    #[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None))]
+    #[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None, columns=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         topic: &str,
@@ -304,6 +349,7 @@ impl PySubscriber {
         timeout: Option<f64>,
         on_lag: &str,
         reconnect: Option<f64>,
+        columns: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         // A local topic name, or flight://HOST:PORT/TOPIC (checked when connecting).
         let local = match sluice::flight::FlightTarget::parse(topic) {
@@ -314,6 +360,7 @@ impl PySubscriber {
             None => Some(TopicName::new(topic).map_err(|e| PyValueError::new_err(e.to_string()))?),
         };
         let batch_size = parse_count("batch_size", batch_size, 1)?;
+        let columns = parse_columns(columns)?;
         let join_mode = parse_join(join)?;
         let on_lag_mode = parse_on_lag(on_lag)?;
         let timeout = parse_timeout("timeout", timeout)?;
@@ -353,6 +400,7 @@ impl PySubscriber {
                 join: join_mode,
                 on_lag: on_lag_mode,
                 reconnect,
+                columns: columns.as_ref().map_or(Columns::All, Columns::named),
                 ..SubscribeOptions::default()
             };
             match py.detach(|| Subscriber::connect(topic, options)) {
@@ -376,6 +424,7 @@ impl PySubscriber {
         Ok(Self {
             topic: topic.to_string(),
             batch_size,
+            columns,
             join: match join_mode {
                 Join::Now => "now",
                 Join::NextEpoch => "next_epoch",
@@ -414,6 +463,12 @@ impl PySubscriber {
     #[getter]
     fn batch_size(&self) -> Option<usize> {
         self.batch_size
+    }
+
+    /// The names of the columns received, or `None` for all of them.
+    #[getter]
+    fn columns(&self) -> Option<Vec<String>> {
+        self.columns.clone()
     }
 
     /// How this subscriber joined: `"now"` or `"next_epoch"`.
@@ -776,7 +831,8 @@ impl PyEpoch {
 
 /// `sluice.subscribe(...)`: the same as `sluice.Subscriber(...)`.
 #[pyfunction]
-#[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None))]
+#[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None, columns=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn subscribe(
     py: Python<'_>,
     topic: &str,
@@ -785,6 +841,9 @@ pub fn subscribe(
     timeout: Option<f64>,
     on_lag: &str,
     reconnect: Option<f64>,
+    columns: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PySubscriber> {
-    PySubscriber::new(py, topic, batch_size, join, timeout, on_lag, reconnect)
+    PySubscriber::new(
+        py, topic, batch_size, join, timeout, on_lag, reconnect, columns,
+    )
 }

@@ -354,6 +354,14 @@ impl TopicSubscriber {
         })
     }
 
+    /// Decodes only `columns` of the topic's batches from now on (see
+    /// [`wire::Columns`]): the others stay in shared memory, neither decoded nor
+    /// validated. A column the topic lacks makes [`TopicSubscriber::recv`] fail with
+    /// [`SluiceError::Config`].
+    pub fn set_columns(&mut self, columns: wire::Columns) {
+        self.decoder = wire::Decoder::with_columns(columns);
+    }
+
     /// The topic's name.
     pub fn topic(&self) -> &TopicName {
         &self.topic

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
-use sluice_core::{Result, Rows, SluiceError};
+use sluice_core::{Columns, Result, Rows, SluiceError};
 use sluice_cuda::layout::ALIGN;
 use sluice_cuda::registry::{EXPORTED, ExportedSlot};
 use sluice_cuda::{
@@ -352,12 +352,17 @@ impl std::fmt::Debug for DeviceBatch {
 impl DeviceBatch {
     /// A whole producer batch: decodes and validates its descriptor, which must agree
     /// with the message header's `rows`.
+    /// Only `columns` of it are described (see [`DeviceDescriptor::project`]).
     pub(crate) fn from_sample(
         sample: SamplePayload,
         rows: u64,
+        columns: &Columns,
         importer: Arc<ImporterCell>,
     ) -> Result<Self> {
-        let descriptor = DeviceDescriptor::decode(sample.bytes())?;
+        let mut descriptor = DeviceDescriptor::decode(sample.bytes())?;
+        if let Some(indices) = columns.indices(&descriptor.schema)? {
+            descriptor = descriptor.project(&indices)?;
+        }
         if descriptor.rows != rows {
             return Err(SluiceError::Corrupt(format!(
                 "device batch has {} rows but its header says {rows}",

@@ -52,7 +52,7 @@ pub use checkpoint::Checkpoint;
 pub use device::{DeviceBatch, DeviceColumn, DevicePart};
 pub use host_copy::HostCopier;
 pub use producer::{Producer, Progress, RunOptions, RunStats};
-pub use sluice_core::{Checksum, Position, Result, SluiceError};
+pub use sluice_core::{Checksum, Columns, Position, Result, SluiceError};
 pub use sluice_plan::{Plan, Shard, SluiceOptions, StoreStats};
 pub use sluice_shm::Namespace;
 pub use subscriber::{EpochSummary, Event, Join, OnLag, SubscribeOptions, Subscriber, lies_within};
@@ -85,7 +85,7 @@ pub mod cuda {
 /// The usual imports.
 pub mod prelude {
     pub use crate::{
-        Checksum, EpochSummary, Event, Join, Namespace, OnLag, Plan, Producer, Result, RunOptions,
-        SluiceError, SubscribeOptions, Subscriber,
+        Checksum, Columns, EpochSummary, Event, Join, Namespace, OnLag, Plan, Producer, Result,
+        RunOptions, SluiceError, SubscribeOptions, Subscriber,
     };
 }

@@ -10,7 +10,7 @@ use arrow::array::ArrayData;
 use arrow::record_batch::RecordBatch;
 use sluice_core::Inlet;
 use sluice_core::delivery::{Inbound, Outbound, Receiver, ReceiverOptions};
-use sluice_core::{Result, Rows, SluiceError, TopicName};
+use sluice_core::{Columns, Result, Rows, SluiceError, TopicName};
 use sluice_flight::{ClientOptions, FlightInlet, FlightTarget};
 use sluice_shm::{Frame, Namespace, TopicSubscriber};
 
@@ -37,6 +37,13 @@ pub struct SubscribeOptions {
     /// producer (`sluice run --resume`) and continue where this subscriber left off, with
     /// no duplicate and no missing row. `None`: fail with [`SluiceError::ProducerLost`].
     pub reconnect: Option<Duration>,
+    /// The columns this subscriber receives, by name and in that order ([`Columns::All`]:
+    /// every column). From a local topic only those are decoded and validated; the
+    /// others stay untouched in shared memory, which is most of what decoding costs a
+    /// subscriber that skips a string column. A name the topic lacks fails the first
+    /// [`Subscriber::next_event`] with [`SluiceError::Config`], which lists the topic's
+    /// columns. From a remote topic the batches arrive whole and are projected.
+    pub columns: Columns,
 }
 
 /// What a subscriber receives.
@@ -149,6 +156,8 @@ pub struct Subscriber {
     ranges: VecDeque<Range<usize>>,
     /// Opens the device slots of a GPU topic, on first use.
     importer: Arc<ImporterCell>,
+    /// The columns delivered.
+    columns: Columns,
 }
 
 impl Subscriber {
@@ -193,12 +202,13 @@ impl Subscriber {
             );
         }
         let topic = TopicName::new(topic)?;
-        let inner = TopicSubscriber::connect(
+        let mut inner = TopicSubscriber::connect(
             &namespace,
             &topic,
             options.timeout,
             options.join == Join::Replay,
         )?;
+        inner.set_columns(options.columns.clone());
         let shown = topic.to_string();
         Self::new(
             topic,
@@ -245,6 +255,7 @@ impl Subscriber {
             rebatching: options.batch_size.is_some(),
             ranges: VecDeque::new(),
             importer: Arc::default(),
+            columns: options.columns.clone(),
         })
     }
 
@@ -279,7 +290,12 @@ impl Subscriber {
             }
             let message = match &mut self.remote {
                 // The inlet reconnects by itself (`ClientOptions::reconnect`).
-                Some(remote) => remote.recv(timeout)?.map(Payload::Host),
+                Some(remote) => {
+                    let columns = &self.columns;
+                    remote.recv(timeout)?.try_map(|batch| {
+                        Ok::<_, SluiceError>(Payload::Host(columns.project(batch)?))
+                    })?
+                }
                 None => {
                     let importer = self.importer.clone();
                     let port = self.port()?;
@@ -289,6 +305,9 @@ impl Subscriber {
                             self.reconnect_to_successor()?;
                             continue;
                         }
+                        // A column asked for that the topic lacks: every message would
+                        // fail alike, so leave the topic rather than hold the producer.
+                        Err(e @ SluiceError::Config(_)) => return Err(self.failed(e)),
                         received => received?,
                     };
                     self.inbound(frame)?
@@ -349,6 +368,7 @@ impl Subscriber {
                 payload: Payload::Device(DeviceBatch::from_sample(
                     payload,
                     rows,
+                    &self.columns,
                     self.importer.clone(),
                 )?),
             },
@@ -378,11 +398,12 @@ impl Subscriber {
         self.inner = None;
         // Replay: the successor may have published a few messages before this
         // subscriber attached; the resume filter drops the ones already seen.
-        let successor = TopicSubscriber::connect(&self.namespace, &topic, Some(wait), true)
+        let mut successor = TopicSubscriber::connect(&self.namespace, &topic, Some(wait), true)
             .map_err(|e| match e {
                 SluiceError::Timeout { .. } => SluiceError::ProducerLost(topic.to_string()),
                 other => other,
             })?;
+        successor.set_columns(self.columns.clone());
         self.receiver.set_max_held(successor.max_held());
         self.inner = Some(successor);
         Ok(())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from types import TracebackType
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator, Literal, Sequence
 
 __version__: str
 
@@ -276,11 +276,15 @@ class Subscriber(Iterator[Batch]):
         timeout: float | None = None,
         on_lag: OnLagMode = "error",
         reconnect: float | None = None,
+        columns: Sequence[str] | None = None,
     ) -> None: ...
     @property
     def topic(self) -> str: ...
     @property
     def batch_size(self) -> int | None: ...
+    @property
+    def columns(self) -> list[str] | None:
+        """The names of the columns received, or ``None`` for all of them."""
     @property
     def join(self) -> JoinMode: ...
     @property
@@ -320,6 +324,7 @@ def subscribe(
     timeout: float | None = None,
     on_lag: OnLagMode = "error",
     reconnect: float | None = None,
+    columns: Sequence[str] | None = None,
 ) -> Subscriber:
     """Attaches to ``topic``, waiting for its producer (up to ``timeout`` seconds).
 
@@ -336,6 +341,11 @@ def subscribe(
     to wait for the producer, then for each batch (default: forever). ``on_lag``: under a
     producer with ``sluice.lag_limit``, ``"error"`` raises :class:`Lagged` when this
     subscriber fell too far behind; ``"skip"`` goes on (the epoch is then incomplete).
+    ``columns``: the names of the columns to receive, in that order (default: all). The
+    other columns are neither decoded nor validated, which is most of what a batch costs
+    a subscriber that skips a string column; a name the topic lacks raises
+    :class:`PlanError` at the first batch, listing the topic's columns. A ``str`` alone is
+    refused (``columns=["features"]``, not ``columns="features"``).
 
     ``topic`` may also be ``"flight://HOST:PORT/TOPIC"`` (or ``"flight+tls://…"``): a
     topic that ``sluice serve --flight`` serves on another machine, with the same

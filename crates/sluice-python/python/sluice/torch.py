@@ -227,7 +227,8 @@ def move_batch(batch: sluice.Batch | sluice.DeviceBatch, device: Any) -> Any:
 class IterableDataset(_Base):  # type: ignore[misc,valid-type]
     """A ``torch.utils.data.IterableDataset`` that yields one Sluice epoch per pass.
 
-    Parameters mirror :func:`sluice.subscribe`; ``columns`` selects columns (default: all),
+    Parameters mirror :func:`sluice.subscribe`; ``columns`` selects the columns received
+    (default: all; the others are never decoded, and ``transform`` sees only these),
     ``transform`` replaces the default conversion (:func:`batch_to_tensors`).
 
     ``device``: where the tensors should be. ``None`` (the default) leaves each batch
@@ -280,6 +281,7 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
                 join=self.join,
                 timeout=self.timeout,
                 on_lag=self.on_lag,
+                columns=self.columns,
             )
             self._epochs = self._subscriber.epochs()
         return self._epochs
