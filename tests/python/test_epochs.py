@@ -229,11 +229,16 @@ def test_a_python_producer_runs_its_query_on_standalone_ballista(plans):
 def test_subscribers_receive_the_columns_they_name(plans):
     """``columns=`` gives those columns, in that order, zero-copy, in any batch size; a
     subscriber without it gets them all; a name the topic lacks raises ``PlanError`` that
-    lists the topic's columns; a lone string is refused before connecting."""
+    lists the topic's columns; a lone string, a set and an empty list are refused before
+    connecting."""
     with pytest.raises(TypeError, match="list of column names"):
         sluice.Subscriber(plans.topic, columns="vec", timeout=1)
     with pytest.raises(TypeError, match="column names"):
         sluice.Subscriber(plans.topic, columns=[1], timeout=1)
+    with pytest.raises(TypeError, match="list or tuple"):
+        sluice.Subscriber(plans.topic, columns={"id", "vec"}, timeout=1)
+    with pytest.raises(ValueError, match="at least one"):
+        sluice.Subscriber(plans.topic, columns=[], timeout=1)
     producer = sluice.Producer(plans.plan(rows=230, batch_rows=50, epochs=1), min_subscribers=4)
     everything = sluice.subscribe(plans.topic, timeout=30)
     named = sluice.subscribe(plans.topic, columns=["vec", "id"], timeout=30)

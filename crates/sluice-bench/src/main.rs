@@ -1207,7 +1207,9 @@ impl Report {
         let named_share = ratio_summary(decoding.iter().map(|d| (d.named_us, d.decode_us)));
         writeln!(
             b,
-            "A subscriber that names its columns decodes and validates only those: the same              batch by a `wire::Decoder` of its columns that are not strings ({}), what a trainer              that never reads the text asks for, {} µs, **{}** of decoding every column.\n",
+            "A subscriber that names its columns decodes and validates only those: the same \
+             batch by a `wire::Decoder` of its columns that are not strings ({}), what a trainer \
+             that never reads the text asks for, {} µs, **{}** of decoding every column.\n",
             decoding
                 .first()
                 .map(|d| d.named.join(", "))

@@ -14,7 +14,8 @@
 //!
 //! [`decode`] reads a fragment in place: the returned arrays point into the given
 //! buffer, which keeps the shared-memory sample alive through its owner. Nothing in
-//! shared memory is trusted: flatbuffers are verified, array data is fully validated,
+//! shared memory is trusted: flatbuffers are verified, the array data of every column
+//! decoded is fully validated (a [`Decoder`] of some [`Columns`] never reads the others),
 //! misaligned data is rejected rather than copied, and a panic inside the decoder is
 //! turned into [`SluiceError::Corrupt`].
 
@@ -280,11 +281,18 @@ impl Columns {
 
     /// Indices of the named columns in `schema`; `None` for [`Columns::All`].
     ///
-    /// A name the schema lacks is an error that lists the columns there are.
+    /// A name the schema lacks is an error that lists the columns there are. So is an
+    /// empty list: a batch of no columns would carry nothing but a row count, and that
+    /// count, read from shared memory, would be checked against nothing.
     pub fn indices(&self, schema: &Schema) -> Result<Option<Vec<usize>>> {
         let Self::Named(names) = self else {
             return Ok(None);
         };
+        if names.is_empty() {
+            return Err(SluiceError::Config(
+                "the list of columns names no column: name at least one, or ask for all".into(),
+            ));
+        }
         names
             .iter()
             .map(|name| {
@@ -318,9 +326,9 @@ impl Columns {
 /// batch, though: when a fragment's schema message is byte for byte the previous
 /// fragment's, its decoded schema (and which of its columns to decode) is taken over,
 /// saving the schema's flatbuffer verification and the construction of its fields and
-/// metadata on every message. The record batch message after it is read as arrow's
-/// `StreamDecoder` reads it: its flatbuffer verified, every decoded column fully
-/// validated, misaligned buffers refused. With [`Columns::Named`], the other columns are
+/// metadata on every message. The record batch message after it is decoded as arrow's
+/// `StreamDecoder` decodes it (see [`read_record_batch`]): its flatbuffer verified,
+/// every decoded column fully validated, misaligned buffers refused. With [`Columns::Named`], the other columns are
 /// skipped: their buffers are never read, so nothing of them is trusted either.
 ///
 /// Schemas with dictionary-encoded columns are decoded whole by a fresh `StreamDecoder`
@@ -440,9 +448,11 @@ impl Decoder {
 }
 
 /// Reads `buffer`, which must hold exactly one IPC record batch message of `schema` (its
-/// prefix, metadata and body), decoding the columns in `projection` (all with `None`):
-/// in place, flatbuffer verified, decoded columns fully validated, misaligned buffers
-/// refused, as arrow's `StreamDecoder` reads such a message.
+/// prefix, metadata and body, and nothing after it), decoding the columns in
+/// `projection` (all with `None`): in place, the flatbuffer verified, the decoded columns
+/// fully validated, misaligned buffers refused, as arrow's `StreamDecoder` decodes the
+/// record batch messages Sluice writes. Compressed bodies and negative lengths are
+/// refused.
 fn read_record_batch(
     buffer: &Buffer,
     schema: &SchemaRef,
@@ -459,6 +469,17 @@ fn read_record_batch(
             message.header_type()
         ))
     })?;
+    if batch.length() < 0 {
+        return Err(corrupt(format!(
+            "a record batch of {} rows",
+            batch.length()
+        )));
+    }
+    // Sluice's encoder never compresses; a compressed body would be decompressed into
+    // memory of a size the message names, not decoded in place.
+    if batch.compression().is_some() {
+        return Err(corrupt("a compressed record batch".into()));
+    }
     let body_len = usize::try_from(message.bodyLength())
         .map_err(|_| corrupt(format!("negative body length {}", message.bodyLength())))?;
     let rest = buffer.len() - n;
@@ -835,7 +856,7 @@ mod tests {
             message.as_ptr() as usize,
             message.as_ptr() as usize + message.len(),
         );
-        for names in [vec!["x"], vec!["name", "id"], vec!["id", "x", "id"], vec![]] {
+        for names in [vec!["x"], vec!["name", "id"], vec!["id", "x", "id"]] {
             let mut decoder = Decoder::with_columns(Columns::named(&names));
             let indices: Vec<usize> = names
                 .iter()
@@ -885,6 +906,15 @@ mod tests {
                 batch.project(&[2, 0]).unwrap()
             );
         }
+    }
+
+    #[test]
+    fn an_empty_list_of_columns_is_a_configuration_error() {
+        let mut decoder = Decoder::with_columns(Columns::named(Vec::<String>::new()));
+        assert!(matches!(
+            decoder.decode(aligned(&encode(&sample()).unwrap())),
+            Err(SluiceError::Config(_))
+        ));
     }
 
     #[test]

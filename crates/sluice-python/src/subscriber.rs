@@ -19,7 +19,7 @@ use arrow::ffi_stream::FFI_ArrowArrayStream;
 use arrow::record_batch::{RecordBatch, RecordBatchReader};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyCapsule, PyString};
+use pyo3::types::{PyBool, PyBytes, PyCapsule, PyList, PyString, PyTuple};
 use sluice::core::TopicName;
 use sluice::{
     Columns, EpochSummary, Event, Join, OnLag, SluiceError, SubscribeOptions, Subscriber,
@@ -114,9 +114,9 @@ pub fn parse_timeout(what: &str, timeout: Option<f64>) -> PyResult<Option<Durati
     }
 }
 
-/// A count from Python: `None`, or an int (not a bool) of at least `min`.
-/// `columns=`: `None`, or an iterable of column names (a lone string is refused: it
-/// would otherwise be taken as one column per character).
+/// `columns=`: `None`, or a list or tuple of column names, at least one. A lone string
+/// is refused (it would otherwise be taken as one column per character), and so are sets
+/// and dicts, whose order is not the caller's.
 fn parse_columns(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<String>>> {
     let Some(value) = value.filter(|v| !v.is_none()) else {
         return Ok(None);
@@ -134,13 +134,14 @@ fn parse_columns(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<String
             value.repr().map(|r| r.to_string()).unwrap_or_default()
         )));
     }
-    let items = value.try_iter().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "columns must be a list of column names or None, not {}",
+    if !(value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>()) {
+        return Err(PyTypeError::new_err(format!(
+            "columns must be a list or tuple of column names or None, not {}",
             type_name(value)
-        ))
-    })?;
-    items
+        )));
+    }
+    let names = value
+        .try_iter()?
         .map(|item| {
             let item = item?;
             item.extract::<String>().map_err(|_| {
@@ -150,10 +151,16 @@ fn parse_columns(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<String
                 ))
             })
         })
-        .collect::<PyResult<Vec<_>>>()
-        .map(Some)
+        .collect::<PyResult<Vec<_>>>()?;
+    if names.is_empty() {
+        return Err(PyValueError::new_err(
+            "columns names no column: name at least one, or pass None for all of them",
+        ));
+    }
+    Ok(Some(names))
 }
 
+/// A count from Python: `None`, or an int (not a bool) of at least `min`.
 pub fn parse_count(
     name: &str,
     value: Option<&Bound<'_, PyAny>>,

@@ -253,7 +253,8 @@ impl DevicePart {
         self.copy.is_some()
     }
 
-    /// The producer batch's descriptor.
+    /// The producer batch's descriptor (of the columns the subscriber asked for: see
+    /// [`DeviceDescriptor::project`]).
     pub fn descriptor(&self) -> &DeviceDescriptor {
         &self.descriptor
     }

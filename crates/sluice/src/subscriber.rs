@@ -42,7 +42,9 @@ pub struct SubscribeOptions {
     /// others stay untouched in shared memory, which is most of what decoding costs a
     /// subscriber that skips a string column. A name the topic lacks fails the first
     /// [`Subscriber::next_event`] with [`SluiceError::Config`], which lists the topic's
-    /// columns. From a remote topic the batches arrive whole and are projected.
+    /// columns, and so does an empty list; the subscriber then leaves the topic. From a
+    /// remote topic the batches arrive whole and are projected; on a GPU topic the
+    /// batch's descriptor describes only those columns.
     pub columns: Columns,
 }
 
@@ -292,9 +294,13 @@ impl Subscriber {
                 // The inlet reconnects by itself (`ClientOptions::reconnect`).
                 Some(remote) => {
                     let columns = &self.columns;
-                    remote.recv(timeout)?.try_map(|batch| {
+                    let received = remote.recv(timeout)?.try_map(|batch| {
                         Ok::<_, SluiceError>(Payload::Host(columns.project(batch)?))
-                    })?
+                    });
+                    match received {
+                        Err(e @ SluiceError::Config(_)) => return Err(self.failed(e)),
+                        received => received?,
+                    }
                 }
                 None => {
                     let importer = self.importer.clone();
@@ -310,7 +316,11 @@ impl Subscriber {
                         Err(e @ SluiceError::Config(_)) => return Err(self.failed(e)),
                         received => received?,
                     };
-                    self.inbound(frame)?
+                    match self.inbound(frame) {
+                        // A GPU topic's descriptor that lacks a column asked for.
+                        Err(e @ SluiceError::Config(_)) => return Err(self.failed(e)),
+                        inbound => inbound?,
+                    }
                 }
             };
             if let Err(e) = self.receiver.push(message) {

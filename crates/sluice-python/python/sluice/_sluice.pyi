@@ -344,8 +344,9 @@ def subscribe(
     ``columns``: the names of the columns to receive, in that order (default: all). The
     other columns are neither decoded nor validated, which is most of what a batch costs
     a subscriber that skips a string column; a name the topic lacks raises
-    :class:`PlanError` at the first batch, listing the topic's columns. A ``str`` alone is
-    refused (``columns=["features"]``, not ``columns="features"``).
+    :class:`PlanError` at the first batch, listing the topic's columns. It must be a list
+    or tuple of at least one name: a ``str`` alone is refused (``columns=["features"]``,
+    not ``columns="features"``), and so are sets and dicts, whose order is not yours.
 
     ``topic`` may also be ``"flight://HOST:PORT/TOPIC"`` (or ``"flight+tls://…"``): a
     topic that ``sluice serve --flight`` serves on another machine, with the same

@@ -264,6 +264,8 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         self.join = join
         self.timeout = timeout
         self.on_lag = on_lag
+        if isinstance(columns, (str, bytes)):
+            raise TypeError(f"columns must be a list of column names, not one: columns=[{columns!r}]")
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
         self._subscriber: sluice.Subscriber | None = None
