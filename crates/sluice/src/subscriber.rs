@@ -266,6 +266,11 @@ impl Subscriber {
         self.topic.as_str()
     }
 
+    /// The columns this subscriber receives.
+    pub fn columns(&self) -> &Columns {
+        &self.columns
+    }
+
     /// How this subscriber joins a running stream.
     pub fn join_mode(&self) -> Join {
         self.join
