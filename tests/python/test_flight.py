@@ -4,6 +4,7 @@ as a trainer on another machine would subscribe: the server is ``sluice serve --
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -75,3 +76,46 @@ def test_a_wrong_token_is_refused_naming_what_to_set(plans, server, monkeypatch)
 def test_a_malformed_flight_address_is_a_value_error():
     with pytest.raises(ValueError, match="flight://HOST:PORT/TOPIC"):
         sluice.subscribe("flight://no-port/topic", timeout=1)
+
+
+@needs_cli
+def test_named_columns_are_the_only_ones_the_server_sends(plans, server, monkeypatch):
+    """A ticket's ``columns`` makes the server decode and send only those, to any Flight
+    client (here pyarrow's); a Sluice subscriber's ``columns=`` asks for them so, and a
+    column the topic lacks fails it with ``PlanError`` naming the topic's columns."""
+    import pyarrow.flight as flight
+
+    monkeypatch.setenv("SLUICE_TOKEN", TOKEN)
+    producer = sluice.Producer(plans.plan(rows=300, batch_rows=64, epochs=1), min_subscribers=3)
+    client = flight.FlightClient(f"grpc://{server}")
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    ticket = flight.Ticket(json.dumps({"topic": plans.topic, "columns": ["x", "id"]}).encode())
+    with sluice.subscribe(
+        f"flight://{server}/{plans.topic}", columns=["id"], batch_size=100, timeout=60
+    ) as sub, sluice.subscribe(
+        f"flight://{server}/{plans.topic}", columns=["id", "pixels"], timeout=60
+    ) as wrong:
+        # pyarrow's do_get waits for the schema: the producer starts once all three attach.
+        reader = client.do_get(ticket, options)
+        assert reader.schema.names == ["x", "id"]
+        # Batches, and Sluice's control messages (the end of the epoch, of the stream) as
+        # chunks of metadata alone.
+        batches, metadata_only = [], 0
+        for chunk in reader:
+            if chunk.data is None:
+                assert chunk.app_metadata is not None
+                metadata_only += 1
+            else:
+                assert chunk.data.schema.names == ["x", "id"]
+                batches.append(chunk.data)
+        assert pa.Table.from_batches(batches).column("id").to_pylist() == list(range(300))
+        assert metadata_only >= 2
+        ids = []
+        for batch in sub:
+            assert batch.column_names == ["id"]
+            ids += pa.record_batch(batch).column("id").to_pylist()
+        assert ids == list(range(300))
+        with pytest.raises(sluice.PlanError, match=r"no column 'pixels'.*id, x, vec, label, text") as e:
+            next(wrong)
+        assert "invalid configuration: invalid configuration" not in str(e.value)
+    producer.wait(timeout=60)

@@ -5,9 +5,11 @@ use std::time::Duration;
 use arrow::record_batch::RecordBatch;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::error::FlightError;
-use arrow_flight::{FlightClient, Ticket};
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{FlightData, Ticket};
+use bytes::Bytes;
 use futures::StreamExt;
-use sluice_core::{Inbound, Inlet, Result, SluiceError};
+use sluice_core::{Columns, Inbound, Inlet, Result, SluiceError};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
@@ -79,6 +81,8 @@ pub struct ClientOptions {
     /// continues with it; when the server is lost, the client tries it again for this
     /// long; both then continue where the subscriber was ([`Inbound::Reconnected`]).
     pub reconnect: Option<Duration>,
+    /// The columns to receive (the server sends only those).
+    pub columns: Columns,
 }
 
 impl std::fmt::Debug for ClientOptions {
@@ -89,6 +93,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("replay", &self.replay)
             .field("wait", &self.wait)
             .field("reconnect", &self.reconnect)
+            .field("columns", &self.columns)
             .finish()
     }
 }
@@ -191,6 +196,10 @@ async fn open(target: &FlightTarget, options: &ClientOptions) -> Result<FlightDa
         replay: options.replay,
         wait_s: options.wait.map(|w| w.as_secs_f64()),
         reconnect_s: options.reconnect.map(|r| r.as_secs_f64()),
+        columns: match &options.columns {
+            Columns::All => None,
+            Columns::Named(names) => Some(names.to_vec()),
+        },
     })
     .map_err(|e| SluiceError::Internal(format!("cannot encode a ticket: {e}")))?;
     let scheme = if target.tls { "https" } else { "http" };
@@ -226,17 +235,44 @@ async fn open(target: &FlightTarget, options: &ClientOptions) -> Result<FlightDa
             error_chain(&e)
         ))
     })?;
-    let mut client = FlightClient::new(channel);
+    let mut request = tonic::Request::new(Ticket::new(ticket));
     if let Some(token) = &options.token {
-        client
-            .add_header("authorization", &format!("Bearer {token}"))
+        let value = format!("Bearer {token}")
+            .parse()
             .map_err(|e| SluiceError::Config(format!("unusable token: {e}")))?;
+        request.metadata_mut().insert("authorization", value);
     }
-    let stream = client
-        .do_get(Ticket::new(ticket))
+    let response = FlightServiceClient::new(channel)
+        .do_get(request)
         .await
-        .map_err(|e| from_flight(e, target))?;
-    Ok(stream.into_inner())
+        .map_err(|status| from_status(&status, target))?;
+    let messages = response.into_inner().map(|message| {
+        let mut data = message.map_err(FlightError::from)?;
+        if data.data_header.is_empty() {
+            data.data_header = metadata_only();
+        }
+        Ok::<FlightData, FlightError>(data)
+    });
+    Ok(FlightDataDecoder::new(messages))
+}
+
+/// The `data_header` that arrow-rs's decoder takes for a message of metadata alone: an
+/// IPC message of type NONE. The server sends such messages (the end of an epoch, of the
+/// stream) with no header at all, as Arrow C++ and Java write them and pyarrow reads
+/// them; arrow-rs 59 cannot parse an empty header.
+fn metadata_only() -> Bytes {
+    static NONE: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+    NONE.get_or_init(|| {
+        let mut fbb = flatbuffers::FlatBufferBuilder::new();
+        let mut message = arrow_ipc::MessageBuilder::new(&mut fbb);
+        message.add_version(arrow_ipc::MetadataVersion::V5);
+        message.add_header_type(arrow_ipc::MessageHeader::NONE);
+        message.add_bodyLength(0);
+        let message = message.finish();
+        fbb.finish(message, None);
+        Bytes::copy_from_slice(fbb.finished_data())
+    })
+    .clone()
 }
 
 /// An error and its sources, for messages that say why (a TLS failure is three levels
@@ -274,7 +310,14 @@ fn from_status(status: &Status, target: &FlightTarget) -> SluiceError {
             seconds: 0.0,
         },
         Code::FailedPrecondition | Code::InvalidArgument => {
-            SluiceError::Config(status.message().to_string())
+            // The server's message is a Sluice error's own text: not prefixed twice.
+            let message = status.message();
+            SluiceError::Config(
+                message
+                    .strip_prefix("invalid configuration: ")
+                    .unwrap_or(message)
+                    .to_string(),
+            )
         }
         _ => SluiceError::Transport(format!(
             "{target}: {} ({:?})",

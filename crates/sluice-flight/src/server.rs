@@ -1,7 +1,7 @@
 //! `sluice serve --flight`: a node's topics for remote subscribers.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
@@ -12,9 +12,8 @@ use arrow_flight::{
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
 };
 use arrow_ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
-use bytes::Bytes;
 use futures::stream::BoxStream;
-use sluice_core::{Result, SluiceError, TopicName};
+use sluice_core::{Columns, Result, SluiceError, TopicName};
 use sluice_shm::{Frame, Namespace, TopicSubscriber};
 use tokio::sync::mpsc;
 use tonic::transport::server::TcpIncoming;
@@ -224,22 +223,12 @@ impl TopicService {
     }
 }
 
-/// A metadata-only Flight message: an IPC message header of type NONE (what Flight
-/// readers expect of a message without data), and the protocol's metadata.
+/// A metadata-only Flight message: the protocol's metadata, and no IPC message.
 fn control(meta: Meta) -> FlightData {
-    static NONE: OnceLock<Bytes> = OnceLock::new();
-    let header = NONE.get_or_init(|| {
-        let mut fbb = flatbuffers::FlatBufferBuilder::new();
-        let mut message = arrow_ipc::MessageBuilder::new(&mut fbb);
-        message.add_version(arrow_ipc::MetadataVersion::V5);
-        message.add_header_type(arrow_ipc::MessageHeader::NONE);
-        message.add_bodyLength(0);
-        let message = message.finish();
-        fbb.finish(message, None);
-        Bytes::copy_from_slice(fbb.finished_data())
-    });
+    // No IPC message at all, as Arrow C++ and Java write a message of metadata alone
+    // (pyarrow's reader yields it as a chunk without data); Sluice's client gives it the
+    // header arrow-rs's decoder needs (`client::metadata_only`).
     FlightData {
-        data_header: header.clone(),
         app_metadata: meta.encode(),
         ..FlightData::default()
     }
@@ -269,8 +258,13 @@ fn forward(
 ) -> std::result::Result<(), Status> {
     let topic = TopicName::new(&request.topic).map_err(status)?;
     let wait = Duration::from_secs_f64(request.wait_s.unwrap_or(60.0).clamp(0.0, 86_400.0));
+    let columns = request
+        .columns
+        .as_ref()
+        .map_or(Columns::All, Columns::named);
     let mut sub =
         TopicSubscriber::connect(namespace, &topic, Some(wait), request.replay).map_err(status)?;
+    sub.set_columns(columns.clone());
     let mut encoder = Encoder::default();
     let send = |data: FlightData| tx.blocking_send(Ok(data)).is_ok();
     loop {
@@ -282,6 +276,7 @@ fn forward(
             Err(SluiceError::Timeout { .. }) => continue,
             Err(SluiceError::ProducerLost(_)) if request.reconnect_s.is_some() => {
                 sub = successor(namespace, &topic, sub, request.reconnect_s.unwrap_or(0.0))?;
+                sub.set_columns(columns.clone());
                 if !send(control(Meta::Reconnected)) {
                     sub.detach();
                     return Ok(());

@@ -42,9 +42,9 @@ pub struct SubscribeOptions {
     /// others stay untouched in shared memory, which is most of what decoding costs a
     /// subscriber that skips a string column. A name the topic lacks fails the first
     /// [`Subscriber::next_event`] with [`SluiceError::Config`], which lists the topic's
-    /// columns, and so does an empty list; the subscriber then leaves the topic. From a
-    /// remote topic the batches arrive whole and are projected; on a GPU topic the
-    /// batch's descriptor describes only those columns.
+    /// columns, and so does an empty list; the subscriber then leaves the topic. A remote
+    /// topic's server decodes and sends only those; on a GPU topic the batch's
+    /// descriptor describes only those columns.
     pub columns: Columns,
 }
 
@@ -191,6 +191,7 @@ impl Subscriber {
                     replay: options.join == Join::Replay,
                     wait: options.timeout,
                     reconnect: options.reconnect,
+                    columns: options.columns.clone(),
                     ..ClientOptions::from_env()?
                 },
             )?;
@@ -298,9 +299,11 @@ impl Subscriber {
             let message = match &mut self.remote {
                 // The inlet reconnects by itself (`ClientOptions::reconnect`).
                 Some(remote) => {
+                    // The server sends only the columns asked for; projecting again
+                    // is the identity then, and still right with a server that did not.
                     let columns = &self.columns;
-                    let received = remote.recv(timeout)?.try_map(|batch| {
-                        Ok::<_, SluiceError>(Payload::Host(columns.project(batch)?))
+                    let received = remote.recv(timeout).and_then(|m| {
+                        m.try_map(|batch| Ok(Payload::Host(columns.project(batch)?)))
                     });
                     match received {
                         Err(e @ SluiceError::Config(_)) => return Err(self.failed(e)),
