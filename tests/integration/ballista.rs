@@ -234,8 +234,24 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Waits until a process just started listens on `port` of 127.0.0.1.
+fn wait_for_listener(port: u16, what: &str) {
+    let start = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(90),
+            "{what} did not listen on port {port} within 90 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Starts `sluice ballista scheduler` and one `sluice ballista executor` on free ports of
-/// 127.0.0.1 (killed with the harness); returns the scheduler's port.
+/// 127.0.0.1 (killed with the harness); returns the scheduler's port once both listen.
+///
+/// The executor starts once the scheduler listens: on a machine busy with other tests,
+/// an executor started first could find no scheduler to register with, and a job would
+/// then wait for an executor until the test's limit.
 pub fn start_cluster(h: &mut Harness) -> u16 {
     let (scheduler, flight, grpc) = (free_port(), free_port(), free_port());
     h.spawn(&[
@@ -244,6 +260,7 @@ pub fn start_cluster(h: &mut Harness) -> u16 {
         "--bind",
         &format!("127.0.0.1:{scheduler}"),
     ]);
+    wait_for_listener(scheduler, "the Ballista scheduler");
     h.spawn(&[
         "ballista",
         "executor",
@@ -260,6 +277,7 @@ pub fn start_cluster(h: &mut Harness) -> u16 {
         "--work-dir",
         &h.path("ballista-work").display().to_string(),
     ]);
+    wait_for_listener(flight, "the Ballista executor's Flight service");
     scheduler
 }
 
