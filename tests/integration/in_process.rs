@@ -22,11 +22,20 @@ fn buffers(data: &ArrayData, out: &mut Vec<(usize, usize)>) {
 }
 
 fn spawn_producer(ns: Namespace, sql: String) -> std::thread::JoinHandle<Result<sluice::RunStats>> {
+    spawn_producer_for(ns, sql, 1)
+}
+
+/// A producer of `sql` on a thread, waiting for `subscribers` before its first batch.
+fn spawn_producer_for(
+    ns: Namespace,
+    sql: String,
+    subscribers: usize,
+) -> std::thread::JoinHandle<Result<sluice::RunStats>> {
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let plan = rt.block_on(Plan::from_sql("test.sql", &sql))?;
         let options = RunOptions {
-            min_subscribers: Some(1),
+            min_subscribers: Some(subscribers),
             subscriber_timeout: Some(Duration::from_secs(30)),
             ..RunOptions::default()
         };
@@ -408,21 +417,8 @@ fn subscribers_receive_the_columns_they_name() {
         checksum(select("v, s, l")).hex(),
         checksum(select("l, v")).hex(),
     );
-    let producer = {
-        let ns = ns.0.clone();
-        let sql = select("v, s, l");
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Runtime::new().unwrap();
-            let plan = rt.block_on(Plan::from_sql("test.sql", &sql))?;
-            let options = RunOptions {
-                // All four, the one that will fail among them.
-                min_subscribers: Some(4),
-                subscriber_timeout: Some(Duration::from_secs(30)),
-                ..RunOptions::default()
-            };
-            Producer::new(plan, ns).run(rt.handle(), &options, |_| {})
-        })
-    };
+    // All four, the one that will fail among them.
+    let producer = spawn_producer_for(ns.0.clone(), select("v, s, l"), 4);
     let connect = |columns: Columns, batch_size: Option<usize>| {
         Subscriber::connect(
             "cols",

@@ -142,3 +142,45 @@ def test_jax_arrays_from_dlpack_are_immutable(plans):
         assert pa.record_batch(batch).column("x").to_pylist() == expected
         del batch, x, y
     producer.wait(timeout=30)
+
+
+def test_writes_to_named_columns_raise_or_change_a_private_copy_only(plans):
+    """A subscriber that names its columns gets the same zero-copy views of shared memory
+    (decoded in place from the sample): numpy refuses writes, torch and JAX write a
+    private copy, and neither the writer's other views nor another subscriber, which
+    receives every column, see anything change."""
+    producer = sluice.Producer(plans.plan(rows=200), min_subscribers=2)
+    named = sluice.subscribe(plans.topic, columns=["x", "id"], timeout=30)
+    whole = sluice.subscribe(plans.topic, timeout=30)
+    batch, other = next(named), next(whole)
+    assert batch.column_names == ["x", "id"] and batch.shm_range is not None
+    expected = [i * 0.5 for i in range(50)]
+    x = np.from_dlpack(batch["x"])
+    assert not x.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        x *= 2
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        t = torch.from_dlpack(batch["x"])
+        t.mul_(2)
+        assert t.tolist() == [v * 2 for v in expected]
+        del t
+    try:
+        import jax
+    except ImportError:
+        jax = None
+    if jax is not None:
+        j = jax.dlpack.from_dlpack(batch["x"])
+        with pytest.raises(TypeError):
+            j[0] = 1.0  # JAX arrays are immutable
+        assert j.at[0].set(5.0).tolist()[0] == 5.0 and j.tolist() == expected
+        del j
+    assert pa.record_batch(batch).column("x").to_pylist() == expected
+    assert pa.record_batch(other).column("x").to_pylist() == expected
+    del x, batch, other
+    named.close()
+    whole.close()
+    producer.wait(timeout=30)

@@ -328,8 +328,9 @@ impl Columns {
 /// saving the schema's flatbuffer verification and the construction of its fields and
 /// metadata on every message. The record batch message after it is decoded as arrow's
 /// `StreamDecoder` decodes it (see [`read_record_batch`]): its flatbuffer verified,
-/// every decoded column fully validated, misaligned buffers refused. With [`Columns::Named`], the other columns are
-/// skipped: their buffers are never read, so nothing of them is trusted either.
+/// every decoded column fully validated, misaligned buffers refused. With
+/// [`Columns::Named`], the other columns are skipped: their buffers are never read, so
+/// nothing of them is trusted either.
 ///
 /// Schemas with dictionary-encoded columns are decoded whole by a fresh `StreamDecoder`
 /// every time (and then projected): a decoder kept from one fragment to the next would
@@ -376,11 +377,6 @@ impl Decoder {
             columns,
             cached: None,
         }
-    }
-
-    /// What this decoder decodes.
-    pub fn columns(&self) -> &Columns {
-        &self.columns
     }
 
     /// Decodes one fragment made by [`encode`], in place (see [`decode`]).

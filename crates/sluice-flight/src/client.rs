@@ -310,14 +310,7 @@ fn from_status(status: &Status, target: &FlightTarget) -> SluiceError {
             seconds: 0.0,
         },
         Code::FailedPrecondition | Code::InvalidArgument => {
-            // The server's message is a Sluice error's own text: not prefixed twice.
-            let message = status.message();
-            SluiceError::Config(
-                message
-                    .strip_prefix("invalid configuration: ")
-                    .unwrap_or(message)
-                    .to_string(),
-            )
+            SluiceError::Config(status.message().to_string())
         }
         _ => SluiceError::Transport(format!(
             "{target}: {} ({:?})",

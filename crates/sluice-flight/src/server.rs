@@ -242,9 +242,9 @@ fn status(e: SluiceError) -> Status {
             Status::unavailable(format!("the producer of topic '{topic}' is gone"))
         }
         e @ SluiceError::Timeout { .. } => Status::deadline_exceeded(e.to_string()),
-        e @ (SluiceError::Config(_) | SluiceError::Device(_)) => {
-            Status::failed_precondition(e.to_string())
-        }
+        // The client makes it a `Config` error again: its message, without the prefix.
+        SluiceError::Config(m) => Status::failed_precondition(m),
+        e @ SluiceError::Device(_) => Status::failed_precondition(e.to_string()),
         e => Status::internal(e.to_string()),
     }
 }

@@ -296,44 +296,38 @@ impl Subscriber {
                 Ok(None) => {}
                 Err(e) => return Err(self.failed(e)),
             }
-            let message = match &mut self.remote {
-                // The inlet reconnects by itself (`ClientOptions::reconnect`).
-                Some(remote) => {
-                    // The server sends only the columns asked for; projecting again
-                    // is the identity then, and still right with a server that did not.
-                    let columns = &self.columns;
-                    let received = remote.recv(timeout).and_then(|m| {
-                        m.try_map(|batch| Ok(Payload::Host(columns.project(batch)?)))
-                    });
-                    match received {
-                        Err(e @ SluiceError::Config(_)) => return Err(self.failed(e)),
-                        received => received?,
-                    }
-                }
-                None => {
-                    let importer = self.importer.clone();
-                    let port = self.port()?;
-                    importer.make_room(|| port.held() >= port.max_held());
-                    let frame = match port.recv(timeout) {
-                        Err(SluiceError::ProducerLost(_)) if self.reconnect.is_some() => {
-                            self.reconnect_to_successor()?;
-                            continue;
-                        }
-                        // A column asked for that the topic lacks: every message would
-                        // fail alike, so leave the topic rather than hold the producer.
-                        Err(e @ SluiceError::Config(_)) => return Err(self.failed(e)),
-                        received => received?,
-                    };
-                    match self.inbound(frame) {
-                        // A GPU topic's descriptor that lacks a column asked for.
-                        Err(e @ SluiceError::Config(_)) => return Err(self.failed(e)),
-                        inbound => inbound?,
-                    }
-                }
+            let message = match self.receive(timeout) {
+                Ok(Some(message)) => message,
+                // Attached to a restarted producer: receive again.
+                Ok(None) => continue,
+                // A column asked for that the topic lacks: every message would fail
+                // alike, so leave the topic rather than hold the producer.
+                Err(e @ SluiceError::Config(_)) => return Err(self.failed(e)),
+                Err(e) => return Err(e),
             };
             if let Err(e) = self.receiver.push(message) {
                 return Err(self.failed(e));
             }
+        }
+    }
+
+    /// The next message from the topic, decoded; `None` after attaching to a restarted
+    /// producer in its place.
+    fn receive(&mut self, timeout: Option<Duration>) -> Result<Option<Inbound<Payload>>> {
+        if let Some(remote) = &mut self.remote {
+            // The inlet reconnects by itself (`ClientOptions::reconnect`), and its server
+            // sends only the columns asked for.
+            return Ok(Some(remote.recv(timeout)?.map(Payload::Host)));
+        }
+        let importer = self.importer.clone();
+        let port = self.port()?;
+        importer.make_room(|| port.held() >= port.max_held());
+        match port.recv(timeout) {
+            Err(SluiceError::ProducerLost(_)) if self.reconnect.is_some() => {
+                self.reconnect_to_successor()?;
+                Ok(None)
+            }
+            received => self.inbound(received?).map(Some),
         }
     }
 
