@@ -94,6 +94,7 @@ fn arrow_flight(n: usize) -> (Outlets, Inlets, Keep) {
             namespace: ns.0.clone(),
             token: None,
             tls: None,
+            threads: None,
         },
     )
     .unwrap();

@@ -205,6 +205,46 @@ fn a_wrong_token_is_refused_and_a_public_address_needs_one() {
     );
 }
 
+/// The threads of a process named `name` (Linux's `comm`, as tokio names its workers).
+fn threads_named(pid: i32, name: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter(|task| {
+            let comm = task.as_ref().unwrap().path().join("comm");
+            std::fs::read_to_string(comm).is_ok_and(|c| c.trim_end() == name)
+        })
+        .count()
+}
+
+/// `sluice serve --threads N` runs N worker threads, and one per core by default (a fixed
+/// two capped a 16-core server's throughput for all its remote subscribers together);
+/// `--threads 0` is refused.
+#[test]
+fn the_server_runs_one_worker_thread_per_core_or_as_many_as_asked() {
+    let mut h = Harness::new();
+    let cores = std::thread::available_parallelism().unwrap().get();
+    for (args, expected) in [(vec!["--threads", "3"], 3), (vec![], cores)] {
+        let mut all = vec!["serve", "--flight", "127.0.0.1:0"];
+        all.extend_from_slice(&args);
+        let server = h.spawn(&all);
+        let start = Instant::now();
+        while !server.stdout_so_far().contains("serving on ") {
+            assert!(start.elapsed() < LIMIT, "the server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Listening means its runtime, and so every worker, has started.
+        assert_eq!(
+            threads_named(server.pid(), "sluice-flight"),
+            expected,
+            "{args:?}"
+        );
+        server.kill9();
+    }
+    let out = h.run(&["serve", "--flight", "127.0.0.1:0", "--threads", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("--threads"), "{}", out.stderr);
+}
+
 /// Remote subscribers started with `--reconnect` survive their producer's SIGKILL and a
 /// restart with `--resume`: the server attaches to the successor and the subscribers
 /// drop what they had, so each epoch arrives exactly once. A restarted server is found

@@ -49,7 +49,8 @@ pytestmark = pytest.mark.skipif(
     "subscriber holding batches, release versus completion, CuPy/JAX, Arrow C Device, "
     "producer killed while trainers hold tensors (ProducerLost, never garbage, restart and "
     "reconnect), cuda_host to_device with the CPU path's rows and private writes, cuda_host "
-    "holding samples only until the copy completes, sluice.torch with device='cuda')",
+    "holding samples only until the copy completes, sluice.torch with device='cuda', "
+    "subscribers and sluice.torch naming their columns on GPU topics)",
 )
 
 import sluice  # noqa: E402
@@ -742,6 +743,82 @@ def test_the_torch_dataset_with_a_cuda_device_yields_cuda_tensors(plans, topic_d
             assert batch[name].is_cuda and batch[name].device.index == 0, (name, batch[name].device)
         assert batch["vec"].shape[1:] == (4,)
         # Values checked on the GPU, on torch's current stream (ordered after the copy).
+        assert torch.equal(batch["x"], batch["id"].double() * 0.5)
+        ids += batch["id"].cpu().tolist()
+        del batch
+    dataset.close()
+    producer.wait(timeout=60)
+    assert sorted(ids) == list(range(500))
+
+
+def test_gpu_subscribers_naming_columns_get_those_columns_of_the_same_slot(plans):
+    """``columns=`` on a ``cuda:0`` topic: a subscriber gets the columns it names, in that
+    order, at the same device addresses as a subscriber of every column holding the same
+    batch (the projection describes part of the producer's slot; nothing is copied), with
+    the same bytes; re-batched too; a name the topic lacks raises ``PlanError`` listing
+    the topic's columns, and that subscriber leaves the topic (the others are not held
+    back by its queue)."""
+    torch = pytest.importorskip("torch")
+    # A window of 8: this test reads `rebatched` only after the others have read the
+    # whole stream (5 batches and 2 control messages), so its queue must hold all of it.
+    # A cuda:N topic's default window is 4, and with it the producer rightly waits for
+    # `rebatched` after 4 messages (no lag limit: the slowest subscriber paces the
+    # producer); the first device run of this test timed out on that.
+    producer = sluice.Producer(
+        plans.plan(rows=230, batch_rows=50, extra=GPU + "SET sluice.window = 8;\n",
+                   select=NUMERIC),
+        min_subscribers=4)
+    everything = sluice.subscribe(plans.topic, timeout=60)
+    named = sluice.subscribe(plans.topic, columns=["vec", "id"], timeout=60)
+    rebatched = sluice.subscribe(plans.topic, columns=("id",), batch_size=7, timeout=60)
+    wrong = sluice.subscribe(plans.topic, columns=["id", "pixels"], timeout=60)
+    with pytest.raises(sluice.PlanError, match=r"no column 'pixels'.*id, x, vec"):
+        next(wrong)
+    ids = []
+    for whole, picked in zip(everything, named, strict=True):
+        assert isinstance(whole, sluice.DeviceBatch) and isinstance(picked, sluice.DeviceBatch)
+        assert (picked.epoch, picked.index) == (whole.epoch, whole.index)
+        assert whole.column_names == ["id", "x", "vec"]
+        assert picked.column_names == ["vec", "id"] and picked.num_columns == 2
+        assert "x" not in picked and len(picked) == len(whole)
+        assert picked.__dlpack_device__() == (KDL_CUDA, 0)
+        for name in ("vec", "id"):
+            assert (picked[name].__cuda_array_interface__["data"][0]
+                    == whole[name].__cuda_array_interface__["data"][0]), name
+            assert torch.equal(torch.from_dlpack(picked[name]), torch.from_dlpack(whole[name]))
+        assert torch.from_dlpack(picked[0]).shape[1:] == (4,), "column 0 is the first named"
+        ids += _ids_on_gpu(picked)
+        del whole, picked
+    few = []
+    for batch in rebatched:
+        assert batch.column_names == ["id"]
+        few += _ids_on_gpu(batch)
+        del batch
+    assert sorted(ids) == list(range(230))
+    assert sorted(few) == list(range(230))
+    producer.wait(timeout=60)
+    for sub in (everything, named, rebatched, wrong):
+        sub.close()
+
+
+@pytest.mark.parametrize("topic_device", ["cuda:0", "cuda_host:0"])
+def test_the_torch_dataset_naming_columns_yields_only_those_on_the_gpu(plans, topic_device):
+    """``sluice.torch.IterableDataset(..., columns=[...], device="cuda")`` yields only the
+    named columns as CUDA tensors, on a GPU topic and on a ``cuda_host`` (CPU) topic whose
+    batches it copies to the GPU."""
+    torch = pytest.importorskip("torch")
+    import sluice.torch as sluice_torch
+
+    producer = sluice.Producer(
+        plans.plan(rows=500, batch_rows=100, select=NUMERIC,
+                   extra=f"SET sluice.device = '{topic_device}';\n"),
+        min_subscribers=1)
+    dataset = sluice_torch.IterableDataset(plans.topic, timeout=60, device="cuda",
+                                           columns=["x", "id"])
+    ids = []
+    for batch in dataset:
+        assert list(batch) == ["x", "id"]
+        assert all(t.is_cuda and t.device.index == 0 for t in batch.values())
         assert torch.equal(batch["x"], batch["id"].double() * 0.5)
         ids += batch["id"].cpu().tolist()
         del batch

@@ -73,6 +73,15 @@ pub fn window() -> Option<usize> {
     }
 }
 
+/// `--flight-threads`: the worker threads of comparison 3b's Flight server; 0 for the
+/// server's default.
+pub static FLIGHT_THREADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// `--flight-threads` as [`sluice::flight::ServeOptions::threads`] takes it.
+pub fn flight_threads() -> Option<std::num::NonZeroUsize> {
+    std::num::NonZeroUsize::new(FLIGHT_THREADS.load(std::sync::atomic::Ordering::Relaxed))
+}
+
 /// `sluice.window` as a plan file sets it.
 pub fn window_option() -> String {
     window().map_or_else(|| "'auto'".to_string(), |n| n.to_string())

@@ -155,6 +155,7 @@ pub fn sluice(
                 namespace: ns.clone(),
                 token: None,
                 tls: None,
+                threads: crate::data::flight_threads(),
             },
         )?),
     };

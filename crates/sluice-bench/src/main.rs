@@ -57,6 +57,10 @@ struct Args {
     /// after half of it.
     #[arg(long, default_value = "auto", value_parser = parse_window)]
     window: WindowArg,
+    /// Worker threads of comparison 3b's `sluice-flight` server (default: the server's
+    /// own, one per core), to compare a server's thread counts on one machine.
+    #[arg(long, value_name = "N")]
+    flight_threads: Option<std::num::NonZeroUsize>,
     /// Comparisons to leave out, by name (the report says which were skipped).
     #[arg(long, value_enum, value_delimiter = ',')]
     skip: Vec<Part>,
@@ -214,6 +218,10 @@ fn run(args: &Args) -> Result<()> {
     let runs = |part: Part| !args.skip.contains(&part);
     data::WINDOW.store(
         args.window.0.unwrap_or(0),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    data::FLIGHT_THREADS.store(
+        args.flight_threads.map_or(0, std::num::NonZeroUsize::get),
         std::sync::atomic::Ordering::Relaxed,
     );
     let img = args.out.join("img");
@@ -725,6 +733,13 @@ impl Report {
                 Some(_) => " (`--window`; the default is 'auto')",
             }
         )?;
+        if let Some(threads) = args.flight_threads {
+            writeln!(
+                head,
+                "* Comparison 3b's `sluice-flight` server: {threads} worker threads \
+                 (`--flight-threads`; the default is one per core)"
+            )?;
+        }
         writeln!(
             head,
             "* Everything runs in one process: producers, servers and consumers are threads \

@@ -1,6 +1,7 @@
 //! `sluice serve --flight HOST:PORT`: this node's topics for trainers on other machines.
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -23,6 +24,11 @@ pub(crate) struct ServeArgs {
     /// TLS: the server's private key (PEM).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// The server's worker threads, which frame and write every remote subscriber's
+    /// stream (default: one per core). Each remote subscriber has a thread of its own
+    /// besides, for its shared-memory subscriber and the encoding.
+    #[arg(long, value_name = "N")]
+    threads: Option<NonZeroUsize>,
 }
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -65,6 +71,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             namespace: Namespace::from_env()?,
             token,
             tls,
+            threads: args.threads,
         },
     )?;
     // The address on stdout (scripts read the port of --flight HOST:0 from it).

@@ -1,6 +1,7 @@
 //! `sluice serve --flight`: a node's topics for remote subscribers.
 
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,6 +45,11 @@ pub struct ServeOptions {
     /// TLS: the server's certificate chain and private key (PEM); clients then use
     /// `flight+tls://`.
     pub tls: Option<TlsIdentity>,
+    /// The server's worker threads (gRPC, HTTP/2 framing and the sockets of every remote
+    /// subscriber); `None`: one per core, as tokio's default. A remote subscriber's own
+    /// stream (its shared-memory subscriber and the IPC encoding) runs on a thread of its
+    /// own besides.
+    pub threads: Option<NonZeroUsize>,
 }
 
 /// A server's TLS certificate chain and private key, PEM-encoded.
@@ -88,8 +94,16 @@ impl FlightServer {
                  (--token-file FILE); trainers then set SLUICE_TOKEN"
             )));
         }
+        // One worker per core unless told otherwise: every remote subscriber's HTTP/2
+        // stream is framed and written on these threads, so a fixed two capped the
+        // server's throughput for all its subscribers together (docs/benchmarks.md,
+        // "Remote subscribers on 16 cores").
+        let threads = options
+            .threads
+            .or_else(|| std::thread::available_parallelism().ok())
+            .map_or(2, NonZeroUsize::get);
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(threads)
             .thread_name("sluice-flight")
             .enable_all()
             .build()
@@ -131,7 +145,7 @@ impl FlightServer {
                     let _ = rx.await;
                 }),
         );
-        tracing::info!(%addr, "serving topics over Arrow Flight");
+        tracing::info!(%addr, threads, "serving topics over Arrow Flight");
         Ok(Self {
             rt,
             addr,
