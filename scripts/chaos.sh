@@ -28,10 +28,11 @@ if [ ! -x "$S" ]; then
   cargo build --locked -p sluice-cli || exit 1
 fi
 work=$(mktemp -d)
-hogs=()
+# Every process this script starts (the `yes` loops included), and only those, is
+# killed at exit: a user's own `sluice` processes are left alone.
+started=()
 cleanup() {
-  for pid in "${hogs[@]}"; do kill "$pid" 2> /dev/null; done
-  pkill -9 -f "^$S " 2> /dev/null
+  for pid in "${started[@]}"; do kill -9 "$pid" 2> /dev/null; done
   for ns in prep $(seq 1 "$rounds"); do
     rm -rf "/dev/shm/sluice-chaos$$-$ns" /dev/shm/iox2_sluice_chaos$$-"$ns"_* "/tmp/sluice-chaos$$-$ns.state"
   done
@@ -48,7 +49,8 @@ epoch_sum=$("$S" checksum pipelines/demo.sql 2> /dev/null | awk '/checksum/ { pr
 if [ -n "$saturate" ]; then
   for _ in $(seq "$(nproc)"); do
     yes > /dev/null &
-    hogs+=($!)
+    started+=($!)
+    disown $! # no "Killed" notice from bash when cleanup ends it
   done
 fi
 failed=0
@@ -64,6 +66,7 @@ for round in $(seq 1 "$rounds"); do
   sleep "0.$((RANDOM % 5))"
   "$S" run pipelines/demo.sql --quiet --min-subscribers 4 --wait-timeout 60 > p1.log 2>&1 &
   producer=$!
+  started+=("${trainers[@]}" "$victim" "$producer")
   sleep "0.$((RANDOM % 9 + 1))"
   kill -9 "$victim" 2> /dev/null
   killed=no
@@ -73,7 +76,9 @@ for round in $(seq 1 "$rounds"); do
   resumed=-
   if [ "$killed" = yes ]; then
     timeout 120 "$S" run pipelines/demo.sql --quiet --min-subscribers 3 --wait-timeout 60 \
-      --resume > p2.log 2>&1
+      --resume > p2.log 2>&1 &
+    started+=($!)
+    wait $!
     resumed=$?
   fi
   # (Not a bare `wait`: the `yes` loops of --saturate are children too.)

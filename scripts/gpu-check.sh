@@ -5,7 +5,8 @@
 #   scripts/gpu-check.sh --run [BUNDLE]  # on the GPU machine (no toolchain, no network)
 #
 # Building puts everything the GPU machine needs into one ignored folder,
-# target/gpu-bundle (well under the 64 MiB a device call can carry):
+# target/gpu-bundle (under the 64 MiB a device call carries with the working tree: 31 MB
+# with the dist wheel, 58 MB with the profiling one):
 #   gpu_ipc.xz       the Rust two-process CUDA IPC tests (sluice-cuda), stripped and
 #                    compressed (5.5 MB to 1.4: room for the larger wheel of the profiling
 #                    profile beside the working tree)

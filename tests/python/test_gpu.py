@@ -7,8 +7,9 @@ These need an NVIDIA GPU, its driver, and (for some) PyTorch. Where the driver i
 
 They are written against the GPU subscriber surface described in docs/gpu.md
 (``sluice.DeviceBatch``; columns with ``__dlpack_device__() == (kDLCUDA=2, ordinal)``;
-``sluice.Batch.to_device`` for ``cuda_host`` topics). None of them has run on a GPU yet
-(issue 16 runs them through scripts/gpu-check.sh).
+``sluice.Batch.to_device`` for ``cuda_host`` topics). ``scripts/gpu-check.sh`` runs them on
+the GPU machine of the device tool (an H100 on 2026-11-25, an H200 on 2026-11-26:
+docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -717,16 +718,21 @@ def test_cuda_host_holds_the_sample_only_until_the_copy_completes(plans):
     assert sorted(ids) == list(range(rows))
 
 
-@pytest.mark.parametrize("topic_device, device", [
-    ("cuda_host:0", "cuda"),
-    ("cuda_host:0", "cuda:0"),
-    ("cuda_host:0", "torch.device"),  # torch.device("cuda", 0), built in the test
-    ("cuda:0", "cuda"),
-], ids=["cuda_host-cuda", "cuda_host-cuda0", "cuda_host-torch_device", "cuda-cuda"])
-def test_the_torch_dataset_with_a_cuda_device_yields_cuda_tensors(plans, topic_device, device):
+@pytest.mark.parametrize("topic_device, device, columns", [
+    ("cuda_host:0", "cuda", None),
+    ("cuda_host:0", "cuda:0", None),
+    ("cuda_host:0", "torch.device", None),  # torch.device("cuda", 0), built in the test
+    ("cuda:0", "cuda", None),
+    ("cuda:0", "cuda", ["x", "id"]),
+    ("cuda_host:0", "cuda", ["x", "id"]),
+], ids=["cuda_host-cuda", "cuda_host-cuda0", "cuda_host-torch_device", "cuda-cuda",
+        "cuda-cuda-columns", "cuda_host-cuda-columns"])
+def test_the_torch_dataset_with_a_cuda_device_yields_cuda_tensors(plans, topic_device, device,
+                                                                   columns):
     """``sluice.torch.IterableDataset(..., device="cuda")`` on a cuda_host (CPU) topic
     copies each batch to the GPU and yields CUDA tensors with the right values; on a
-    ``cuda:0`` topic it yields the GPU batches as before."""
+    ``cuda:0`` topic it yields the GPU batches as before. With ``columns=[...]`` it yields
+    only those, in that order, on either kind of topic."""
     torch = pytest.importorskip("torch")
     import sluice.torch as sluice_torch
 
@@ -736,12 +742,16 @@ def test_the_torch_dataset_with_a_cuda_device_yields_cuda_tensors(plans, topic_d
         plans.plan(rows=500, batch_rows=100, select=NUMERIC,
                    extra=f"SET sluice.device = '{topic_device}';\n"),
         min_subscribers=1)
-    dataset = sluice_torch.IterableDataset(plans.topic, timeout=60, device=device)
+    dataset = sluice_torch.IterableDataset(plans.topic, timeout=60, device=device,
+                                           columns=columns)
     ids = []
     for batch in dataset:
-        for name in ("id", "x", "vec"):
+        if columns is not None:
+            assert list(batch) == columns
+        for name in columns or ("id", "x", "vec"):
             assert batch[name].is_cuda and batch[name].device.index == 0, (name, batch[name].device)
-        assert batch["vec"].shape[1:] == (4,)
+        if columns is None:
+            assert batch["vec"].shape[1:] == (4,)
         # Values checked on the GPU, on torch's current stream (ordered after the copy).
         assert torch.equal(batch["x"], batch["id"].double() * 0.5)
         ids += batch["id"].cpu().tolist()
@@ -799,29 +809,3 @@ def test_gpu_subscribers_naming_columns_get_those_columns_of_the_same_slot(plans
     producer.wait(timeout=60)
     for sub in (everything, named, rebatched, wrong):
         sub.close()
-
-
-@pytest.mark.parametrize("topic_device", ["cuda:0", "cuda_host:0"])
-def test_the_torch_dataset_naming_columns_yields_only_those_on_the_gpu(plans, topic_device):
-    """``sluice.torch.IterableDataset(..., columns=[...], device="cuda")`` yields only the
-    named columns as CUDA tensors, on a GPU topic and on a ``cuda_host`` (CPU) topic whose
-    batches it copies to the GPU."""
-    torch = pytest.importorskip("torch")
-    import sluice.torch as sluice_torch
-
-    producer = sluice.Producer(
-        plans.plan(rows=500, batch_rows=100, select=NUMERIC,
-                   extra=f"SET sluice.device = '{topic_device}';\n"),
-        min_subscribers=1)
-    dataset = sluice_torch.IterableDataset(plans.topic, timeout=60, device="cuda",
-                                           columns=["x", "id"])
-    ids = []
-    for batch in dataset:
-        assert list(batch) == ["x", "id"]
-        assert all(t.is_cuda and t.device.index == 0 for t in batch.values())
-        assert torch.equal(batch["x"], batch["id"].double() * 0.5)
-        ids += batch["id"].cpu().tolist()
-        del batch
-    dataset.close()
-    producer.wait(timeout=60)
-    assert sorted(ids) == list(range(500))
