@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::common::{Harness, Proc, assert_exactly_once};
 
 const LIMIT: Duration = Duration::from_secs(120);
-const TOKEN: &str = "s3cret-token-of-the-test";
+pub(crate) const TOKEN: &str = "s3cret-token-of-the-test";
 
 fn plan(h: &Harness, topic: &str, epochs: u64) {
     h.plan(
@@ -25,7 +25,7 @@ fn plan(h: &Harness, topic: &str, epochs: u64) {
 
 /// Starts `sluice serve --flight 127.0.0.1:0` (with the test's token) and returns it with
 /// the address it printed.
-fn serve(h: &mut Harness) -> (Proc, String) {
+pub(crate) fn serve(h: &mut Harness) -> (Proc, String) {
     std::fs::write(h.path("token"), format!("{TOKEN}\n")).unwrap();
     let server = h.spawn(&["serve", "--flight", "127.0.0.1:0", "--token-file", "token"]);
     let start = Instant::now();
@@ -43,7 +43,7 @@ fn serve(h: &mut Harness) -> (Proc, String) {
 }
 
 /// Spawns `sluice subscribe ARGS` with `SLUICE_TOKEN=token`.
-fn subscribe(h: &mut Harness, token: &str, args: &[&str]) -> Proc {
+pub(crate) fn subscribe(h: &mut Harness, token: &str, args: &[&str]) -> Proc {
     h.env.push(("SLUICE_TOKEN".into(), token.into()));
     let mut all = vec!["subscribe"];
     all.extend_from_slice(args);

@@ -2,11 +2,12 @@
 //! through real producer and subscriber processes.
 //!
 //! The rule checked for every file: a topic delivers exactly what DataFusion reads from
-//! the file directly (`sluice checksum`), to a subscriber in the producer's batches and to
-//! one that re-batches into 7 rows (slicing nested, dictionary and view arrays), both
-//! started before their producer; and a file DataFusion cannot read fails the producer
-//! and reaches each subscriber as "producer failed" (exit code 3), never a hang or a
-//! crash.
+//! the file directly (`sluice checksum`), to a subscriber in the producer's batches, to
+//! one that re-batches into 7 rows (slicing nested, dictionary and view arrays), and to
+//! a remote one through `sluice serve --flight` (which forwards the producer's IPC
+//! messages as they are, for the client's reader to decode), all started before their
+//! producer; and a file DataFusion cannot read fails the producer and reaches each
+//! subscriber as "producer failed" (exit code 3), never a hang or a crash.
 //!
 //! tests/data/parquet-testing/ holds a subset (nested lists, maps and structs, decimals,
 //! float16, INT96, variants, every encoding and codec, zero rows, corrupt files; 155 KiB;
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::common::{Harness, assert_exactly_once};
+use crate::flight::{TOKEN, serve, subscribe};
 
 /// The vendored subset.
 fn vendored() -> PathBuf {
@@ -50,8 +52,9 @@ enum Outcome {
     Refused,
 }
 
-/// Runs `file` through a topic of its own, as the module's rule says.
-fn round_trip(h: &mut Harness, file: &Path, topic: &str) -> Outcome {
+/// Runs `file` through a topic of its own, as the module's rule says; `server` is the
+/// address of the Flight server of the remote subscriber.
+fn round_trip(h: &mut Harness, file: &Path, topic: &str, server: &str) -> Outcome {
     const EPOCHS: u64 = 2;
     let location = file.to_str().unwrap().replace('\'', "''");
     let plan = h.plan(
@@ -65,6 +68,7 @@ fn round_trip(h: &mut Harness, file: &Path, topic: &str) -> Outcome {
     let plan = plan.to_str().unwrap();
     let direct = h.run(&["checksum", plan, "--json"]);
 
+    let remote = format!("flight://{server}/{topic}");
     let subscribers = [
         h.spawn(&["subscribe", topic, "--json", "--timeout", "60"]),
         h.spawn(&[
@@ -76,15 +80,16 @@ fn round_trip(h: &mut Harness, file: &Path, topic: &str) -> Outcome {
             "--batch-size",
             "7",
         ]),
+        subscribe(h, TOKEN, &[&remote, "--json", "--timeout", "60"]),
     ];
-    h.wait_for_interest(topic, 2, Duration::from_secs(60));
+    h.wait_for_interest(topic, 3, Duration::from_secs(60));
     let producer = h
         .spawn(&[
             "run",
             plan,
             "--quiet",
             "--min-subscribers",
-            "2",
+            "3",
             "--wait-timeout",
             "60",
         ])
@@ -142,12 +147,13 @@ fn round_trip(h: &mut Harness, file: &Path, topic: &str) -> Outcome {
 #[test]
 fn every_vendored_parquet_testing_file_reaches_subscribers_as_datafusion_reads_it() {
     let mut h = Harness::new();
+    let (_server, addr) = serve(&mut h);
     let files = parquet_files(&vendored());
     assert!(files.len() >= 40, "the vendored files are missing");
     let mut delivered = 0;
     for (i, file) in files.iter().enumerate() {
         let rel = file.strip_prefix(vendored()).unwrap().to_str().unwrap();
-        let outcome = round_trip(&mut h, file, &format!("pt{i}"));
+        let outcome = round_trip(&mut h, file, &format!("pt{i}"), &addr);
         // Files the Parquet reader of this build cannot read: corrupt by design
         // (bad_data/, nation.dict-malformed), or a layout arrow-rs does not support yet
         // (dict-page-offset-zero: a dictionary page at offset 0).
@@ -182,9 +188,10 @@ fn every_file_of_a_parquet_testing_checkout_when_given() {
     let files = parquet_files(Path::new(&dir));
     assert!(!files.is_empty(), "no *.parquet files under {dir:?}");
     let mut h = Harness::new();
+    let (_server, addr) = serve(&mut h);
     let mut refused = Vec::new();
     for (i, file) in files.iter().enumerate() {
-        if round_trip(&mut h, file, &format!("all{i}")) == Outcome::Refused {
+        if round_trip(&mut h, file, &format!("all{i}"), &addr) == Outcome::Refused {
             refused.push(file.display().to_string());
         }
     }

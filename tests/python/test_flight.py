@@ -119,3 +119,43 @@ def test_named_columns_are_the_only_ones_the_server_sends(plans, server, monkeyp
             next(wrong)
         assert "invalid configuration: invalid configuration" not in str(e.value)
     producer.wait(timeout=60)
+
+
+@needs_cli
+def test_any_flight_client_of_every_column_reads_the_producers_messages_as_they_are(
+    plans, server, monkeypatch
+):
+    """A ticket without ``columns`` gets the producer's IPC messages forwarded as they
+    are (not decoded and encoded again by the server): pyarrow's Flight client (Arrow
+    C++) reads them, dictionary and string view columns included, with the schema sent
+    once for the whole stream, and a Sluice subscriber reads the same rows."""
+    import pyarrow.flight as flight
+
+    monkeypatch.setenv("SLUICE_TOKEN", TOKEN)
+    select = ("SELECT id, arrow_cast(text, 'Dictionary(Int32, Utf8)') AS d, "
+              "arrow_cast(text, 'Utf8View') AS v, vec FROM t")
+    producer = sluice.Producer(
+        plans.plan(rows=1_001, batch_rows=64, epochs=2, select=select), min_subscribers=2
+    )
+    client = flight.FlightClient(f"grpc://{server}")
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    ticket = flight.Ticket(json.dumps({"topic": plans.topic}).encode())
+    with sluice.subscribe(f"flight://{server}/{plans.topic}", timeout=60) as sub:
+        reader = client.do_get(ticket, options)
+        assert reader.schema.names == ["id", "d", "v", "vec"]
+        assert pa.types.is_dictionary(reader.schema.field("d").type)
+        assert reader.schema.field("v").type == pa.string_view()
+        batches = [chunk.data for chunk in reader if chunk.data is not None]
+        local = [pa.record_batch(b) for b in sub]
+    for got in (batches, local):
+        table = pa.Table.from_batches(got)
+        assert table.num_rows == 2 * 1_001
+        assert sorted(table.column("id").to_pylist()) == sorted(list(range(1_001)) * 2)
+        d = table.column("d").cast(pa.string()).to_pylist()
+        assert d == table.column("v").cast(pa.string()).to_pylist()
+        assert sorted(d) == sorted([f"row{i}" for i in range(1_001)] * 2)
+        # Each row's vector is [id, id + 1, id + 2, id + 3]: no row was mixed up.
+        for i, v in zip(table.column("id").to_pylist(), table.column("vec").to_pylist()):
+            assert v == [i, i + 1, i + 2, i + 3]
+    assert pa.Table.from_batches(batches).equals(pa.Table.from_batches(local))
+    producer.wait(timeout=60)

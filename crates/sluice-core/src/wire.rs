@@ -18,6 +18,10 @@
 //! decoded is fully validated (a [`Decoder`] of some [`Columns`] never reads the others),
 //! misaligned data is rejected rather than copied, and a panic inside the decoder is
 //! turned into [`SluiceError::Corrupt`].
+//!
+//! [`split`] cuts a fragment into its messages without decoding them, for a relay that
+//! forwards them to a reader elsewhere (the Flight server): it checks their framing and
+//! flatbuffers only, and the columns are for that reader to validate.
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
@@ -501,6 +505,103 @@ fn read_record_batch(
                     .read_record_batch()
             });
     decoded.map_err(|e| corrupt(e.to_string()))
+}
+
+/// One IPC message of a fragment as Arrow Flight carries it: the metadata (the
+/// `Message` flatbuffer with its padding, Flight's `data_header`) and the body (Flight's
+/// `data_body`), both still in the fragment's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageParts<'a> {
+    /// The message's flatbuffer, verified, with the padding that follows it.
+    pub metadata: &'a [u8],
+    /// The message's body (empty for a schema message).
+    pub body: &'a [u8],
+}
+
+/// A fragment cut into its IPC messages without decoding any: what a relay forwards to
+/// a decoder elsewhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Split<'a> {
+    /// The schema message.
+    pub schema: MessageParts<'a>,
+    /// Dictionary batches, in order (none unless the schema has dictionary columns).
+    pub dictionaries: Vec<MessageParts<'a>>,
+    /// The record batch message.
+    pub batch: MessageParts<'a>,
+    /// Rows of the record batch, as its message says.
+    pub rows: u64,
+}
+
+/// Cuts `fragment` (made by [`encode`]) into its messages, verifying their framing and
+/// flatbuffers but reading no column: a schema message without body, then dictionary
+/// batches, then one record batch, each body within the fragment, and nothing after it.
+///
+/// Nothing here makes the columns trustworthy: whoever decodes the parts (arrow's IPC
+/// reader, as an Arrow Flight client does) must validate them, as [`Decoder`] does.
+/// Anything malformed is [`SluiceError::Corrupt`].
+pub fn split(fragment: &[u8]) -> Result<Split<'_>> {
+    use arrow::ipc::MessageHeader;
+    let corrupt = |what: String| SluiceError::Corrupt(what);
+    let mut rest = fragment;
+    let mut schema = None;
+    let mut dictionaries = Vec::new();
+    loop {
+        let n = first_message_len(rest).ok_or_else(|| {
+            corrupt(if rest.is_empty() {
+                "message ended before its record batch".into()
+            } else {
+                "message does not start with an IPC message prefix".into()
+            })
+        })?;
+        let metadata = &rest[8..n];
+        let message = arrow::ipc::root_as_message(metadata)
+            .map_err(|e| corrupt(format!("invalid IPC message: {e}")))?;
+        let body_len = usize::try_from(message.bodyLength())
+            .map_err(|_| corrupt(format!("negative body length {}", message.bodyLength())))?;
+        let after = &rest[n..];
+        if body_len > after.len() {
+            return Err(corrupt(format!(
+                "message body of {body_len} bytes, but only {} follow",
+                after.len()
+            )));
+        }
+        let parts = MessageParts {
+            metadata,
+            body: &after[..body_len],
+        };
+        rest = &after[body_len..];
+        match (message.header_type(), schema) {
+            (MessageHeader::Schema, None) if body_len == 0 => schema = Some(parts),
+            (MessageHeader::DictionaryBatch, Some(_)) => dictionaries.push(parts),
+            (MessageHeader::RecordBatch, Some(schema)) => {
+                if !rest.is_empty() {
+                    return Err(corrupt(format!(
+                        "{} unexpected bytes after the record batch",
+                        rest.len()
+                    )));
+                }
+                let length = message.header_as_record_batch().map_or(-1, |b| b.length());
+                let rows = u64::try_from(length)
+                    .map_err(|_| corrupt(format!("a record batch of {length} rows")))?;
+                return Ok(Split {
+                    schema,
+                    dictionaries,
+                    batch: parts,
+                    rows,
+                });
+            }
+            (other, _) => {
+                return Err(corrupt(format!(
+                    "unexpected {other:?} message of {body_len} body bytes{}",
+                    if schema.is_none() {
+                        " where the schema belongs"
+                    } else {
+                        ""
+                    }
+                )));
+            }
+        }
+    }
 }
 
 /// The length of the fragment's first message without its body (continuation marker,
@@ -988,5 +1089,106 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `split`'s parts framed again as IPC messages (continuation marker, metadata
+    /// length, metadata, body), in order: what a Flight client's decoder reads.
+    fn reframed(split: &Split<'_>) -> Vec<u8> {
+        let mut out = Vec::new();
+        let all = std::iter::once(&split.schema)
+            .chain(&split.dictionaries)
+            .chain(std::iter::once(&split.batch));
+        for parts in all {
+            out.extend_from_slice(&CONTINUATION);
+            out.extend_from_slice(&(parts.metadata.len() as u32).to_le_bytes());
+            out.extend_from_slice(parts.metadata);
+            out.extend_from_slice(parts.body);
+        }
+        out
+    }
+
+    #[test]
+    fn split_cuts_a_fragment_into_its_messages_as_they_were_written() {
+        use arrow::array::DictionaryArray;
+        use arrow::datatypes::Int32Type;
+        let dict: DictionaryArray<Int32Type> = vec!["a", "b", "a", "c"].into_iter().collect();
+        let with_dictionary = RecordBatch::try_from_iter([
+            ("d", Arc::new(dict) as ArrayRef),
+            (
+                "n",
+                Arc::new(Int64Array::from(vec![1, 2, 3, 4])) as ArrayRef,
+            ),
+        ])
+        .unwrap();
+        let empty = sample().slice(0, 0);
+        for (batch, dictionaries) in [(sample(), 0), (with_dictionary, 1), (empty, 0)] {
+            let bytes = encode(&batch).unwrap().to_vec();
+            let split = split(&bytes).unwrap();
+            assert_eq!(split.rows, batch.num_rows() as u64);
+            assert_eq!(split.dictionaries.len(), dictionaries);
+            assert!(split.schema.body.is_empty());
+            assert_eq!(reframed(&split), bytes);
+            assert_eq!(reference(buffer(&reframed(&split))).unwrap(), batch);
+        }
+    }
+
+    #[test]
+    fn split_refuses_truncated_trailing_and_misordered_messages() {
+        let bytes = encode(&sample()).unwrap().to_vec();
+        for cut in [0, 4, 8, 64, bytes.len() / 2, bytes.len() - 8] {
+            assert!(split(&bytes[..cut]).is_err(), "cut at {cut} accepted");
+        }
+        let mut trailing = bytes.clone();
+        trailing.extend_from_slice(&[0; 64]);
+        let e = split(&trailing).unwrap_err();
+        assert!(
+            matches!(e, SluiceError::Corrupt(ref m) if m.contains("64 unexpected bytes")),
+            "{e}"
+        );
+        // The record batch message alone, without its schema first.
+        let parts = split(&bytes).unwrap();
+        let schema_len = 8 + parts.schema.metadata.len();
+        let e = split(&bytes[schema_len..]).unwrap_err();
+        assert!(
+            matches!(e, SluiceError::Corrupt(ref m) if m.contains("where the schema belongs")),
+            "{e}"
+        );
+        // Two schema messages.
+        let mut twice = bytes[..schema_len].to_vec();
+        twice.extend_from_slice(&bytes);
+        assert!(split(&twice).is_err());
+    }
+
+    #[test]
+    fn random_corruption_is_an_error_for_split_or_parts_within_the_fragment() {
+        let bytes = encode(&sample()).unwrap().to_vec();
+        let mut next = xorshift(0x0DDB_1A5E_5BAD_5EED);
+        let mut accepted = 0;
+        for _ in 0..3000 {
+            let mut copy = bytes.clone();
+            for _ in 0..(next() % 8 + 1) {
+                let i = (next() as usize) % copy.len();
+                copy[i] = next() as u8;
+            }
+            let copy_range = copy.as_ptr_range();
+            if let Ok(split) = split(&copy) {
+                accepted += 1;
+                // Every part is a slice of the fragment, in order, and framing them again
+                // gives the fragment back: nothing was read past it or skipped.
+                assert_eq!(reframed(&split), copy);
+                for parts in std::iter::once(&split.batch).chain(&split.dictionaries) {
+                    let r = parts.body.as_ptr_range();
+                    assert!(copy_range.start <= r.start && r.end <= copy_range.end);
+                }
+                // What arrow's decoder makes of it is for the reader to check (and it
+                // does: an error or a valid batch).
+                if let Ok(batch) = reference(buffer(&copy)) {
+                    for col in batch.columns() {
+                        col.to_data().validate_full().unwrap();
+                    }
+                }
+            }
+        }
+        assert!(accepted > 0, "no corrupted fragment kept its framing");
     }
 }

@@ -57,8 +57,9 @@ pub struct TicketRequest {
     /// continues with it (the client drops repeats); `None`: the loss ends the stream.
     #[serde(default)]
     pub reconnect_s: Option<f64>,
-    /// The columns to send, by name and in that order (`None`: every column). The server
-    /// decodes only those from shared memory, and sends only those.
+    /// The columns to send, by name and in that order (`None`: every column, as the
+    /// producer encoded them, undecoded). The server decodes only those from shared
+    /// memory, and sends only those.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub columns: Option<Vec<String>>,
 }

@@ -13,9 +13,11 @@ use arrow_flight::{
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
 };
 use arrow_ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
+use bytes::Bytes;
 use futures::stream::BoxStream;
+use sluice_core::wire::{self, MessageParts};
 use sluice_core::{Columns, Result, SluiceError, TopicName};
-use sluice_shm::{Frame, Namespace, TopicSubscriber};
+use sluice_shm::{Frame, Namespace, SamplePayload, TopicSubscriber};
 use tokio::sync::mpsc;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
@@ -47,8 +49,8 @@ pub struct ServeOptions {
     pub tls: Option<TlsIdentity>,
     /// The server's worker threads (gRPC, HTTP/2 framing and the sockets of every remote
     /// subscriber); `None`: one per core, as tokio's default. A remote subscriber's own
-    /// stream (its shared-memory subscriber and the IPC encoding) runs on a thread of its
-    /// own besides.
+    /// stream (its shared-memory subscriber, and the IPC encoding of named columns) runs
+    /// on a thread of its own besides.
     pub threads: Option<NonZeroUsize>,
 }
 
@@ -276,10 +278,17 @@ fn forward(
         .columns
         .as_ref()
         .map_or(Columns::All, Columns::named);
+    // A client of every column gets the producer's IPC messages as they are (`Relay`);
+    // one of some columns gets those decoded and encoded again (`Encoder`).
+    let prepare = |sub: &mut TopicSubscriber| {
+        sub.set_columns(columns.clone());
+        sub.keep_encoded(columns == Columns::All);
+    };
     let mut sub =
         TopicSubscriber::connect(namespace, &topic, Some(wait), request.replay).map_err(status)?;
-    sub.set_columns(columns.clone());
+    prepare(&mut sub);
     let mut encoder = Encoder::default();
+    let mut relay = Relay::default();
     let send = |data: FlightData| tx.blocking_send(Ok(data)).is_ok();
     loop {
         if tx.is_closed() {
@@ -290,7 +299,7 @@ fn forward(
             Err(SluiceError::Timeout { .. }) => continue,
             Err(SluiceError::ProducerLost(_)) if request.reconnect_s.is_some() => {
                 sub = successor(namespace, &topic, sub, request.reconnect_s.unwrap_or(0.0))?;
-                sub.set_columns(columns.clone());
+                prepare(&mut sub);
                 if !send(control(Meta::Reconnected)) {
                     sub.detach();
                     return Ok(());
@@ -310,6 +319,21 @@ fn forward(
                 .map_err(status)?
                 .into_iter()
                 .all(send),
+            Frame::Encoded {
+                epoch,
+                index,
+                rows,
+                payload,
+            } => {
+                // The messages may point into the sample (and hold it until gRPC has
+                // encoded them) while the subscriber can still receive the next one.
+                let borrow = sub.held() < sub.max_held();
+                relay
+                    .messages(payload, borrow, rows, Meta::Batch { epoch, index })
+                    .map_err(status)?
+                    .into_iter()
+                    .all(send)
+            }
             Frame::DeviceBatch { .. } => {
                 return Err(Status::failed_precondition(format!(
                     "topic '{topic}' keeps its batches in GPU memory, which cannot be sent \
@@ -392,6 +416,65 @@ impl Encoder {
         let mut data = FlightData::from(encoded);
         data.app_metadata = meta.encode();
         messages.push(data);
+        Ok(messages)
+    }
+}
+
+/// Forwards one stream's batches to a client as the producer encoded them: each of a
+/// message's IPC messages becomes a Flight message of the same bytes, and the schema
+/// message is sent when it differs from the one sent before. The bytes stay in shared
+/// memory, the sample held until gRPC has encoded the messages (its one copy), while
+/// the server's subscriber can hold one more sample ([`TopicSubscriber::max_held`]);
+/// beyond that they are copied out and the sample goes back at once.
+///
+/// Nothing is decoded or validated here: the client's IPC reader validates what it
+/// decodes (arrow-rs's and Arrow C++'s readers do by default; Sluice's client does), as
+/// it must anyway for bytes that crossed a network. The framing and the flatbuffers are
+/// checked ([`wire::split`]), so what goes out is a well-formed message sequence.
+#[derive(Default)]
+struct Relay {
+    /// The metadata of the schema message sent last.
+    schema: Option<Vec<u8>>,
+}
+
+impl Relay {
+    /// The message in `payload` (a record batch of `rows` rows) as Flight messages:
+    /// the schema when new, dictionaries, the batch with `meta`; pointing into the
+    /// sample with `borrow`, copied out of it without.
+    fn messages(
+        &mut self,
+        payload: SamplePayload,
+        borrow: bool,
+        rows: u64,
+        meta: Meta,
+    ) -> Result<Vec<FlightData>> {
+        let whole = if borrow {
+            Bytes::from_owner(payload)
+        } else {
+            Bytes::copy_from_slice(payload.bytes())
+        };
+        let split = wire::split(&whole)?;
+        if split.rows != rows {
+            return Err(SluiceError::Corrupt(format!(
+                "batch has {} rows but its header says {rows}",
+                split.rows
+            )));
+        }
+        // Slices of `whole`, which `split`'s parts are.
+        let data = |parts: &MessageParts<'_>| FlightData {
+            data_header: whole.slice_ref(parts.metadata),
+            data_body: whole.slice_ref(parts.body),
+            ..FlightData::default()
+        };
+        let mut messages = Vec::with_capacity(split.dictionaries.len() + 2);
+        if self.schema.as_deref() != Some(split.schema.metadata) {
+            messages.push(data(&split.schema));
+            self.schema = Some(split.schema.metadata.to_vec());
+        }
+        messages.extend(split.dictionaries.iter().map(data));
+        let mut batch = data(&split.batch);
+        batch.app_metadata = meta.encode();
+        messages.push(batch);
         Ok(messages)
     }
 }

@@ -65,6 +65,19 @@ pub enum Frame {
         /// the sample, and with it the device slot the producer bound to its chunk.
         payload: SamplePayload,
     },
+    /// A record batch as the producer encoded it, neither decoded nor validated (a
+    /// subscriber that [keeps batches encoded](TopicSubscriber::keep_encoded)): its IPC
+    /// messages, for [`wire::split`] and a decoder elsewhere that validates them.
+    Encoded {
+        /// Epoch, from 0.
+        epoch: u64,
+        /// Index of the batch within its epoch.
+        index: u64,
+        /// Rows, as the header says (the record batch message must agree).
+        rows: u64,
+        /// The encoded batch, still in the shared-memory sample.
+        payload: SamplePayload,
+    },
     /// The end of an epoch.
     EndOfEpoch {
         /// The epoch that ended.
@@ -101,15 +114,20 @@ impl Frame {
             },
             Frame::EndOfStream => Inbound::EndOfStream,
             Frame::Missed { messages } => Inbound::Missed { messages },
-            batch @ (Frame::Batch { .. } | Frame::DeviceBatch { .. }) => return Err(batch),
+            batch @ (Frame::Batch { .. } | Frame::DeviceBatch { .. } | Frame::Encoded { .. }) => {
+                return Err(batch);
+            }
         })
     }
 }
 
 /// Keeps a received sample alive for as long as Arrow buffers point into it.
 struct SampleOwner {
-    _sample: Sample<Ipc, [u8], FrameHeader>,
-    /// The subscriber's count of samples held, decremented when this one goes back.
+    /// The sample; `None` only while this owner is dropped.
+    sample: Option<Sample<Ipc, [u8], FrameHeader>>,
+    /// The subscriber's count of samples held, decremented once this one went back, so
+    /// that it never reads lower than what iceoryx2 counts as borrowed: a subscriber may
+    /// receive whenever it reads below `max_held`, whichever thread drops samples.
     held: Arc<AtomicUsize>,
     /// For device messages, the port itself (dropped after the sample, fields drop in
     /// order): the producer counts this subscriber as attached, and keeps its device
@@ -121,7 +139,11 @@ struct SampleOwner {
 
 impl Drop for SampleOwner {
     fn drop(&mut self) {
-        self.held.fetch_sub(1, Ordering::Relaxed);
+        // The sample goes back first (the port, a later field, after it); Release pairs
+        // with `TopicSubscriber::held`'s Acquire, so whoever reads the lower count also
+        // sees the sample returned.
+        drop(self.sample.take());
+        self.held.fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -156,6 +178,14 @@ impl SamplePayload {
     /// Address of the sample's chunk in this process (for tests of chunk reuse).
     pub fn chunk_address(&self) -> usize {
         self.ptr.as_ptr() as usize
+    }
+}
+
+/// The payload's bytes, so that it can own a `bytes::Bytes` (`Bytes::from_owner`) that a
+/// network stack writes without copying it out of shared memory first.
+impl AsRef<[u8]> for SamplePayload {
+    fn as_ref(&self) -> &[u8] {
+        self.bytes()
     }
 }
 
@@ -196,6 +226,8 @@ pub struct TopicSubscriber {
     tell_every: usize,
     /// Decodes batches, keeping the topic's schema from one message to the next.
     decoder: wire::Decoder,
+    /// Batches come as [`Frame::Encoded`], undecoded.
+    keep_encoded: bool,
     // Dropped last: the ports above belong to it.
     _node: Node<Ipc>,
 }
@@ -350,6 +382,7 @@ impl TopicSubscriber {
             untold: 0,
             tell_every,
             decoder: wire::Decoder::new(),
+            keep_encoded: false,
             _node: node,
         })
     }
@@ -362,15 +395,25 @@ impl TopicSubscriber {
         self.decoder = wire::Decoder::with_columns(columns);
     }
 
+    /// With `true`, host batches come as [`Frame::Encoded`] from now on: the IPC
+    /// messages the producer wrote, neither decoded nor validated, for a relay that
+    /// forwards them to a decoder elsewhere (the Flight server, for subscribers that
+    /// take every column). The columns set by [`TopicSubscriber::set_columns`] do not
+    /// apply to them.
+    pub fn keep_encoded(&mut self, keep: bool) {
+        self.keep_encoded = keep;
+    }
+
     /// The topic's name.
     pub fn topic(&self) -> &TopicName {
         &self.topic
     }
 
     /// Batches received from this topic whose shared memory is still in use (some Arrow
-    /// array of them is alive).
+    /// array of them is alive). Never less than iceoryx2 counts as borrowed: below
+    /// [`TopicSubscriber::max_held`], the next receive cannot fail for too many held.
     pub fn held(&self) -> usize {
-        self.held.load(Ordering::Relaxed)
+        self.held.load(Ordering::Acquire)
     }
 
     /// When the producer published the newest batch received
@@ -516,13 +559,19 @@ impl TopicSubscriber {
             )));
         }
         match kind {
+            FrameKind::Batch if self.keep_encoded => Ok(Frame::Encoded {
+                epoch: header.epoch,
+                index: header.index,
+                rows: header.rows,
+                payload: self.hold(sample, len, None)?,
+            }),
             FrameKind::Batch => {
                 let ptr = NonNull::new(payload.as_ptr().cast_mut())
                     .ok_or_else(|| SluiceError::Corrupt("null payload".into()))?;
                 let shm_range = ptr.as_ptr() as usize..ptr.as_ptr() as usize + len;
                 self.held.fetch_add(1, Ordering::Relaxed);
                 let owner = Arc::new(SampleOwner {
-                    _sample: sample,
+                    sample: Some(sample),
                     held: self.held.clone(),
                     _port: None,
                 });
@@ -546,26 +595,12 @@ impl TopicSubscriber {
                     shm_range,
                 })
             }
-            FrameKind::DeviceBatch => {
-                let ptr = NonNull::new(payload.as_ptr().cast_mut())
-                    .ok_or_else(|| SluiceError::Corrupt("null payload".into()))?;
-                self.held.fetch_add(1, Ordering::Relaxed);
-                let owner = Arc::new(SampleOwner {
-                    _sample: sample,
-                    held: self.held.clone(),
-                    _port: self.subscriber.clone(),
-                });
-                Ok(Frame::DeviceBatch {
-                    epoch: header.epoch,
-                    index: header.index,
-                    rows: header.rows,
-                    payload: SamplePayload {
-                        _owner: owner,
-                        ptr,
-                        len,
-                    },
-                })
-            }
+            FrameKind::DeviceBatch => Ok(Frame::DeviceBatch {
+                epoch: header.epoch,
+                index: header.index,
+                rows: header.rows,
+                payload: self.hold(sample, len, self.subscriber.clone())?,
+            }),
             FrameKind::EndOfEpoch => Ok(Frame::EndOfEpoch {
                 epoch: header.epoch,
                 batches: header.index,
@@ -581,6 +616,30 @@ impl TopicSubscriber {
                 Err(SluiceError::ProducerFailed(message))
             }
         }
+    }
+
+    /// The first `len` bytes of `sample`'s payload (checked against its length by the
+    /// caller), kept in shared memory for as long as the payload or a clone lives;
+    /// `port`, when given, is kept as long (see [`SampleOwner`]).
+    fn hold(
+        &self,
+        sample: Sample<Ipc, [u8], FrameHeader>,
+        len: usize,
+        port: Option<Arc<Subscriber<Ipc, [u8], FrameHeader>>>,
+    ) -> Result<SamplePayload> {
+        let ptr = NonNull::new(sample.payload().as_ptr().cast_mut())
+            .ok_or_else(|| SluiceError::Corrupt("null payload".into()))?;
+        self.held.fetch_add(1, Ordering::Relaxed);
+        let owner = Arc::new(SampleOwner {
+            sample: Some(sample),
+            held: self.held.clone(),
+            _port: port,
+        });
+        Ok(SamplePayload {
+            _owner: owner,
+            ptr,
+            len,
+        })
     }
 
     /// Leaves the topic: the producer stops waiting for this subscriber. Batches already
@@ -651,6 +710,11 @@ impl sluice_core::Inlet<RecordBatch> for TopicSubscriber {
                 index,
                 payload: batch,
             }),
+            Err(Frame::Encoded { .. }) => Err(SluiceError::Internal(format!(
+                "a subscriber of topic '{}' that keeps batches encoded was used as an inlet, \
+                 which takes decoded batches: call keep_encoded(false) first",
+                self.topic
+            ))),
             Err(_) => Err(SluiceError::Device(format!(
                 "topic '{}' carries GPU batches: subscribe with sluice::Subscriber",
                 self.topic

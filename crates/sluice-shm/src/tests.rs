@@ -464,3 +464,80 @@ fn namespace_names_fit_a_socket_path() {
     drop(publisher);
     ns.purge();
 }
+
+/// A subscriber that keeps batches encoded gets the producer's bytes as they were
+/// written (undecoded, so even garbage in a batch message is handed over as it is, for
+/// the reader elsewhere to refuse), and each payload holds its sample: `held` counts it
+/// until the last clone is dropped, on whichever thread, and below `max_held` the next
+/// receive succeeds.
+#[test]
+fn encoded_batches_are_the_producers_bytes_and_hold_their_samples() {
+    let ns = namespace("e");
+    {
+        let (mut publisher, mut sub) = pair(&ns, "encoded");
+        sub.keep_encoded(true);
+        assert_eq!(sub.max_held(), 2);
+        let good = wire::encode(&batch()).unwrap();
+        for index in 0..2 {
+            publisher.publish_batch(0, index, 10, &good).unwrap();
+        }
+        let Ok(Frame::Encoded {
+            index: 0,
+            rows: 10,
+            payload: first,
+            ..
+        }) = recv(&mut sub)
+        else {
+            panic!("not an encoded batch");
+        };
+        assert_eq!(first.bytes(), good.to_vec().as_slice());
+        assert_eq!(wire::split(first.bytes()).unwrap().rows, 10);
+        assert_eq!(sub.held(), 1);
+        let Ok(Frame::Encoded {
+            index: 1,
+            payload: second,
+            ..
+        }) = recv(&mut sub)
+        else {
+            panic!("not an encoded batch");
+        };
+        assert_eq!(sub.held(), 2);
+        // Dropped on another thread, as gRPC's workers drop what they have sent.
+        let clone = second.clone();
+        std::thread::spawn(move || drop((second, clone)))
+            .join()
+            .unwrap();
+        assert_eq!(sub.held(), 1);
+
+        // Garbage is handed over undecoded; decoding again refuses it.
+        let garbage: Vec<u8> = (0..good.len()).map(|i| (i * 7 + 3) as u8).collect();
+        let header = FrameHeader {
+            kind: FrameKind::Batch as u32,
+            rows: 10,
+            len: garbage.len() as u64,
+            ..Default::default()
+        };
+        publisher
+            .send(header, garbage.len(), |dst| {
+                for (d, s) in dst.iter_mut().zip(&garbage) {
+                    d.write(*s);
+                }
+                Ok(())
+            })
+            .unwrap();
+        let Ok(Frame::Encoded { payload, .. }) = recv(&mut sub) else {
+            panic!("not an encoded batch");
+        };
+        assert_eq!(payload.bytes(), garbage.as_slice());
+        assert!(matches!(
+            wire::split(payload.bytes()),
+            Err(SluiceError::Corrupt(_))
+        ));
+        drop((payload, first));
+        assert_eq!(sub.held(), 0);
+
+        sub.keep_encoded(false);
+        publisher.publish_batch(0, 3, 10, &good).unwrap();
+        assert!(matches!(recv(&mut sub), Ok(Frame::Batch { batch, .. }) if batch == self::batch()));
+    }
+}
