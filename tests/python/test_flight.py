@@ -126,9 +126,11 @@ def test_any_flight_client_of_every_column_reads_the_producers_messages_as_they_
     plans, server, monkeypatch
 ):
     """A ticket without ``columns`` gets the producer's IPC messages forwarded as they
-    are (not decoded and encoded again by the server): pyarrow's Flight client (Arrow
-    C++) reads them, dictionary and string view columns included, with the schema sent
-    once for the whole stream, and a Sluice subscriber reads the same rows."""
+    are (not encoded again by the server, which validates them first for a client that
+    does not say it validates what it reads, as pyarrow's does not): pyarrow's Flight
+    client (Arrow C++) reads them, dictionary and string view columns included, with the
+    schema sent once for the whole stream, and a Sluice subscriber (whose messages the
+    server does not decode at all) reads the same rows."""
     import pyarrow.flight as flight
 
     monkeypatch.setenv("SLUICE_TOKEN", TOKEN)

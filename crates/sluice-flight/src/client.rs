@@ -200,6 +200,8 @@ async fn open(target: &FlightTarget, options: &ClientOptions) -> Result<FlightDa
             Columns::All => None,
             Columns::Named(names) => Some(names.to_vec()),
         },
+        // arrow-rs's reader (`FlightDataDecoder`) validates every column it decodes.
+        client_validates: true,
     })
     .map_err(|e| SluiceError::Internal(format!("cannot encode a ticket: {e}")))?;
     let scheme = if target.tls { "https" } else { "http" };

@@ -58,8 +58,15 @@ pub struct TicketRequest {
     #[serde(default)]
     pub reconnect_s: Option<f64>,
     /// The columns to send, by name and in that order (`None`: every column, as the
-    /// producer encoded them, undecoded). The server decodes only those from shared
-    /// memory, and sends only those.
+    /// producer encoded them, not encoded again). The server decodes only those from
+    /// shared memory, and sends only those.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub columns: Option<Vec<String>>,
+    /// The client validates every column it decodes (Sluice's client does, with
+    /// arrow-rs's IPC reader): the server may then forward a batch of every column
+    /// without validating it. Without it, the server validates every batch before
+    /// forwarding it, as any Flight client may read it (Arrow C++'s reader assumes
+    /// valid data).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub client_validates: bool,
 }

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 use sluice_core::wire::{self, MessageParts};
 use sluice_core::{Columns, Result, SluiceError, TopicName};
-use sluice_shm::{Frame, Namespace, SamplePayload, TopicSubscriber};
+use sluice_shm::{BatchForm, Frame, Namespace, SamplePayload, TopicSubscriber};
 use tokio::sync::mpsc;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
@@ -278,11 +278,17 @@ fn forward(
         .columns
         .as_ref()
         .map_or(Columns::All, Columns::named);
-    // A client of every column gets the producer's IPC messages as they are (`Relay`);
-    // one of some columns gets those decoded and encoded again (`Encoder`).
+    // A client of every column gets the producer's IPC messages as they are (`Relay`),
+    // validated here unless the client validates them itself; one of some columns gets
+    // those decoded and encoded again (`Encoder`).
+    let form = match (&columns, request.client_validates) {
+        (Columns::All, true) => BatchForm::EncodedUnchecked,
+        (Columns::All, false) => BatchForm::EncodedValidated,
+        (Columns::Named(_), _) => BatchForm::Decoded,
+    };
     let prepare = |sub: &mut TopicSubscriber| {
         sub.set_columns(columns.clone());
-        sub.keep_encoded(columns == Columns::All);
+        sub.set_batch_form(form);
     };
     let mut sub =
         TopicSubscriber::connect(namespace, &topic, Some(wait), request.replay).map_err(status)?;
@@ -427,10 +433,12 @@ impl Encoder {
 /// the server's subscriber can hold one more sample ([`TopicSubscriber::max_held`]);
 /// beyond that they are copied out and the sample goes back at once.
 ///
-/// Nothing is decoded or validated here: the client's IPC reader validates what it
-/// decodes (arrow-rs's and Arrow C++'s readers do by default; Sluice's client does), as
-/// it must anyway for bytes that crossed a network. The framing and the flatbuffers are
-/// checked ([`wire::split`]), so what goes out is a well-formed message sequence.
+/// The columns were validated by the server's subscriber ([`BatchForm::EncodedValidated`])
+/// unless the client said it validates what it decodes ([`BatchForm::EncodedUnchecked`]:
+/// Sluice's client, whose arrow-rs reader does; Arrow C++'s reader assumes valid data,
+/// so a pyarrow client is sent only validated batches). The framing and the flatbuffers
+/// are checked either way ([`wire::split`]), so what goes out is a well-formed message
+/// sequence.
 #[derive(Default)]
 struct Relay {
     /// The metadata of the schema message sent last.

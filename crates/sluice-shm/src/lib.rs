@@ -38,7 +38,7 @@ pub use interest::{Interest, pending_interest};
 pub use namespace::{Namespace, shm_available};
 pub use publisher::{TopicConfig, TopicPublisher, message_bytes, planned_message_bytes};
 pub use segment::{Backing, Maps, SegmentMap, backing_file};
-pub use subscriber::{Frame, SamplePayload, TopicSubscriber, subscriber_count};
+pub use subscriber::{BatchForm, Frame, SamplePayload, TopicSubscriber, subscriber_count};
 
 /// The iceoryx2 service flavour Sluice uses: inter-process, with thread-safe ports so
 /// that samples and ports can move between threads (Python, async runtimes).

@@ -65,9 +65,9 @@ pub enum Frame {
         /// the sample, and with it the device slot the producer bound to its chunk.
         payload: SamplePayload,
     },
-    /// A record batch as the producer encoded it, neither decoded nor validated (a
-    /// subscriber that [keeps batches encoded](TopicSubscriber::keep_encoded)): its IPC
-    /// messages, for [`wire::split`] and a decoder elsewhere that validates them.
+    /// A record batch as the producer encoded it, for a subscriber whose
+    /// [`BatchForm`] is encoded: its IPC messages, for [`wire::split`] and a decoder
+    /// elsewhere, validated here or not as the form says.
     Encoded {
         /// Epoch, from 0.
         epoch: u64,
@@ -119,6 +119,21 @@ impl Frame {
             }
         })
     }
+}
+
+/// How [`TopicSubscriber::recv`] hands over host batches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BatchForm {
+    /// Decoded in place ([`Frame::Batch`]), every decoded column validated.
+    #[default]
+    Decoded,
+    /// As the producer encoded them ([`Frame::Encoded`]), once decoded in place to
+    /// validate every column (the decoded batch is dropped): for a relay whose readers
+    /// may not validate what they read (Arrow C++ assumes valid data).
+    EncodedValidated,
+    /// As the producer encoded them, neither decoded nor validated: for a relay whose
+    /// reader validates every column it decodes (Sluice's Flight client does).
+    EncodedUnchecked,
 }
 
 /// Keeps a received sample alive for as long as Arrow buffers point into it.
@@ -226,8 +241,8 @@ pub struct TopicSubscriber {
     tell_every: usize,
     /// Decodes batches, keeping the topic's schema from one message to the next.
     decoder: wire::Decoder,
-    /// Batches come as [`Frame::Encoded`], undecoded.
-    keep_encoded: bool,
+    /// How batches are handed over.
+    form: BatchForm,
     // Dropped last: the ports above belong to it.
     _node: Node<Ipc>,
 }
@@ -382,7 +397,7 @@ impl TopicSubscriber {
             untold: 0,
             tell_every,
             decoder: wire::Decoder::new(),
-            keep_encoded: false,
+            form: BatchForm::Decoded,
             _node: node,
         })
     }
@@ -395,13 +410,12 @@ impl TopicSubscriber {
         self.decoder = wire::Decoder::with_columns(columns);
     }
 
-    /// With `true`, host batches come as [`Frame::Encoded`] from now on: the IPC
-    /// messages the producer wrote, neither decoded nor validated, for a relay that
-    /// forwards them to a decoder elsewhere (the Flight server, for subscribers that
-    /// take every column). The columns set by [`TopicSubscriber::set_columns`] do not
-    /// apply to them.
-    pub fn keep_encoded(&mut self, keep: bool) {
-        self.keep_encoded = keep;
+    /// Hands over host batches in `form` from now on. The encoded forms are for a
+    /// relay that forwards the producer's IPC messages to a decoder elsewhere (the
+    /// Flight server, for clients of every column); the columns set by
+    /// [`TopicSubscriber::set_columns`] are the ones validated, and should be all.
+    pub fn set_batch_form(&mut self, form: BatchForm) {
+        self.form = form;
     }
 
     /// The topic's name.
@@ -559,7 +573,7 @@ impl TopicSubscriber {
             )));
         }
         match kind {
-            FrameKind::Batch if self.keep_encoded => Ok(Frame::Encoded {
+            FrameKind::Batch if self.form == BatchForm::EncodedUnchecked => Ok(Frame::Encoded {
                 epoch: header.epoch,
                 index: header.index,
                 rows: header.rows,
@@ -579,7 +593,7 @@ impl TopicSubscriber {
                 // >= len` bytes as long as the sample lives; the buffer owns an `Arc` of
                 // the sample, so the memory stays mapped until the last Arrow array that
                 // points into it is dropped. Nobody writes to a sent sample.
-                let buffer = unsafe { Buffer::from_custom_allocation(ptr, len, owner) };
+                let buffer = unsafe { Buffer::from_custom_allocation(ptr, len, owner.clone()) };
                 let batch = self.decoder.decode(buffer)?;
                 if batch.num_rows() as u64 != header.rows {
                     return Err(SluiceError::Corrupt(format!(
@@ -587,6 +601,19 @@ impl TopicSubscriber {
                         batch.num_rows(),
                         header.rows
                     )));
+                }
+                if self.form == BatchForm::EncodedValidated {
+                    drop(batch);
+                    return Ok(Frame::Encoded {
+                        epoch: header.epoch,
+                        index: header.index,
+                        rows: header.rows,
+                        payload: SamplePayload {
+                            _owner: owner,
+                            ptr,
+                            len,
+                        },
+                    });
                 }
                 Ok(Frame::Batch {
                     epoch: header.epoch,
@@ -711,8 +738,8 @@ impl sluice_core::Inlet<RecordBatch> for TopicSubscriber {
                 payload: batch,
             }),
             Err(Frame::Encoded { .. }) => Err(SluiceError::Internal(format!(
-                "a subscriber of topic '{}' that keeps batches encoded was used as an inlet, \
-                 which takes decoded batches: call keep_encoded(false) first",
+                "a subscriber of topic '{}' that hands over encoded batches was used as an \
+                 inlet, which takes decoded batches: set BatchForm::Decoded first",
                 self.topic
             ))),
             Err(_) => Err(SluiceError::Device(format!(

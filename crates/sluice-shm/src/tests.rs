@@ -8,7 +8,9 @@ use arrow::array::{ArrayRef, Int64Array};
 use arrow::record_batch::RecordBatch;
 use sluice_core::{FrameKind, SluiceError, TopicName, wire};
 
-use crate::{Frame, FrameHeader, Namespace, TopicConfig, TopicPublisher, TopicSubscriber};
+use crate::{
+    BatchForm, Frame, FrameHeader, Namespace, TopicConfig, TopicPublisher, TopicSubscriber,
+};
 
 fn namespace(tag: &str) -> Namespace {
     Namespace::new(&format!("shm{}{tag}", std::process::id())).unwrap()
@@ -465,17 +467,17 @@ fn namespace_names_fit_a_socket_path() {
     ns.purge();
 }
 
-/// A subscriber that keeps batches encoded gets the producer's bytes as they were
-/// written (undecoded, so even garbage in a batch message is handed over as it is, for
-/// the reader elsewhere to refuse), and each payload holds its sample: `held` counts it
-/// until the last clone is dropped, on whichever thread, and below `max_held` the next
-/// receive succeeds.
+/// A subscriber of encoded batches gets the producer's bytes as they were written;
+/// unchecked, even garbage in a batch message is handed over as it is (for the reader
+/// elsewhere to refuse), validated, it is an error as for decoded batches. Each payload
+/// holds its sample: `held` counts it until the last clone is dropped, on whichever
+/// thread, and below `max_held` the next receive succeeds.
 #[test]
 fn encoded_batches_are_the_producers_bytes_and_hold_their_samples() {
     let ns = namespace("e");
     {
         let (mut publisher, mut sub) = pair(&ns, "encoded");
-        sub.keep_encoded(true);
+        sub.set_batch_form(BatchForm::EncodedUnchecked);
         assert_eq!(sub.max_held(), 2);
         let good = wire::encode(&batch()).unwrap();
         for index in 0..2 {
@@ -517,14 +519,17 @@ fn encoded_batches_are_the_producers_bytes_and_hold_their_samples() {
             len: garbage.len() as u64,
             ..Default::default()
         };
-        publisher
-            .send(header, garbage.len(), |dst| {
-                for (d, s) in dst.iter_mut().zip(&garbage) {
-                    d.write(*s);
-                }
-                Ok(())
-            })
-            .unwrap();
+        let send_garbage = |publisher: &mut TopicPublisher| {
+            publisher
+                .send(header, garbage.len(), |dst| {
+                    for (d, s) in dst.iter_mut().zip(&garbage) {
+                        d.write(*s);
+                    }
+                    Ok(())
+                })
+                .unwrap();
+        };
+        send_garbage(&mut publisher);
         let Ok(Frame::Encoded { payload, .. }) = recv(&mut sub) else {
             panic!("not an encoded batch");
         };
@@ -536,7 +541,20 @@ fn encoded_batches_are_the_producers_bytes_and_hold_their_samples() {
         drop((payload, first));
         assert_eq!(sub.held(), 0);
 
-        sub.keep_encoded(false);
+        // Validated: garbage is refused, a good batch handed over encoded.
+        sub.set_batch_form(BatchForm::EncodedValidated);
+        send_garbage(&mut publisher);
+        assert!(matches!(recv(&mut sub), Err(SluiceError::Corrupt(_))));
+        publisher.publish_batch(0, 2, 10, &good).unwrap();
+        let Ok(Frame::Encoded { payload, .. }) = recv(&mut sub) else {
+            panic!("not an encoded batch");
+        };
+        assert_eq!(payload.bytes(), good.to_vec().as_slice());
+        assert_eq!(sub.held(), 1);
+        drop(payload);
+        assert_eq!(sub.held(), 0);
+
+        sub.set_batch_form(BatchForm::Decoded);
         publisher.publish_batch(0, 3, 10, &good).unwrap();
         assert!(matches!(recv(&mut sub), Ok(Frame::Batch { batch, .. }) if batch == self::batch()));
     }
