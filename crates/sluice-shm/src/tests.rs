@@ -557,5 +557,10 @@ fn encoded_batches_are_the_producers_bytes_and_hold_their_samples() {
         sub.set_batch_form(BatchForm::Decoded);
         publisher.publish_batch(0, 3, 10, &good).unwrap();
         assert!(matches!(recv(&mut sub), Ok(Frame::Batch { batch, .. }) if batch == self::batch()));
+        publisher.publish_end_of_stream(1).unwrap();
+        assert!(matches!(recv(&mut sub), Ok(Frame::EndOfStream)));
     }
+    let left = ns.leftovers();
+    ns.purge();
+    assert!(left.is_empty(), "{left:?}");
 }
