@@ -24,45 +24,14 @@ perf_pass=${SLUICE_PROFILE_PERF:-1}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
+. scripts/profile-common.sh
 if [ "$perf_pass" = 1 ]; then
-  if ! command -v perf > /dev/null; then
-    echo "error: perf is not installed (Debian: apt-get install linux-perf)" >&2
-    exit 2
-  fi
-  if [ ! -x .tools/bin/inferno-flamegraph ]; then
-    echo "== installing inferno into .tools/"
-    cargo install --locked --quiet --root .tools inferno@0.12.3
-  fi
+  profile_tools
 fi
-if [ -n "${SLUICE_BIN:-}" ]; then
-  sluice=$SLUICE_BIN
-else
-  export PYO3_PYTHON=${PYO3_PYTHON:-$PWD/.venv/bin/python}
-  cargo build --locked --quiet --profile profiling -p sluice-cli
-  sluice=$PWD/target/profiling/sluice
-fi
-
-tmp=$(mktemp -d)
-pids=()
-server=
-cleanup() {
-  for p in "${pids[@]}" $server; do kill "$p" 2> /dev/null || true; done
-  rm -rf "$tmp" "/dev/shm/sluice-$ns" "${TMPDIR:-/tmp}/sluice-$ns.state"
-  rm -f /dev/shm/iox2_sluice_"${ns}"_*
-}
-trap cleanup EXIT
-ns=flightprof$$
-export SLUICE_NAMESPACE=$ns SLUICE_LOG=warn
-
-[ -d data/demo ] || "$sluice" demo --prepare-only > /dev/null
-cat > "$tmp/plan.sql" <<EOF
-SET sluice.topic = '@TOPIC@';
-SET sluice.batch_rows = $rows;
-SET sluice.epochs = $epochs;
-SET sluice.min_subscribers = $n;
-CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION '$PWD/data/demo/';
-SELECT id, label, text, features FROM train;
-EOF
+profile_binary
+profile_namespace flightprof
+export SLUICE_LOG=warn
+profile_demo_plan
 
 # CPU-seconds (user + system) of a live process, from /proc/PID/stat.
 cpu_of() {
@@ -79,6 +48,7 @@ pass() {
   fi
   "${cmd[@]}" > "$tmp/serve.out" &
   server=$!
+  profile_also_kill=$server
   for _ in $(seq 1 600); do
     addr=$(sed -n 's/^serving on //p' "$tmp/serve.out")
     [ -n "$addr" ] && break
@@ -99,7 +69,7 @@ pass() {
   echo "server $(cpu_of "$pid") -" >> "$tmp/cpu$perf.txt"
   kill -INT "$pid"
   wait "$server" || true
-  server=
+  profile_also_kill=
 }
 
 pass 0 "plain$$"
@@ -113,10 +83,6 @@ if [ "$perf_pass" != 1 ]; then
   exit 0
 fi
 pass 1 "perf$$"
-perf script -i "$tmp/server.data" 2> /dev/null | .tools/bin/inferno-collapse-perf > "$out/server.folded"
-.tools/bin/inferno-flamegraph --title "Flight server, N = $n remote subscribers, $rows-row batches" \
-  < "$out/server.folded" > "$out/server.svg"
-perf report -i "$tmp/server.data" --no-children -g none --sort dso,symbol --stdio 2> /dev/null |
-  grep -E '^ +[0-9]' | sed -E 's/ +$//' | head -80 > "$out/server.top.txt" || true
+profile_flame server "Flight server, N = $n remote subscribers, $rows-row batches"
 cat "$out/cpu.txt"
 echo "wrote $out/server.svg, server.top.txt, server.folded and cpu.txt"

@@ -28,45 +28,13 @@ epochs=${SLUICE_PROFILE_EPOCHS:-40}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
-if ! command -v perf > /dev/null; then
-  echo "error: perf is not installed (Debian: apt-get install linux-perf)" >&2
-  exit 2
+. scripts/profile-common.sh
+if [ "${SLUICE_PROFILE_PERF:-1}" = 1 ]; then
+  profile_tools
 fi
-if [ ! -x .tools/bin/inferno-flamegraph ]; then
-  echo "== installing inferno into .tools/"
-  cargo install --locked --quiet --root .tools inferno@0.12.3
-fi
-export PYO3_PYTHON=${PYO3_PYTHON:-$PWD/.venv/bin/python}
-# SLUICE_BIN: another `sluice` binary to measure (an A/B comparison of two builds).
-if [ -n "${SLUICE_BIN:-}" ]; then
-  sluice=$SLUICE_BIN
-else
-  cargo build --locked --quiet --profile profiling -p sluice-cli
-  sluice=$PWD/target/profiling/sluice
-fi
-
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2> /dev/null || true; done
-  # The namespace's shared memory and state (see docs/architecture.md).
-  rm -rf "$tmp" "/dev/shm/sluice-$ns" "${TMPDIR:-/tmp}/sluice-$ns.state"
-  rm -f /dev/shm/iox2_sluice_"${ns}"_*
-}
-trap cleanup EXIT
-ns=profile$$
-export SLUICE_NAMESPACE=$ns
-
-# The demo dataset (generated once, into data/demo).
-[ -d data/demo ] || "$sluice" demo --prepare-only > /dev/null
-cat > "$tmp/plan.sql" <<EOF
-SET sluice.topic = '@TOPIC@';
-SET sluice.batch_rows = $rows;
-SET sluice.epochs = $epochs;
-SET sluice.min_subscribers = $n;
-CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION '$PWD/data/demo/';
-SELECT id, label, text, features FROM train;
-EOF
+profile_binary
+profile_namespace profile
+profile_demo_plan
 
 # One pass: N subscribers, then the producer; with `perf`, the producer and the first
 # subscriber are sampled (cpu-clock, DWARF call graphs).
@@ -107,13 +75,6 @@ if [ "${SLUICE_PROFILE_PERF:-1}" != 1 ]; then
   exit 0
 fi
 for name in producer subscriber; do
-  perf script -i "$tmp/$name.data" 2> /dev/null |
-    .tools/bin/inferno-collapse-perf > "$out/$name.folded"
-  .tools/bin/inferno-flamegraph --title "$name, N = $n, $rows-row batches" \
-    < "$out/$name.folded" > "$out/$name.svg"
-  # Self time by symbol (no call graphs: they take minutes to resolve here).
-  perf report -i "$tmp/$name.data" --no-children -g none --sort dso,symbol --stdio 2> /dev/null |
-    grep -E '^ +[0-9]' | sed -E 's/ +$//' > "$tmp/$name.top" || true
-  head -80 "$tmp/$name.top" > "$out/$name.top.txt"
+  profile_flame "$name" "$name, N = $n, $rows-row batches"
 done
 echo "wrote $out/{producer,subscriber}.svg, *.top.txt and cpu.txt"

@@ -669,6 +669,21 @@ mod tests {
         .unwrap()
     }
 
+    /// A dictionary-encoded column `d` and an Int64 column `n`, 4 rows.
+    fn with_dictionary() -> RecordBatch {
+        use arrow::array::DictionaryArray;
+        use arrow::datatypes::Int32Type;
+        let dict: DictionaryArray<Int32Type> = vec!["a", "b", "a", "c"].into_iter().collect();
+        RecordBatch::try_from_iter([
+            ("d", Arc::new(dict) as ArrayRef),
+            (
+                "n",
+                Arc::new(Int64Array::from(vec![1, 2, 3, 4])) as ArrayRef,
+            ),
+        ])
+        .unwrap()
+    }
+
     /// `batch` with a schema that carries metadata (`k` = `v`).
     fn with_metadata(batch: &RecordBatch) -> RecordBatch {
         let schema = batch
@@ -762,11 +777,7 @@ mod tests {
         let bytes = encode(&sample()).unwrap().to_vec();
         let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
         for _ in 0..3000 {
-            let mut copy = bytes.clone();
-            for _ in 0..(next() % 8 + 1) {
-                let i = (next() as usize) % copy.len();
-                copy[i] = next() as u8;
-            }
+            let copy = corrupted(&bytes, &mut next);
             let mut m = MutableBuffer::new(copy.len());
             m.extend_from_slice(&copy);
             if let Ok(batch) = decode(m.into()) {
@@ -776,6 +787,16 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `bytes` with 1 to 8 of them overwritten at random places, by `next`.
+    fn corrupted(bytes: &[u8], next: &mut impl FnMut() -> u64) -> Vec<u8> {
+        let mut copy = bytes.to_vec();
+        for _ in 0..(next() % 8 + 1) {
+            let i = (next() as usize) % copy.len();
+            copy[i] = next() as u8;
+        }
+        copy
     }
 
     /// A seeded pseudo-random sequence (xorshift64), for reproducible corruptions.
@@ -902,11 +923,7 @@ mod tests {
         for _ in 0..3000 {
             // A good message first, so that the corrupt one meets a kept schema.
             assert_eq!(decoder.decode(buffer(&good)).unwrap(), sample());
-            let mut copy = good.clone();
-            for _ in 0..(next() % 8 + 1) {
-                let i = (next() as usize) % copy.len();
-                copy[i] = next() as u8;
-            }
+            let copy = corrupted(&good, &mut next);
             let fresh = decode(buffer(&copy));
             let arrows = reference(buffer(&copy));
             match decoder.decode(buffer(&copy)) {
@@ -1041,17 +1058,7 @@ mod tests {
 
     #[test]
     fn named_columns_of_a_schema_with_dictionaries() {
-        use arrow::array::DictionaryArray;
-        use arrow::datatypes::Int32Type;
-        let dict: DictionaryArray<Int32Type> = vec!["a", "b", "a", "c"].into_iter().collect();
-        let batch = RecordBatch::try_from_iter([
-            ("d", Arc::new(dict) as ArrayRef),
-            (
-                "n",
-                Arc::new(Int64Array::from(vec![1, 2, 3, 4])) as ArrayRef,
-            ),
-        ])
-        .unwrap();
+        let batch = with_dictionary();
         let message = aligned(&encode(&batch).unwrap());
         let mut decoder = Decoder::with_columns(Columns::named(["n"]));
         assert_eq!(
@@ -1073,11 +1080,7 @@ mod tests {
                 decoder.decode(buffer(&good)).unwrap(),
                 sample().project(&[2, 1]).unwrap()
             );
-            let mut copy = good.clone();
-            for _ in 0..(next() % 8 + 1) {
-                let i = (next() as usize) % copy.len();
-                copy[i] = next() as u8;
-            }
+            let copy = corrupted(&good, &mut next);
             if let Ok(batch) = decoder.decode(buffer(&copy)) {
                 for col in batch.columns() {
                     col.to_data().validate_full().unwrap();
@@ -1109,19 +1112,8 @@ mod tests {
 
     #[test]
     fn split_cuts_a_fragment_into_its_messages_as_they_were_written() {
-        use arrow::array::DictionaryArray;
-        use arrow::datatypes::Int32Type;
-        let dict: DictionaryArray<Int32Type> = vec!["a", "b", "a", "c"].into_iter().collect();
-        let with_dictionary = RecordBatch::try_from_iter([
-            ("d", Arc::new(dict) as ArrayRef),
-            (
-                "n",
-                Arc::new(Int64Array::from(vec![1, 2, 3, 4])) as ArrayRef,
-            ),
-        ])
-        .unwrap();
         let empty = sample().slice(0, 0);
-        for (batch, dictionaries) in [(sample(), 0), (with_dictionary, 1), (empty, 0)] {
+        for (batch, dictionaries) in [(sample(), 0), (with_dictionary(), 1), (empty, 0)] {
             let bytes = encode(&batch).unwrap().to_vec();
             let split = split(&bytes).unwrap();
             assert_eq!(split.rows, batch.num_rows() as u64);
@@ -1165,11 +1157,7 @@ mod tests {
         let mut next = xorshift(0x0DDB_1A5E_5BAD_5EED);
         let mut accepted = 0;
         for _ in 0..3000 {
-            let mut copy = bytes.clone();
-            for _ in 0..(next() % 8 + 1) {
-                let i = (next() as usize) % copy.len();
-                copy[i] = next() as u8;
-            }
+            let copy = corrupted(&bytes, &mut next);
             if let Ok(split) = split(&copy) {
                 accepted += 1;
                 // The parts, framed again in order, give the fragment back: nothing was

@@ -295,6 +295,8 @@ fn forward(
     prepare(&mut sub);
     let mut encoder = Encoder::default();
     let mut relay = Relay::default();
+    // The Flight messages of one batch, the buffer kept from batch to batch.
+    let mut messages = Vec::new();
     let send = |data: FlightData| tx.blocking_send(Ok(data)).is_ok();
     loop {
         if tx.is_closed() {
@@ -320,11 +322,12 @@ fn forward(
                 index,
                 batch,
                 ..
-            } => encoder
-                .messages(&batch, Meta::Batch { epoch, index })
-                .map_err(status)?
-                .into_iter()
-                .all(send),
+            } => {
+                encoder
+                    .messages(&batch, Meta::Batch { epoch, index }, &mut messages)
+                    .map_err(status)?;
+                messages.drain(..).all(send)
+            }
             Frame::Encoded {
                 epoch,
                 index,
@@ -335,10 +338,15 @@ fn forward(
                 // encoded them) while the subscriber can still receive the next one.
                 let borrow = sub.held() < sub.max_held();
                 relay
-                    .messages(payload, borrow, rows, Meta::Batch { epoch, index })
-                    .map_err(status)?
-                    .into_iter()
-                    .all(send)
+                    .messages(
+                        payload,
+                        borrow,
+                        rows,
+                        Meta::Batch { epoch, index },
+                        &mut messages,
+                    )
+                    .map_err(status)?;
+                messages.drain(..).all(send)
             }
             Frame::DeviceBatch { .. } => {
                 return Err(Status::failed_precondition(format!(
@@ -402,10 +410,14 @@ struct Encoder {
 }
 
 impl Encoder {
-    /// `batch` as Flight messages (the schema when new, dictionaries, the batch with
-    /// `meta`).
-    fn messages(&mut self, batch: &RecordBatch, meta: Meta) -> Result<Vec<FlightData>> {
-        let mut messages = Vec::new();
+    /// `batch` as Flight messages, appended to `messages` (the schema when new,
+    /// dictionaries, the batch with `meta`).
+    fn messages(
+        &mut self,
+        batch: &RecordBatch,
+        meta: Meta,
+        messages: &mut Vec<FlightData>,
+    ) -> Result<()> {
         if self.schema.as_ref() != Some(batch.schema_ref()) {
             messages.push(SchemaAsIpc::new(batch.schema_ref(), &self.options).into());
             self.schema = Some(batch.schema());
@@ -422,7 +434,7 @@ impl Encoder {
         let mut data = FlightData::from(encoded);
         data.app_metadata = meta.encode();
         messages.push(data);
-        Ok(messages)
+        Ok(())
     }
 }
 
@@ -446,16 +458,17 @@ struct Relay {
 }
 
 impl Relay {
-    /// The message in `payload` (a record batch of `rows` rows) as Flight messages:
-    /// the schema when new, dictionaries, the batch with `meta`; pointing into the
-    /// sample with `borrow`, copied out of it without.
+    /// The message in `payload` (a record batch of `rows` rows) as Flight messages,
+    /// appended to `messages`: the schema when new, dictionaries, the batch with `meta`;
+    /// pointing into the sample with `borrow`, copied out of it without.
     fn messages(
         &mut self,
         payload: SamplePayload,
         borrow: bool,
         rows: u64,
         meta: Meta,
-    ) -> Result<Vec<FlightData>> {
+        messages: &mut Vec<FlightData>,
+    ) -> Result<()> {
         let whole = if borrow {
             Bytes::from_owner(payload)
         } else {
@@ -474,7 +487,6 @@ impl Relay {
             data_body: whole.slice_ref(parts.body),
             ..FlightData::default()
         };
-        let mut messages = Vec::with_capacity(split.dictionaries.len() + 2);
         if self.schema.as_deref() != Some(split.schema.metadata) {
             messages.push(data(&split.schema));
             self.schema = Some(split.schema.metadata.to_vec());
@@ -483,7 +495,7 @@ impl Relay {
         let mut batch = data(&split.batch);
         batch.app_metadata = meta.encode();
         messages.push(batch);
-        Ok(messages)
+        Ok(())
     }
 }
 

@@ -573,27 +573,26 @@ impl TopicSubscriber {
             )));
         }
         match kind {
-            FrameKind::Batch if self.form == BatchForm::EncodedUnchecked => Ok(Frame::Encoded {
-                epoch: header.epoch,
-                index: header.index,
-                rows: header.rows,
-                payload: self.hold(sample, len, None)?,
-            }),
             FrameKind::Batch => {
-                let ptr = NonNull::new(payload.as_ptr().cast_mut())
-                    .ok_or_else(|| SluiceError::Corrupt("null payload".into()))?;
-                let shm_range = ptr.as_ptr() as usize..ptr.as_ptr() as usize + len;
-                self.held.fetch_add(1, Ordering::Relaxed);
-                let owner = Arc::new(SampleOwner {
-                    sample: Some(sample),
-                    held: self.held.clone(),
-                    _port: None,
-                });
-                // SAFETY: `ptr` points to the sample's payload, valid for `payload.len()
-                // >= len` bytes as long as the sample lives; the buffer owns an `Arc` of
-                // the sample, so the memory stays mapped until the last Arrow array that
-                // points into it is dropped. Nobody writes to a sent sample.
-                let buffer = unsafe { Buffer::from_custom_allocation(ptr, len, owner.clone()) };
+                let payload = self.hold(sample, len, None)?;
+                let encoded = |payload| Frame::Encoded {
+                    epoch: header.epoch,
+                    index: header.index,
+                    rows: header.rows,
+                    payload,
+                };
+                if self.form == BatchForm::EncodedUnchecked {
+                    return Ok(encoded(payload));
+                }
+                let start = payload.ptr.as_ptr() as usize;
+                // SAFETY: `payload.ptr` points to the sample's payload, valid for `len`
+                // bytes (checked against the sample's length above) as long as the
+                // sample lives; the buffer owns an `Arc` of the sample's owner, so the
+                // memory stays mapped until the last Arrow array that points into it is
+                // dropped. Nobody writes to a sent sample.
+                let buffer = unsafe {
+                    Buffer::from_custom_allocation(payload.ptr, len, payload._owner.clone())
+                };
                 let batch = self.decoder.decode(buffer)?;
                 if batch.num_rows() as u64 != header.rows {
                     return Err(SluiceError::Corrupt(format!(
@@ -603,23 +602,13 @@ impl TopicSubscriber {
                     )));
                 }
                 if self.form == BatchForm::EncodedValidated {
-                    drop(batch);
-                    return Ok(Frame::Encoded {
-                        epoch: header.epoch,
-                        index: header.index,
-                        rows: header.rows,
-                        payload: SamplePayload {
-                            _owner: owner,
-                            ptr,
-                            len,
-                        },
-                    });
+                    return Ok(encoded(payload));
                 }
                 Ok(Frame::Batch {
                     epoch: header.epoch,
                     index: header.index,
                     batch,
-                    shm_range,
+                    shm_range: start..start + len,
                 })
             }
             FrameKind::DeviceBatch => Ok(Frame::DeviceBatch {
