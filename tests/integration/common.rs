@@ -85,6 +85,11 @@ impl Proc {
         unsafe { libc::kill(self.pid(), signal) };
     }
 
+    /// Whether it has not exited yet.
+    pub fn running(&self) -> bool {
+        self.child.lock().unwrap().try_wait().unwrap().is_none()
+    }
+
     /// Waits for the process to exit; kills it and fails the test after `limit`.
     pub fn wait(self, limit: Duration) -> Finished {
         let start = Instant::now();

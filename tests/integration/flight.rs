@@ -311,6 +311,81 @@ fn remote_subscribers_reconnect_to_a_restarted_producer_without_duplicates_or_ga
     server.kill9();
 }
 
+/// A remote subscriber that stops reading (SIGSTOP) does not keep a restarted producer
+/// from its topic. The stopped client fills its HTTP/2 window and the server's queue, so
+/// the server's thread waits to send; while it waits it still watches the producer, and
+/// once the producer is killed it copies out what it holds of the dead topic (the
+/// messages it lent gRPC, and what is left in its queue) and lets go of it. The restarted
+/// producer takes the topic over while the client is still stopped (before, it gave up
+/// after 5 s), and the client, continued, gets every epoch exactly once. A stopped client
+/// without `--reconnect` does not keep the topic either: continued, it is told that the
+/// producer is gone.
+#[test]
+fn a_stopped_remote_subscriber_does_not_keep_a_restarted_producer_from_its_topic() {
+    let mut h = Harness::new();
+    h.dataset(12_000);
+    h.plan(
+        "p.sql",
+        "SET sluice.topic = 'stopped';\nSET sluice.batch_rows = 150;\nSET sluice.epochs = 30;\n\
+         SET sluice.window = 2;\n\
+         CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION 'data/';\n\
+         SELECT id, label, text, features FROM train WHERE label IS NOT NULL;\n",
+    );
+    let (rows, sum) = h.source_checksum(&h.path("p.sql"));
+    // At `info` the server says when it lets go of a dead producer's topic.
+    h.env.push(("SLUICE_LOG".into(), "info".into()));
+    let (server, addr) = serve(&mut h);
+    h.env.pop();
+    let url = format!("flight://{addr}/stopped");
+    let sub = subscribe(
+        &mut h,
+        TOKEN,
+        &[&url, "--json", "--timeout", "120", "--reconnect", "60"],
+    );
+    let plain = subscribe(&mut h, TOKEN, &[&url, "--json", "--timeout", "120"]);
+    let first = h.spawn_producer(2, &[]);
+    let start = Instant::now();
+    while sub.stdout_so_far().lines().count() < 1 {
+        assert!(start.elapsed() < LIMIT, "no epoch arrived");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    sub.signal(libc::SIGSTOP);
+    plain.signal(libc::SIGSTOP);
+    // Long enough for the socket buffers, the HTTP/2 window, the server's queue and the
+    // topic's window to fill: the producer then waits for the server.
+    std::thread::sleep(Duration::from_secs(2));
+    first.kill9();
+    let killed = first.wait(LIMIT);
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&killed.status),
+        Some(libc::SIGKILL),
+        "the first producer finished before it was killed"
+    );
+    let second = h.spawn(&["run", "p.sql", "--quiet", "--resume"]);
+    // Past the 5 s a restarted producer waits for the dead topic to be let go: with the
+    // server still holding it, the producer would have failed by now.
+    std::thread::sleep(Duration::from_secs(8));
+    let still_running = second.running();
+    sub.signal(libc::SIGCONT);
+    plain.signal(libc::SIGCONT);
+    if !still_running {
+        let out = second.wait(LIMIT);
+        server.kill9();
+        panic!(
+            "the restarted producer gave up while the remote subscriber was stopped: {}\n\
+             the server's log:\n{}",
+            out.stderr,
+            server.wait(LIMIT).stderr
+        );
+    }
+    assert_exactly_once(&sub.wait(LIMIT), 30, rows, &sum);
+    let plain = plain.wait(LIMIT);
+    assert!(!plain.status.success(), "{}", plain.stdout);
+    assert!(plain.stderr.contains("is gone"), "{}", plain.stderr);
+    assert!(second.wait(LIMIT).status.success());
+    server.kill9();
+}
+
 /// With `--tls-cert`/`--tls-key` the server speaks TLS only: a `flight+tls://`
 /// subscriber that trusts the CA (`SLUICE_TLS_CA`) gets every row; one without the CA is
 /// told to set it; a plain `flight://` subscriber cannot talk to it.

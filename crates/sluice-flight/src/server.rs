@@ -1,8 +1,10 @@
 //! `sluice serve --flight`: a node's topics for remote subscribers.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
-use std::sync::Arc;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
@@ -14,11 +16,12 @@ use arrow_flight::{
 };
 use arrow_ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
 use bytes::Bytes;
+use futures::StreamExt;
 use futures::stream::BoxStream;
 use sluice_core::wire::{self, MessageParts};
 use sluice_core::{Columns, Result, SluiceError, TopicName};
 use sluice_shm::{BatchForm, Frame, Namespace, SamplePayload, TopicSubscriber};
-use tokio::sync::mpsc;
+use tokio::sync::mpsc::{self, error::TrySendError};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
@@ -33,7 +36,8 @@ use crate::meta::Meta;
 /// loopback and LAN throughput unthrottled (a batch larger than the window is simply
 /// sent in several HTTP/2 frames).
 pub(crate) const WINDOW: u32 = 1 << 20;
-/// How often the server's subscriber looks whether its client is still there.
+/// How often the server's subscriber looks whether its client is still there, and, while
+/// its client takes nothing, whether the topic's producer is.
 const POLL: Duration = Duration::from_millis(200);
 
 /// How to serve.
@@ -265,12 +269,288 @@ fn status(e: SluiceError) -> Status {
     }
 }
 
-/// Forwards the topic's messages to `tx` until the end of the stream, an error, or the
-/// client going away (runs on a blocking thread: shared-memory waits block).
+/// What the server hands gRPC: a Flight message of its own, or one whose bytes are
+/// still the producer's, in shared memory ([`Loan`]).
+enum Outgoing {
+    Owned(FlightData),
+    Lent {
+        loan: Arc<Loan>,
+        header: Range<usize>,
+        body: Range<usize>,
+        app_metadata: Bytes,
+    },
+}
+
+impl Outgoing {
+    /// The Flight message, as gRPC's encoding takes it (and copies it at once).
+    fn into_data(self) -> FlightData {
+        match self {
+            Self::Owned(data) => data,
+            Self::Lent {
+                loan,
+                header,
+                body,
+                app_metadata,
+            } => {
+                let whole = loan.bytes();
+                FlightData {
+                    data_header: whole.slice(header),
+                    data_body: whole.slice(body),
+                    app_metadata,
+                    ..FlightData::default()
+                }
+            }
+        }
+    }
+}
+
+/// A producer's message that Flight messages on their way to gRPC point into: the sample
+/// in shared memory, until [`Loan::revoke`] puts a copy in its place and lets the sample
+/// go. The server revokes what it lent when its client has stopped reading and the
+/// topic's producer is gone, since a restarted producer can create the topic again only
+/// once every sample of the dead one is back, and when its stream ends.
+struct Loan(Mutex<Bytes>);
+
+impl Loan {
+    fn bytes(&self) -> Bytes {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn revoke(&self) {
+        let mut bytes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        *bytes = Bytes::copy_from_slice(&bytes);
+    }
+}
+
+/// The server's end of one client's stream: messages go to gRPC through a queue of two.
+struct Outbox {
+    tx: mpsc::Sender<std::result::Result<Outgoing, Status>>,
+    runtime: tokio::runtime::Handle,
+    /// The loans of the messages handed to gRPC or about to be, which gRPC may not have
+    /// taken yet (those it took and encoded are dead).
+    loans: Vec<Weak<Loan>>,
+}
+
+/// What became of a message handed to gRPC.
+enum Handed {
+    Yes,
+    ClientGone,
+    /// The client has taken nothing for [`POLL`]: the message, to hand again.
+    NotYet(Outgoing),
+}
+
+impl Outbox {
+    /// Hands `message` to gRPC, waiting at most [`POLL`] for room in the queue.
+    fn hand(&self, message: Outgoing) -> Handed {
+        match self.tx.try_reserve() {
+            Ok(permit) => {
+                permit.send(Ok(message));
+                return Handed::Yes;
+            }
+            Err(TrySendError::Closed(())) => return Handed::ClientGone,
+            Err(TrySendError::Full(())) => {}
+        }
+        // This thread is one of the runtime's blocking threads, outside any task.
+        let room = self
+            .runtime
+            .block_on(async { tokio::time::timeout(POLL, self.tx.reserve()).await });
+        match room {
+            Ok(Ok(permit)) => {
+                permit.send(Ok(message));
+                Handed::Yes
+            }
+            Ok(Err(_)) => Handed::ClientGone,
+            Err(_) => Handed::NotYet(message),
+        }
+    }
+
+    /// Hands `message` to gRPC, waiting for as long as the client takes nothing; `false`
+    /// if the client went away.
+    fn hand_waiting(&self, mut message: Outgoing) -> bool {
+        loop {
+            match self.hand(message) {
+                Handed::Yes => return true,
+                Handed::ClientGone => return false,
+                Handed::NotYet(again) => message = again,
+            }
+        }
+    }
+
+    /// Ends the stream with `status` (waiting for the client to take it).
+    fn fail(&mut self, status: Status) {
+        self.revoke();
+        let _ = self.tx.blocking_send(Err(status));
+    }
+
+    /// `bytes`, lent to the messages that point into them until [`Self::revoke`].
+    fn lend(&mut self, bytes: Bytes) -> Arc<Loan> {
+        self.loans.retain(|loan| loan.strong_count() > 0);
+        let loan = Arc::new(Loan(Mutex::new(bytes)));
+        self.loans.push(Arc::downgrade(&loan));
+        loan
+    }
+
+    /// Copies out every sample that messages not yet taken by gRPC point into, and lets
+    /// the samples go.
+    fn revoke(&mut self) {
+        for loan in self.loans.drain(..).filter_map(|loan| loan.upgrade()) {
+            loan.revoke();
+        }
+    }
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        // The thread is done with the topic; what gRPC has not taken yet must not keep
+        // its samples (a stream's end does not wait for a stalled client).
+        self.revoke();
+    }
+}
+
+/// How a frame leaves the stream.
+#[derive(PartialEq, Eq)]
+enum Next {
+    Go,
+    End,
+}
+
+/// The Flight messages of one stream, kept from frame to frame.
+#[derive(Default)]
+struct Messages {
+    encoder: Encoder,
+    relay: Relay,
+    /// Messages not yet handed to gRPC, in order.
+    pending: VecDeque<Outgoing>,
+}
+
+impl Messages {
+    /// Queues `frame`'s messages; `borrow`: messages may point into its sample.
+    fn queue(
+        &mut self,
+        frame: Frame,
+        topic: &TopicName,
+        borrow: bool,
+        outbox: &mut Outbox,
+    ) -> std::result::Result<Next, Status> {
+        match frame {
+            Frame::Batch {
+                epoch,
+                index,
+                batch,
+                ..
+            } => self
+                .encoder
+                .messages(&batch, Meta::Batch { epoch, index }, &mut self.pending)
+                .map_err(status)?,
+            Frame::Encoded {
+                epoch,
+                index,
+                rows,
+                payload,
+            } => self
+                .relay
+                .messages(
+                    payload,
+                    borrow.then_some(outbox),
+                    rows,
+                    Meta::Batch { epoch, index },
+                    &mut self.pending,
+                )
+                .map_err(status)?,
+            Frame::DeviceBatch { .. } => {
+                return Err(Status::failed_precondition(format!(
+                    "topic '{topic}' keeps its batches in GPU memory, which cannot be sent \
+                     to another machine: run the plan with sluice.device = 'cpu' or \
+                     'cuda_host:N' for remote subscribers"
+                )));
+            }
+            Frame::EndOfEpoch {
+                epoch,
+                batches,
+                rows,
+            } => self.control(Meta::EndOfEpoch {
+                epoch,
+                batches,
+                rows,
+            }),
+            Frame::Missed { messages } => self.control(Meta::Missed { messages }),
+            Frame::EndOfStream => {
+                self.control(Meta::EndOfStream { epochs: 0 });
+                return Ok(Next::End);
+            }
+        }
+        Ok(Next::Go)
+    }
+
+    fn control(&mut self, meta: Meta) {
+        self.pending.push_back(Outgoing::Owned(control(meta)));
+    }
+
+    /// Queues, copied, what is left in the queue of `sub`, whose producer is gone; the
+    /// end of the stream if it was there (`Ok`) or an error.
+    fn take_rest(
+        &mut self,
+        sub: &mut TopicSubscriber,
+        topic: &TopicName,
+        outbox: &mut Outbox,
+    ) -> Option<std::result::Result<(), Status>> {
+        loop {
+            match sub.recv(Some(Duration::ZERO)) {
+                Ok(frame) => match self.queue(frame, topic, false, outbox) {
+                    Ok(Next::Go) => {}
+                    Ok(Next::End) => return Some(Ok(())),
+                    Err(e) => return Some(Err(e)),
+                },
+                // Nothing left.
+                Err(SluiceError::Timeout { .. } | SluiceError::ProducerLost(_)) => return None,
+                Err(e) => return Some(Err(status(e))),
+            }
+        }
+    }
+}
+
+/// What became of the messages pending for a client.
+enum Flushed {
+    All,
+    ClientGone,
+    /// The client takes nothing and the topic's producer is gone.
+    ProducerGone,
+}
+
+/// Hands gRPC every pending message; while the client takes nothing, looks every
+/// [`POLL`] whether `sub`'s producer is gone.
+fn flush(outbox: &Outbox, pending: &mut VecDeque<Outgoing>, sub: &TopicSubscriber) -> Flushed {
+    while let Some(message) = pending.pop_front() {
+        match outbox.hand(message) {
+            Handed::Yes => {}
+            Handed::ClientGone => return Flushed::ClientGone,
+            Handed::NotYet(message) => {
+                pending.push_front(message);
+                if sub.producer_gone() {
+                    return Flushed::ProducerGone;
+                }
+            }
+        }
+    }
+    Flushed::All
+}
+
+/// Forwards the topic's messages to `outbox` until the end of the stream, an error, or
+/// the client going away (runs on a blocking thread: shared-memory waits block).
+///
+/// A client that stops reading (a stopped process, a stalled network) fills its HTTP/2
+/// window and the queue to gRPC, and this thread waits to hand it more. It still watches
+/// the producer meanwhile: if the producer dies, it copies out what it lent gRPC and what
+/// is left in its subscriber's queue, and lets go of the topic, so that a restarted
+/// producer can take it over (with `reconnect`, this thread attaches to that producer
+/// and the client gets its messages once it reads again).
 fn forward(
     namespace: &Namespace,
     request: &TicketRequest,
-    tx: &mpsc::Sender<std::result::Result<FlightData, Status>>,
+    outbox: &mut Outbox,
 ) -> std::result::Result<(), Status> {
     let topic = TopicName::new(&request.topic).map_err(status)?;
     let wait = Duration::from_secs_f64(request.wait_s.unwrap_or(60.0).clamp(0.0, 86_400.0));
@@ -293,86 +573,71 @@ fn forward(
     let mut sub =
         TopicSubscriber::connect(namespace, &topic, Some(wait), request.replay).map_err(status)?;
     prepare(&mut sub);
-    let mut encoder = Encoder::default();
-    let mut relay = Relay::default();
-    // The Flight messages of one batch, the buffer kept from batch to batch.
-    let mut messages = Vec::new();
-    let send = |data: FlightData| tx.blocking_send(Ok(data)).is_ok();
+    let mut messages = Messages::default();
     loop {
-        if tx.is_closed() {
-            sub.detach();
-            return Ok(());
+        match flush(outbox, &mut messages.pending, &sub) {
+            Flushed::All => {}
+            Flushed::ClientGone => {
+                sub.detach();
+                return Ok(());
+            }
+            Flushed::ProducerGone => {
+                // Nothing may keep the dead producer's samples: not the messages lent
+                // to gRPC, not those left in the queue.
+                tracing::info!(%topic, "the producer is gone and the client reads nothing");
+                outbox.revoke();
+                let end = messages.take_rest(&mut sub, &topic, outbox);
+                let end = match (end, request.reconnect_s) {
+                    (Some(end), _) => end,
+                    (None, Some(wait_s)) => {
+                        sub = successor(namespace, &topic, sub, wait_s)?;
+                        prepare(&mut sub);
+                        messages.control(Meta::Reconnected);
+                        continue;
+                    }
+                    (None, None) => Err(status(SluiceError::ProducerLost(topic.to_string()))),
+                };
+                drop(sub);
+                // The topic let go of, the client gets what was taken from it, then the
+                // end, once it reads again.
+                while let Some(message) = messages.pending.pop_front() {
+                    if !outbox.hand_waiting(message) {
+                        return Ok(());
+                    }
+                }
+                return end;
+            }
         }
         let frame = match sub.recv(Some(POLL)) {
-            Err(SluiceError::Timeout { .. }) => continue,
-            Err(SluiceError::ProducerLost(_)) if request.reconnect_s.is_some() => {
-                sub = successor(namespace, &topic, sub, request.reconnect_s.unwrap_or(0.0))?;
-                prepare(&mut sub);
-                if !send(control(Meta::Reconnected)) {
+            Err(SluiceError::Timeout { .. }) => {
+                if outbox.tx.is_closed() {
                     sub.detach();
                     return Ok(());
                 }
                 continue;
             }
+            Err(SluiceError::ProducerLost(_)) if request.reconnect_s.is_some() => {
+                // Messages lent to gRPC that a slow client has not taken yet would keep
+                // the dead producer's topic.
+                outbox.revoke();
+                sub = successor(namespace, &topic, sub, request.reconnect_s.unwrap_or(0.0))?;
+                prepare(&mut sub);
+                messages.control(Meta::Reconnected);
+                continue;
+            }
             other => other.map_err(status)?,
         };
-        let sent = match frame {
-            Frame::Batch {
-                epoch,
-                index,
-                batch,
-                ..
-            } => {
-                encoder
-                    .messages(&batch, Meta::Batch { epoch, index }, &mut messages)
-                    .map_err(status)?;
-                messages.drain(..).all(send)
+        // The messages may point into the sample (and hold it until gRPC has encoded
+        // them) while the subscriber can still receive the next one.
+        let borrow = sub.held() < sub.max_held();
+        if messages.queue(frame, &topic, borrow, outbox)? == Next::End {
+            // The topic let go of first: a client that stalls now must not keep it.
+            drop(sub);
+            while let Some(message) = messages.pending.pop_front() {
+                if !outbox.hand_waiting(message) {
+                    break;
+                }
             }
-            Frame::Encoded {
-                epoch,
-                index,
-                rows,
-                payload,
-            } => {
-                // The messages may point into the sample (and hold it until gRPC has
-                // encoded them) while the subscriber can still receive the next one.
-                let borrow = sub.held() < sub.max_held();
-                relay
-                    .messages(
-                        payload,
-                        borrow,
-                        rows,
-                        Meta::Batch { epoch, index },
-                        &mut messages,
-                    )
-                    .map_err(status)?;
-                messages.drain(..).all(send)
-            }
-            Frame::DeviceBatch { .. } => {
-                return Err(Status::failed_precondition(format!(
-                    "topic '{topic}' keeps its batches in GPU memory, which cannot be sent \
-                     to another machine: run the plan with sluice.device = 'cpu' or \
-                     'cuda_host:N' for remote subscribers"
-                )));
-            }
-            Frame::EndOfEpoch {
-                epoch,
-                batches,
-                rows,
-            } => send(control(Meta::EndOfEpoch {
-                epoch,
-                batches,
-                rows,
-            })),
-            Frame::Missed { messages } => send(control(Meta::Missed { messages })),
-            Frame::EndOfStream => {
-                send(control(Meta::EndOfStream { epochs: 0 }));
-                return Ok(());
-            }
-        };
-        if !sent {
-            // The client went away.
-            sub.detach();
             return Ok(());
         }
     }
@@ -416,10 +681,12 @@ impl Encoder {
         &mut self,
         batch: &RecordBatch,
         meta: Meta,
-        messages: &mut Vec<FlightData>,
+        messages: &mut VecDeque<Outgoing>,
     ) -> Result<()> {
         if self.schema.as_ref() != Some(batch.schema_ref()) {
-            messages.push(SchemaAsIpc::new(batch.schema_ref(), &self.options).into());
+            messages.push_back(Outgoing::Owned(
+                SchemaAsIpc::new(batch.schema_ref(), &self.options).into(),
+            ));
             self.schema = Some(batch.schema());
             // A new schema starts a new IPC stream for the decoder: dictionaries again.
             self.dictionaries = None;
@@ -430,10 +697,14 @@ impl Encoder {
         let (dictionaries, encoded) =
             self.generator
                 .encode(batch, tracker, &self.options, &mut self.context)?;
-        messages.extend(dictionaries.into_iter().map(FlightData::from));
+        messages.extend(
+            dictionaries
+                .into_iter()
+                .map(|d| Outgoing::Owned(FlightData::from(d))),
+        );
         let mut data = FlightData::from(encoded);
         data.app_metadata = meta.encode();
-        messages.push(data);
+        messages.push_back(Outgoing::Owned(data));
         Ok(())
     }
 }
@@ -441,9 +712,10 @@ impl Encoder {
 /// Forwards one stream's batches to a client as the producer encoded them: each of a
 /// message's IPC messages becomes a Flight message of the same bytes, and the schema
 /// message is sent when it differs from the one sent before. The bytes stay in shared
-/// memory, the sample held until gRPC has encoded the messages (its one copy), while
-/// the server's subscriber can hold one more sample ([`TopicSubscriber::max_held`]);
-/// beyond that they are copied out and the sample goes back at once.
+/// memory, the sample lent ([`Loan`]) until gRPC has encoded the messages (its one
+/// copy), while the server's subscriber can hold one more sample
+/// ([`TopicSubscriber::max_held`]); beyond that they are copied out and the sample goes
+/// back at once.
 ///
 /// The columns were validated by the server's subscriber ([`BatchForm::EncodedValidated`])
 /// unless the client said it validates what it decodes ([`BatchForm::EncodedUnchecked`]:
@@ -460,19 +732,22 @@ struct Relay {
 impl Relay {
     /// The message in `payload` (a record batch of `rows` rows) as Flight messages,
     /// appended to `messages`: the schema when new, dictionaries, the batch with `meta`;
-    /// pointing into the sample with `borrow`, copied out of it without.
+    /// pointing into the sample, lent through `lend`, with it, copied out of it without.
     fn messages(
         &mut self,
         payload: SamplePayload,
-        borrow: bool,
+        lend: Option<&mut Outbox>,
         rows: u64,
         meta: Meta,
-        messages: &mut Vec<FlightData>,
+        messages: &mut VecDeque<Outgoing>,
     ) -> Result<()> {
-        let whole = if borrow {
-            Bytes::from_owner(payload)
-        } else {
-            Bytes::copy_from_slice(payload.bytes())
+        let (whole, loan) = match lend {
+            Some(outbox) => {
+                let whole = Bytes::from_owner(payload);
+                let loan = outbox.lend(whole.clone());
+                (whole, Some(loan))
+            }
+            None => (Bytes::copy_from_slice(payload.bytes()), None),
         };
         let split = wire::split(&whole)?;
         if split.rows != rows {
@@ -481,20 +756,36 @@ impl Relay {
                 split.rows
             )));
         }
-        // Slices of `whole`, which `split`'s parts are.
-        let data = |parts: &MessageParts<'_>| FlightData {
-            data_header: whole.slice_ref(parts.metadata),
-            data_body: whole.slice_ref(parts.body),
-            ..FlightData::default()
+        // `split`'s parts are slices of `whole`.
+        let range = |part: &[u8]| {
+            let start = (part.as_ptr() as usize).saturating_sub(whole.as_ptr() as usize);
+            start..start + part.len()
+        };
+        let data = |parts: &MessageParts<'_>, app_metadata: Bytes| match &loan {
+            Some(loan) => Outgoing::Lent {
+                loan: loan.clone(),
+                header: range(parts.metadata),
+                body: range(parts.body),
+                app_metadata,
+            },
+            None => Outgoing::Owned(FlightData {
+                data_header: whole.slice_ref(parts.metadata),
+                data_body: whole.slice_ref(parts.body),
+                app_metadata,
+                ..FlightData::default()
+            }),
         };
         if self.schema.as_deref() != Some(split.schema.metadata) {
-            messages.push(data(&split.schema));
+            messages.push_back(data(&split.schema, Bytes::new()));
             self.schema = Some(split.schema.metadata.to_vec());
         }
-        messages.extend(split.dictionaries.iter().map(data));
-        let mut batch = data(&split.batch);
-        batch.app_metadata = meta.encode();
-        messages.push(batch);
+        messages.extend(
+            split
+                .dictionaries
+                .iter()
+                .map(|parts| data(parts, Bytes::new())),
+        );
+        messages.push_back(data(&split.batch, meta.encode()));
         Ok(())
     }
 }
@@ -518,12 +809,19 @@ impl FlightService for TopicService {
             .map_err(|e| Status::invalid_argument(format!("not a Sluice ticket: {e}")))?;
         let (tx, mut rx) = mpsc::channel(2);
         let namespace = self.namespace.clone();
+        let runtime = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
-            if let Err(status) = forward(&namespace, &ticket, &tx) {
-                let _ = tx.blocking_send(Err(status));
+            let mut outbox = Outbox {
+                tx,
+                runtime,
+                loans: Vec::new(),
+            };
+            if let Err(status) = forward(&namespace, &ticket, &mut outbox) {
+                outbox.fail(status);
             }
         });
-        let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+            .map(|message| message.map(Outgoing::into_data));
         Ok(Response::new(Box::pin(stream)))
     }
 

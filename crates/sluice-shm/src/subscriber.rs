@@ -21,7 +21,7 @@ use iceoryx2::service::builder::publish_subscribe::PublishSubscribeOpenError as 
 use crate::header::FrameHeader;
 use crate::interest::Interest;
 use crate::namespace::Namespace;
-use crate::publisher::{events, producer_alive, service_name};
+use crate::publisher::{ProducerState, events, producer_alive, producer_state, service_name};
 use crate::{Ipc, permission_denied, transport};
 
 /// How often a waiting subscriber checks that its producer is alive; bounds the time
@@ -231,7 +231,6 @@ pub struct TopicSubscriber {
     /// `published_ns` of the newest batch received.
     last_published_ns: Option<u64>,
     stashed: Option<Sample<Ipc, [u8], FrameHeader>>,
-    producer_seen: bool,
     ended: bool,
     held: Arc<AtomicUsize>,
     /// Messages taken from the queue since the last `released` notification.
@@ -326,9 +325,12 @@ impl TopicSubscriber {
             };
             // A topic whose producer is gone (being cleaned up, or not yet taken over by a
             // restarted producer), or one whose producer is still creating it, is not there
-            // yet: holding it would keep a successor from taking it over.
+            // yet: holding it would keep a successor from taking it over. Only a producer
+            // whose node is known to be alive will do: a dead one's node that a reclaimer
+            // in another process is removing right now cannot be read either, and a
+            // subscriber that attached to its topic then would hold it.
             let opened = (|| -> Result<_> {
-                if !producer_alive(namespace, &data) {
+                if producer_state(namespace, &data) != ProducerState::Alive {
                     return Err(SluiceError::Transport("no live producer".into()));
                 }
                 let ready = node
@@ -391,7 +393,6 @@ impl TopicSubscriber {
             next_seq: None,
             last_published_ns: None,
             stashed: None,
-            producer_seen: false,
             ended: false,
             held: Arc::new(AtomicUsize::new(0)),
             untold: 0,
@@ -486,7 +487,6 @@ impl TopicSubscriber {
             // it took before it waits (or it is slow, and the producer's bounded sleep
             // looks again; see `crate::publisher`).
             if let Some(sample) = received {
-                self.producer_seen = true;
                 self.untold += 1;
                 if self.untold >= self.tell_every {
                     self.tell_released();
@@ -668,21 +668,25 @@ impl TopicSubscriber {
             .notify_with_custom_event_id(EventId::new(events::RELEASED));
     }
 
+    /// Whether the topic's producer is gone (its process exited or died), whatever is
+    /// still queued for this subscriber; [`Self::recv`] says so only once it has taken
+    /// everything. For a subscriber whose own consumer has stopped taking batches (a
+    /// stalled remote client): it must take what is queued and let go of the topic, or a
+    /// restarted producer cannot create the topic again.
+    pub fn producer_gone(&self) -> bool {
+        self.subscriber.is_some() && !self.producer_may_live()
+    }
+
+    /// Whether the producer's node is alive, or cannot be read right now. (Its publisher
+    /// was there and alive when this subscriber attached, so one that is gone since has
+    /// exited or died.)
+    fn producer_may_live(&self) -> bool {
+        producer_alive(&self.namespace, &self.data)
+    }
+
     /// Fails with `ProducerLost` if the producer is gone.
     fn check_producer(&mut self) -> Result<()> {
-        let has_publisher = {
-            let mut found = false;
-            self.data.dynamic_config().list_publishers(|_| {
-                found = true;
-                CallbackProgression::Stop
-            });
-            found
-        };
-        // The topic exists but its producer may not have created its publisher yet.
-        let alive =
-            (!has_publisher && !self.producer_seen) || producer_alive(&self.namespace, &self.data);
-        if alive {
-            self.producer_seen = true;
+        if self.producer_may_live() {
             return Ok(());
         }
         // Data may have arrived just before the producer exited.
