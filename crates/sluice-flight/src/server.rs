@@ -353,7 +353,12 @@ impl Outbox {
             Err(TrySendError::Closed(())) => return Handed::ClientGone,
             Err(TrySendError::Full(())) => {}
         }
-        // This thread is one of the runtime's blocking threads, outside any task.
+        // This thread is one of the runtime's blocking threads, outside any task, so it
+        // may block on the runtime. The timer cannot outlive the runtime's time driver
+        // (polling it then would panic): a shutting-down runtime drops every task, the
+        // stream that owns this queue's receiver among them, before it shuts its drivers
+        // down, so the queue is closed by then, and `timeout` polls `reserve` (which
+        // then fails at once) before its timer.
         let room = self
             .runtime
             .block_on(async { tokio::time::timeout(POLL, self.tx.reserve()).await });
@@ -892,5 +897,103 @@ impl FlightService for TopicService {
         _request: Request<Streaming<FlightData>>,
     ) -> std::result::Result<Response<Self::DoExchangeStream>, Status> {
         Err(Status::unimplemented("do_exchange"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// Bytes whose owner says when it is dropped, as a shared-memory sample goes back.
+    struct Owner(Vec<u8>, Arc<AtomicBool>);
+
+    impl AsRef<[u8]> for Owner {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            self.1.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn outbox(
+        capacity: usize,
+    ) -> (
+        Outbox,
+        mpsc::Receiver<std::result::Result<Outgoing, Status>>,
+        tokio::runtime::Runtime,
+    ) {
+        // Multi-threaded, as the server's: `Handle::block_on` on a current-thread runtime
+        // drives no timers.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (tx, rx) = mpsc::channel(capacity);
+        let outbox = Outbox {
+            tx,
+            runtime: runtime.handle().clone(),
+            loans: Vec::new(),
+        };
+        (outbox, rx, runtime)
+    }
+
+    fn lent(outbox: &mut Outbox, released: &Arc<AtomicBool>) -> Outgoing {
+        let whole = Bytes::from_owner(Owner(b"header|body".to_vec(), released.clone()));
+        Outgoing::Lent {
+            loan: outbox.lend(whole),
+            header: 0..6,
+            body: 7..11,
+            app_metadata: Bytes::from_static(b"meta"),
+        }
+    }
+
+    #[test]
+    fn a_revoked_loan_lets_its_sample_go_and_its_message_keeps_the_same_bytes() {
+        let (mut outbox, _rx, _runtime) = outbox(2);
+        let released = Arc::new(AtomicBool::new(false));
+        let message = lent(&mut outbox, &released);
+        assert!(!released.load(Ordering::SeqCst), "lent, not yet revoked");
+        outbox.revoke();
+        assert!(
+            released.load(Ordering::SeqCst),
+            "revoked: the sample goes back"
+        );
+        let data = message.into_data();
+        assert_eq!(&data.data_header[..], b"header");
+        assert_eq!(&data.data_body[..], b"body");
+        assert_eq!(&data.app_metadata[..], b"meta");
+    }
+
+    #[test]
+    fn a_message_taken_by_grpc_holds_its_sample_only_while_it_lives() {
+        let (mut outbox, _rx, _runtime) = outbox(2);
+        let released = Arc::new(AtomicBool::new(false));
+        let data = lent(&mut outbox, &released).into_data();
+        assert!(!released.load(Ordering::SeqCst));
+        drop(data);
+        assert!(released.load(Ordering::SeqCst), "taken and dropped: back");
+        // Nothing is left to revoke, and the next loan forgets the dead one.
+        outbox.revoke();
+        let _again = lent(&mut outbox, &Arc::new(AtomicBool::new(false)));
+        assert_eq!(outbox.loans.len(), 1);
+    }
+
+    #[test]
+    fn a_full_queue_is_not_yet_and_a_closed_one_is_a_client_gone() {
+        let (outbox, rx, _runtime) = outbox(1);
+        let message = || Outgoing::Owned(control(Meta::Reconnected));
+        assert!(matches!(outbox.hand(message()), Handed::Yes));
+        // The client takes nothing: the bounded wait ends, the message comes back.
+        assert!(matches!(outbox.hand(message()), Handed::NotYet(_)));
+        drop(rx);
+        assert!(matches!(outbox.hand(message()), Handed::ClientGone));
+        assert!(!outbox.hand_waiting(message()));
     }
 }
