@@ -6,20 +6,27 @@
 # when it was killed mid-stream, and checks that every trainer received every epoch
 # exactly once with the source's checksum.
 #
-#   scripts/chaos.sh [ROUNDS] [--saturate]
+#   scripts/chaos.sh [ROUNDS] [--saturate] [--flight]
 #
 # --saturate keeps every core busy with `yes` loops for the whole run (a machine whose
-# CPUs other processes saturate). Uses target/debug/sluice (SLUICE_BIN to choose
+# CPUs other processes saturate). --flight makes trainers 2 and 3 remote: each round
+# starts a `sluice serve --flight` on 127.0.0.1 and they subscribe through it; trainer 2
+# is stopped (SIGSTOP) when the producer is killed and continued (SIGCONT) a random
+# 0-8 s after the restarted producer started, so the server must let go of the dead
+# topic while its client reads nothing; the server must outlive every round. Uses target/debug/sluice (SLUICE_BIN to choose
 # another), builds it if missing, and works in a temporary directory with a namespace
-# of its own per round. Exits 1 if any round failed.
+# of its own per round. Exits 1 if any round failed; CHAOS_KEEP=DIR keeps a failed
+# round's outputs there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 rounds=8
 saturate=
+flight=
 for arg in "$@"; do
   case "$arg" in
     --saturate) saturate=1 ;;
-    *[!0-9]* | '') echo "usage: scripts/chaos.sh [ROUNDS] [--saturate]" >&2; exit 2 ;;
+    --flight) flight=1 ;;
+    *[!0-9]* | '') echo "usage: scripts/chaos.sh [ROUNDS] [--saturate] [--flight]" >&2; exit 2 ;;
     *) rounds=$arg ;;
   esac
 done
@@ -56,9 +63,25 @@ fi
 failed=0
 for round in $(seq 1 "$rounds"); do
   export SLUICE_NAMESPACE=chaos$$-$round
+  remote=demo
+  if [ -n "$flight" ]; then
+    "$S" serve --flight 127.0.0.1:0 > serve.out 2> serve.err &
+    server=$!
+    started+=("$server")
+    addr=
+    for _ in $(seq 1 300); do
+      addr=$(sed -n 's/^serving on //p' serve.out)
+      [ -n "$addr" ] && break
+      sleep 0.1
+    done
+    [ -n "$addr" ] || { echo "round $round: the Flight server did not start" >&2; cat serve.err; exit 1; }
+    remote=flight://$addr/demo
+  fi
   trainers=()
   for i in 1 2 3; do
-    "$S" subscribe demo --json --timeout 60 --reconnect 30 --delay-ms 6 > "t$i.json" 2> "t$i.err" &
+    source=demo
+    [ "$i" != 1 ] && source=$remote
+    "$S" subscribe "$source" --json --timeout 60 --reconnect 30 --delay-ms 6 > "t$i.json" 2> "t$i.err" &
     trainers+=($!)
   done
   "$S" subscribe demo --json --timeout 60 --reconnect 30 > victim.json 2>&1 &
@@ -68,6 +91,7 @@ for round in $(seq 1 "$rounds"); do
   producer=$!
   started+=("${trainers[@]}" "$victim" "$producer")
   sleep "0.$((RANDOM % 9 + 1))"
+  [ -n "$flight" ] && kill -STOP "${trainers[1]}"
   kill -9 "$victim" 2> /dev/null
   killed=no
   kill -9 "$producer" 2> /dev/null && killed=yes
@@ -77,12 +101,23 @@ for round in $(seq 1 "$rounds"); do
   if [ "$killed" = yes ]; then
     timeout 120 "$S" run pipelines/demo.sql --quiet --min-subscribers 3 --wait-timeout 60 \
       --resume > p2.log 2>&1 &
-    started+=($!)
-    wait $!
+    second=$!
+    started+=("$second")
+    if [ -n "$flight" ]; then
+      # Past the 5 s a restarted producer waits for a dead topic to be let go, or not.
+      sleep "$((RANDOM % 8)).$((RANDOM % 10))"
+      kill -CONT "${trainers[1]}"
+    fi
+    wait "$second"
     resumed=$?
   fi
+  [ -n "$flight" ] && kill -CONT "${trainers[1]}" 2> /dev/null
   # (Not a bare `wait`: the `yes` loops of --saturate are children too.)
   wait "${trainers[@]}" "$victim" 2> /dev/null
+  server_ok=yes
+  if [ -n "$flight" ]; then
+    kill "$server" 2> /dev/null || server_ok=no
+  fi
   ok=0
   for i in 1 2 3; do
     epochs=$(grep -c "\"checksum\":\"$epoch_sum\",\"complete\":true" "t$i.json")
@@ -90,10 +125,14 @@ for round in $(seq 1 "$rounds"); do
     if [ "$epochs" = 2 ] && [ "$ends" = 1 ]; then ok=$((ok + 1)); fi
   done
   echo "round $round: producer killed mid-stream: $killed, resumed (exit): $resumed;" \
-    "$ok of 3 trainers got both epochs exactly once"
-  if [ "$ok" != 3 ]; then
+    "$ok of 3 trainers got both epochs exactly once${flight:+; Flight server alive: $server_ok}"
+  if [ "$ok" != 3 ] || [ "$server_ok" != yes ]; then
     failed=$((failed + 1))
-    tail -n 5 t1.err p1.log p2.log 2> /dev/null
+    tail -n 5 t1.err t2.err p1.log p2.log 2> /dev/null | cut -c1-300
+    [ -n "$flight" ] && tail -n 5 serve.err | cut -c1-300
+    if [ -n "${CHAOS_KEEP:-}" ]; then
+      mkdir -p "$CHAOS_KEEP/round$round" && cp ./*.json ./*.err ./*.log ./*.out "$CHAOS_KEEP/round$round/" 2> /dev/null
+    fi
   fi
 done
 echo "== $failed of $rounds rounds failed"

@@ -802,8 +802,21 @@ pub(crate) enum ProducerState {
     Unknown,
 }
 
-/// The state of the data service's publisher's process.
+/// The state of the data service's publisher's process; a dead one's stale resources are
+/// removed (its data segment among them).
 pub(crate) fn producer_state(namespace: &Namespace, data: &DataService) -> ProducerState {
+    producer_state_with(namespace, data, true)
+}
+
+/// [`producer_state`], removing nothing with `reclaim: false`. A dead producer's data
+/// segment holds what its subscribers have queued and not yet mapped; whoever removes it
+/// before they have received loses that for them, so a look that does not need the
+/// topic gone does not remove it.
+pub(crate) fn producer_state_with(
+    namespace: &Namespace,
+    data: &DataService,
+    reclaim: bool,
+) -> ProducerState {
     let mut producer = None;
     data.dynamic_config().list_publishers(|details| {
         producer = Some(details.node_id);
@@ -814,7 +827,9 @@ pub(crate) fn producer_state(namespace: &Namespace, data: &DataService) -> Produ
     };
     match Node::<Ipc>::state_of(namespace.config(), node_id) {
         Ok(Some(NodeState::Dead(view))) => {
-            let _ = view.try_remove_stale_resources();
+            if reclaim {
+                let _ = view.try_remove_stale_resources();
+            }
             ProducerState::Gone
         }
         Ok(None) => ProducerState::Gone,

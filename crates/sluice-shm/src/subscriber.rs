@@ -21,7 +21,9 @@ use iceoryx2::service::builder::publish_subscribe::PublishSubscribeOpenError as 
 use crate::header::FrameHeader;
 use crate::interest::Interest;
 use crate::namespace::Namespace;
-use crate::publisher::{ProducerState, events, producer_alive, producer_state, service_name};
+use crate::publisher::{
+    ProducerState, events, producer_alive, producer_state, producer_state_with, service_name,
+};
 use crate::{Ipc, permission_denied, transport};
 
 /// How often a waiting subscriber checks that its producer is alive; bounds the time
@@ -674,7 +676,10 @@ impl TopicSubscriber {
     /// stalled remote client): it must take what is queued and let go of the topic, or a
     /// restarted producer cannot create the topic again.
     pub fn producer_gone(&self) -> bool {
-        self.subscriber.is_some() && !self.producer_may_live()
+        // Removing nothing: other subscribers may still have to receive what the dead
+        // producer queued for them.
+        self.subscriber.is_some()
+            && producer_state_with(&self.namespace, &self.data, false) == ProducerState::Gone
     }
 
     /// Whether the producer's node is alive, or cannot be read right now. (Its publisher
