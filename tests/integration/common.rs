@@ -74,6 +74,10 @@ impl Proc {
         self.stdout.lock().unwrap().clone()
     }
 
+    pub fn stderr_so_far(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
     /// Sends SIGKILL.
     pub fn kill9(&self) {
         self.signal(libc::SIGKILL);

@@ -361,21 +361,33 @@ fn a_stopped_remote_subscriber_does_not_keep_a_restarted_producer_from_its_topic
         Some(libc::SIGKILL),
         "the first producer finished before it was killed"
     );
+    // At `info` the producer says when it has created its topic.
+    h.env.push(("SLUICE_LOG".into(), "info".into()));
     let second = h.spawn(&["run", "p.sql", "--quiet", "--resume"]);
-    // Past the 5 s a restarted producer waits for the dead topic to be let go: with the
-    // server still holding it, the producer would have failed by now.
-    std::thread::sleep(Duration::from_secs(8));
-    let still_running = second.running();
+    h.env.pop();
+    // The restarted producer creates the topic while both clients are still stopped (it
+    // gives up after waiting 5 s for the dead topic to be let go; the server lets go of it
+    // within moments of the kill).
+    let start = Instant::now();
+    let created = loop {
+        if second.stderr_so_far().contains("topic 'stopped' created") {
+            break true;
+        }
+        if !second.running() || start.elapsed() > Duration::from_secs(30) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     sub.signal(libc::SIGCONT);
     plain.signal(libc::SIGCONT);
-    if !still_running {
-        let out = second.wait(LIMIT);
+    if !created {
         server.kill9();
+        let server = server.wait(LIMIT);
+        let out = second.wait(LIMIT);
         panic!(
-            "the restarted producer gave up while the remote subscriber was stopped: {}\n\
-             the server's log:\n{}",
-            out.stderr,
-            server.wait(LIMIT).stderr
+            "the restarted producer did not take the topic over while the remote \
+             subscribers were stopped: {}\nthe server's log:\n{}",
+            out.stderr, server.stderr
         );
     }
     assert_exactly_once(&sub.wait(LIMIT), 30, rows, &sum);

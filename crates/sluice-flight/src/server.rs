@@ -594,12 +594,23 @@ fn forward(
                 let end = messages.take_rest(&mut sub, &topic, outbox);
                 let end = match (end, request.reconnect_s) {
                     (Some(end), _) => end,
-                    (None, Some(wait_s)) => {
-                        sub = successor(namespace, &topic, sub, wait_s)?;
-                        prepare(&mut sub);
-                        messages.control(Meta::Reconnected);
-                        continue;
-                    }
+                    (None, Some(wait_s)) => match successor(namespace, &topic, sub, wait_s) {
+                        Ok(next) => {
+                            sub = next;
+                            prepare(&mut sub);
+                            messages.control(Meta::Reconnected);
+                            continue;
+                        }
+                        // No successor: the client still gets what was taken, then this.
+                        Err(e) => {
+                            while let Some(message) = messages.pending.pop_front() {
+                                if !outbox.hand_waiting(message) {
+                                    return Ok(());
+                                }
+                            }
+                            return Err(e);
+                        }
+                    },
                     (None, None) => Err(status(SluiceError::ProducerLost(topic.to_string()))),
                 };
                 drop(sub);
@@ -636,8 +647,10 @@ fn forward(
         // them) while the subscriber can still receive the next one.
         let borrow = sub.held() < sub.max_held();
         if messages.queue(frame, &topic, borrow, outbox)? == Next::End {
-            // The topic let go of first: a client that stalls now must not keep it.
+            // The topic let go of first: a client that stalls now must not keep it,
+            // nor what it was lent.
             drop(sub);
+            outbox.revoke();
             while let Some(message) = messages.pending.pop_front() {
                 if !outbox.hand_waiting(message) {
                     break;
@@ -668,13 +681,12 @@ fn successor(
     })
 }
 
-/// Encodes one stream's batches as Flight messages, keeping what the client already
-/// has: the schema is sent when it is new, a dictionary when it changed.
+/// Encodes one stream's batches as Flight messages: the schema when it is new, each
+/// batch's dictionaries with it.
 #[derive(Default)]
 struct Encoder {
     schema: Option<SchemaRef>,
     generator: IpcDataGenerator,
-    dictionaries: Option<DictionaryTracker>,
     context: IpcWriteContext,
     options: IpcWriteOptions,
 }
@@ -693,15 +705,16 @@ impl Encoder {
                 SchemaAsIpc::new(batch.schema_ref(), &self.options).into(),
             ));
             self.schema = Some(batch.schema());
-            // A new schema starts a new IPC stream for the decoder: dictionaries again.
-            self.dictionaries = None;
         }
-        let tracker = self
-            .dictionaries
-            .get_or_insert_with(|| DictionaryTracker::new(false));
+        // A tracker of this batch alone: one kept from batch to batch keeps the
+        // dictionaries it saw, and those point into their shared-memory samples (the
+        // subscriber decodes in place), which would hold a dead producer's topic for the
+        // whole stream. So every batch's dictionaries are sent, as the producer's own
+        // messages carry them.
+        let mut tracker = DictionaryTracker::new(false);
         let (dictionaries, encoded) =
             self.generator
-                .encode(batch, tracker, &self.options, &mut self.context)?;
+                .encode(batch, &mut tracker, &self.options, &mut self.context)?;
         messages.extend(
             dictionaries
                 .into_iter()

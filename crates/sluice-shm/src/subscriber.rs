@@ -21,9 +21,7 @@ use iceoryx2::service::builder::publish_subscribe::PublishSubscribeOpenError as 
 use crate::header::FrameHeader;
 use crate::interest::Interest;
 use crate::namespace::Namespace;
-use crate::publisher::{
-    ProducerState, events, producer_alive, producer_state, producer_state_with, service_name,
-};
+use crate::publisher::{ProducerState, events, producer_alive, producer_state_with, service_name};
 use crate::{Ipc, permission_denied, transport};
 
 /// How often a waiting subscriber checks that its producer is alive; bounds the time
@@ -332,7 +330,9 @@ impl TopicSubscriber {
             // in another process is removing right now cannot be read either, and a
             // subscriber that attached to its topic then would hold it.
             let opened = (|| -> Result<_> {
-                if producer_state(namespace, &data) != ProducerState::Alive {
+                // Removing nothing: a dead producer's segment may still hold what other
+                // subscribers have queued and not yet mapped (its successor reclaims).
+                if producer_state_with(namespace, &data, false) != ProducerState::Alive {
                     return Err(SluiceError::Transport("no live producer".into()));
                 }
                 let ready = node
