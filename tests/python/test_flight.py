@@ -161,3 +161,37 @@ def test_any_flight_client_of_every_column_reads_the_producers_messages_as_they_
             assert v == [i, i + 1, i + 2, i + 3]
     assert pa.Table.from_batches(batches).equals(pa.Table.from_batches(local))
     producer.wait(timeout=60)
+
+
+@needs_cli
+def test_named_columns_bring_their_dictionaries_with_every_batch(plans, server, monkeypatch):
+    """A ticket of named columns that include a dictionary column: the server encodes
+    each batch again with its own dictionaries (it keeps none from batch to batch, since
+    they point into the batches' shared memory), and pyarrow's client and a Sluice
+    subscriber read the same values, row by row, over two epochs."""
+    import pyarrow.flight as flight
+
+    monkeypatch.setenv("SLUICE_TOKEN", TOKEN)
+    select = "SELECT id, arrow_cast(text, 'Dictionary(Int32, Utf8)') AS d, vec FROM t"
+    producer = sluice.Producer(
+        plans.plan(rows=700, batch_rows=64, epochs=2, select=select), min_subscribers=2
+    )
+    client = flight.FlightClient(f"grpc://{server}")
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    ticket = flight.Ticket(json.dumps({"topic": plans.topic, "columns": ["d", "id"]}).encode())
+    with sluice.subscribe(
+        f"flight://{server}/{plans.topic}", columns=["d", "id"], batch_size=100, timeout=60
+    ) as sub:
+        reader = client.do_get(ticket, options)
+        assert pa.types.is_dictionary(reader.schema.field("d").type)
+        batches = [chunk.data for chunk in reader if chunk.data is not None]
+        local = [pa.record_batch(b) for b in sub]
+    for got in (batches, local):
+        table = pa.Table.from_batches(got)
+        assert table.column_names == ["d", "id"]
+        assert table.num_rows == 2 * 700
+        ids = table.column("id").to_pylist()
+        assert sorted(ids) == sorted(list(range(700)) * 2)
+        values = table.column("d").cast(pa.string()).to_pylist()
+        assert values == [f"row{i}" for i in ids]
+    producer.wait(timeout=60)

@@ -12,7 +12,7 @@ use arrow::record_batch::RecordBatch;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
-    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
 };
 use arrow_ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
 use bytes::Bytes;
@@ -700,18 +700,22 @@ impl Encoder {
         meta: Meta,
         messages: &mut VecDeque<Outgoing>,
     ) -> Result<()> {
-        if self.schema.as_ref() != Some(batch.schema_ref()) {
-            messages.push_back(Outgoing::Owned(
-                SchemaAsIpc::new(batch.schema_ref(), &self.options).into(),
-            ));
-            self.schema = Some(batch.schema());
-        }
         // A tracker of this batch alone: one kept from batch to batch keeps the
         // dictionaries it saw, and those point into their shared-memory samples (the
         // subscriber decodes in place), which would hold a dead producer's topic for the
         // whole stream. So every batch's dictionaries are sent, as the producer's own
-        // messages carry them.
+        // messages carry them. Encoding the schema assigns the dictionary ids, the same
+        // ones for every batch of a schema.
         let mut tracker = DictionaryTracker::new(false);
+        let schema = self.generator.schema_to_bytes_with_dictionary_tracker(
+            batch.schema_ref(),
+            &mut tracker,
+            &self.options,
+        );
+        if self.schema.as_ref() != Some(batch.schema_ref()) {
+            messages.push_back(Outgoing::Owned(FlightData::from(schema)));
+            self.schema = Some(batch.schema());
+        }
         let (dictionaries, encoded) =
             self.generator
                 .encode(batch, &mut tracker, &self.options, &mut self.context)?;
