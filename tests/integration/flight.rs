@@ -247,6 +247,27 @@ fn the_server_runs_one_worker_thread_per_core_or_as_many_as_asked() {
     assert!(out.stderr.contains("--threads"), "{}", out.stderr);
 }
 
+/// Waits until `sub` (`--json`) has printed its first epoch's summary.
+fn wait_for_an_epoch(sub: &Proc) {
+    let start = Instant::now();
+    while sub.stdout_so_far().lines().count() < 1 {
+        assert!(start.elapsed() < LIMIT, "no epoch arrived");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// SIGKILLs `producer` and checks that it was killed mid-stream, not after it finished:
+/// a successor has work to do.
+fn kill_mid_stream(producer: Proc) {
+    producer.kill9();
+    let killed = producer.wait(LIMIT);
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&killed.status),
+        Some(libc::SIGKILL),
+        "the first producer finished before it was killed"
+    );
+}
+
 /// Remote subscribers started with `--reconnect` survive their producer's SIGKILL and a
 /// restart with `--resume`: the server attaches to the successor and the subscribers
 /// drop what they had, so each epoch arrives exactly once. A restarted server is found
@@ -290,19 +311,8 @@ fn remote_subscribers_reconnect_to_a_restarted_producer_without_duplicates_or_ga
     ];
     let first = h.spawn_producer(2, &[]);
     // Kill the producer once the first epoch is through.
-    let start = Instant::now();
-    while subs[1].stdout_so_far().lines().count() < 1 {
-        assert!(start.elapsed() < LIMIT, "no epoch arrived");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    first.kill9();
-    let killed = first.wait(LIMIT);
-    // Killed mid-stream, not after it finished: the successor has work to do.
-    assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&killed.status),
-        Some(libc::SIGKILL),
-        "the first producer finished before it was killed"
-    );
+    wait_for_an_epoch(&subs[1]);
+    kill_mid_stream(first);
     let second = h.spawn(&["run", "p.sql", "--quiet", "--resume"]);
     for sub in subs {
         assert_exactly_once(&sub.wait(LIMIT), 3, rows, &sum);
@@ -344,23 +354,13 @@ fn a_stopped_remote_subscriber_does_not_keep_a_restarted_producer_from_its_topic
     );
     let plain = subscribe(&mut h, TOKEN, &[&url, "--json", "--timeout", "120"]);
     let first = h.spawn_producer(2, &[]);
-    let start = Instant::now();
-    while sub.stdout_so_far().lines().count() < 1 {
-        assert!(start.elapsed() < LIMIT, "no epoch arrived");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_for_an_epoch(&sub);
     sub.signal(libc::SIGSTOP);
     plain.signal(libc::SIGSTOP);
     // Long enough for the socket buffers, the HTTP/2 window, the server's queue and the
     // topic's window to fill: the producer then waits for the server.
     std::thread::sleep(Duration::from_secs(2));
-    first.kill9();
-    let killed = first.wait(LIMIT);
-    assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&killed.status),
-        Some(libc::SIGKILL),
-        "the first producer finished before it was killed"
-    );
+    kill_mid_stream(first);
     // At `info` the producer says when it has created its topic.
     h.env.push(("SLUICE_LOG".into(), "info".into()));
     let second = h.spawn(&["run", "p.sql", "--quiet", "--resume"]);

@@ -372,16 +372,19 @@ impl Outbox {
         }
     }
 
-    /// Hands `message` to gRPC, waiting for as long as the client takes nothing; `false`
-    /// if the client went away.
-    fn hand_waiting(&self, mut message: Outgoing) -> bool {
-        loop {
-            match self.hand(message) {
-                Handed::Yes => return true,
-                Handed::ClientGone => return false,
-                Handed::NotYet(again) => message = again,
+    /// Hands gRPC every message of `pending`, waiting for as long as the client takes
+    /// nothing; `false` if the client went away.
+    fn hand_all(&self, pending: &mut VecDeque<Outgoing>) -> bool {
+        while let Some(mut message) = pending.pop_front() {
+            loop {
+                match self.hand(message) {
+                    Handed::Yes => break,
+                    Handed::ClientGone => return false,
+                    Handed::NotYet(again) => message = again,
+                }
             }
         }
+        true
     }
 
     /// Ends the stream with `status` (waiting for the client to take it).
@@ -593,7 +596,10 @@ fn forward(
                 outbox.revoke();
                 let end = messages.take_rest(&mut sub, &topic, outbox);
                 let end = match (end, request.reconnect_s) {
-                    (Some(end), _) => end,
+                    (Some(end), _) => {
+                        drop(sub);
+                        end
+                    }
                     (None, Some(wait_s)) => match successor(namespace, &topic, sub, wait_s) {
                         Ok(next) => {
                             sub = next;
@@ -601,25 +607,18 @@ fn forward(
                             messages.control(Meta::Reconnected);
                             continue;
                         }
-                        // No successor: the client still gets what was taken, then this.
-                        Err(e) => {
-                            while let Some(message) = messages.pending.pop_front() {
-                                if !outbox.hand_waiting(message) {
-                                    return Ok(());
-                                }
-                            }
-                            return Err(e);
-                        }
+                        // No successor (the old subscriber is gone with it).
+                        Err(e) => Err(e),
                     },
-                    (None, None) => Err(status(SluiceError::ProducerLost(topic.to_string()))),
+                    (None, None) => {
+                        drop(sub);
+                        Err(status(SluiceError::ProducerLost(topic.to_string())))
+                    }
                 };
-                drop(sub);
                 // The topic let go of, the client gets what was taken from it, then the
                 // end, once it reads again.
-                while let Some(message) = messages.pending.pop_front() {
-                    if !outbox.hand_waiting(message) {
-                        return Ok(());
-                    }
+                if !outbox.hand_all(&mut messages.pending) {
+                    return Ok(());
                 }
                 return end;
             }
@@ -651,11 +650,7 @@ fn forward(
             // nor what it was lent.
             drop(sub);
             outbox.revoke();
-            while let Some(message) = messages.pending.pop_front() {
-                if !outbox.hand_waiting(message) {
-                    break;
-                }
-            }
+            outbox.hand_all(&mut messages.pending);
             return Ok(());
         }
     }
@@ -686,6 +681,8 @@ fn successor(
 #[derive(Default)]
 struct Encoder {
     schema: Option<SchemaRef>,
+    /// Dictionary ids the schema takes (numbered 0, 1, … as its encoding met them).
+    dictionaries: usize,
     generator: IpcDataGenerator,
     context: IpcWriteContext,
     options: IpcWriteOptions,
@@ -700,21 +697,26 @@ impl Encoder {
         meta: Meta,
         messages: &mut VecDeque<Outgoing>,
     ) -> Result<()> {
-        // A tracker of this batch alone: one kept from batch to batch keeps the
-        // dictionaries it saw, and those point into their shared-memory samples (the
-        // subscriber decodes in place), which would hold a dead producer's topic for the
-        // whole stream. So every batch's dictionaries are sent, as the producer's own
-        // messages carry them. Encoding the schema assigns the dictionary ids, the same
-        // ones for every batch of a schema.
-        let mut tracker = DictionaryTracker::new(false);
-        let schema = self.generator.schema_to_bytes_with_dictionary_tracker(
-            batch.schema_ref(),
-            &mut tracker,
-            &self.options,
-        );
         if self.schema.as_ref() != Some(batch.schema_ref()) {
+            // Encoding the schema numbers its dictionaries.
+            let mut tracker = DictionaryTracker::new(false);
+            let schema = self.generator.schema_to_bytes_with_dictionary_tracker(
+                batch.schema_ref(),
+                &mut tracker,
+                &self.options,
+            );
+            self.dictionaries = tracker.dict_id().len();
             messages.push_back(Outgoing::Owned(FlightData::from(schema)));
             self.schema = Some(batch.schema());
+        }
+        // A tracker of this batch alone, with the schema's ids (0, 1, …, as numbered
+        // above): one kept from batch to batch keeps the dictionaries it saw, and those
+        // point into their shared-memory samples (the subscriber decodes in place), which
+        // would hold a dead producer's topic for the whole stream. So every batch's
+        // dictionaries are sent, as the producer's own messages carry them.
+        let mut tracker = DictionaryTracker::new(false);
+        for _ in 0..self.dictionaries {
+            tracker.next_dict_id();
         }
         let (dictionaries, encoded) =
             self.generator
@@ -1011,6 +1013,6 @@ mod tests {
         assert!(matches!(outbox.hand(message()), Handed::NotYet(_)));
         drop(rx);
         assert!(matches!(outbox.hand(message()), Handed::ClientGone));
-        assert!(!outbox.hand_waiting(message()));
+        assert!(!outbox.hand_all(&mut VecDeque::from([message()])));
     }
 }

@@ -682,16 +682,11 @@ impl TopicSubscriber {
             && producer_state_with(&self.namespace, &self.data, false) == ProducerState::Gone
     }
 
-    /// Whether the producer's node is alive, or cannot be read right now. (Its publisher
-    /// was there and alive when this subscriber attached, so one that is gone since has
-    /// exited or died.)
-    fn producer_may_live(&self) -> bool {
-        producer_alive(&self.namespace, &self.data)
-    }
-
     /// Fails with `ProducerLost` if the producer is gone.
     fn check_producer(&mut self) -> Result<()> {
-        if self.producer_may_live() {
+        // Alive, or its node cannot be read right now. (Its publisher was there and alive
+        // when this subscriber attached, so one that is gone since has exited or died.)
+        if producer_alive(&self.namespace, &self.data) {
             return Ok(());
         }
         // Data may have arrived just before the producer exited.
