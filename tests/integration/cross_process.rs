@@ -339,6 +339,10 @@ fn a_killed_producer_makes_subscribers_fail_fast() {
         "ProducerLost took {noticed:?}"
     );
     producer.wait(LIMIT);
+    // Nobody reclaims after the subscribers but the last of them to let go: the dead
+    // producer's resources are kept while they may still have to read its segments.
+    let left = h.ns.leftovers();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 /// A second producer on a live topic is refused; after the first is killed, a new
@@ -366,6 +370,153 @@ fn one_producer_per_topic_and_a_dead_ones_topic_is_reclaimed() {
     assert_exactly_once(&sub.wait(LIMIT), 1, rows, &sum);
     let out = third.wait(LIMIT);
     assert!(out.status.success(), "{}", out.stderr);
+}
+
+/// What a producer queued before it was killed reaches every subscriber, also one that
+/// had received nothing yet (and so had not mapped the producer's shared memory) when
+/// other processes came to reclaim the dead producer's resources: here `sluice status`
+/// (a process creating its node) and the producer's successor. The successor takes the
+/// topic over once the subscribers have let go.
+#[test]
+fn what_a_killed_producer_queued_reaches_subscribers_that_had_not_read_it() {
+    use sluice::prelude::*;
+    let mut h = Harness::new();
+    h.dataset(2_000);
+    let extra = "SET sluice.batch_rows = 100; SET sluice.window = 64;";
+    let plan = h.plan("p.sql", &plan_sql("unmapped", extra, QUERY));
+    let (rows, _) = h.source_checksum(&plan);
+    let producer = h.spawn_producer(2, &[]);
+    let connect = || {
+        Subscriber::connect(
+            "unmapped",
+            SubscribeOptions {
+                timeout: Some(LIMIT),
+                namespace: Some(h.ns.clone()),
+                ..SubscribeOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let subscribers = [connect(), connect()];
+    // Everything is queued once the producer drains (waits for its subscribers to read).
+    let start = Instant::now();
+    loop {
+        let out = h.run(&["status", "--json"]);
+        assert!(out.status.success(), "{}", out.stderr);
+        let v = &out.json_lines()[0];
+        let draining = v["topics"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["producer"]["state"] == "draining"));
+        if draining {
+            break;
+        }
+        assert!(start.elapsed() < LIMIT, "the producer never drained: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    producer.kill9();
+    producer.wait(LIMIT);
+    let out = h.run(&["status", "--json"]);
+    assert!(out.status.success(), "{}", out.stderr);
+    h.env.push(("SLUICE_LOG".into(), "info".into()));
+    let successor = h.spawn_producer(1, &[]);
+    h.env.pop();
+    // Time for the successor to reclaim what it may.
+    std::thread::sleep(Duration::from_millis(500));
+
+    let mut sums = Vec::new();
+    for mut sub in subscribers {
+        let mut sum = Checksum::default();
+        let mut ended = None;
+        loop {
+            match sub.next_event() {
+                Ok(Event::Batch { batch, .. }) => sum.update(&batch).unwrap(),
+                Ok(Event::EpochEnd(summary)) => ended = Some(summary),
+                Ok(Event::End) => break,
+                Ok(Event::DeviceBatch { .. }) => panic!("a CPU topic sent a GPU batch"),
+                Err(e) => panic!("{e} after {sum:?} (epoch end: {ended:?})"),
+            }
+        }
+        let ended = ended.expect("the epoch ended");
+        assert!(
+            ended.complete && ended.rows == rows,
+            "{ended:?}, {rows} rows"
+        );
+        sums.push(sum);
+    }
+    assert_eq!(sums[0], sums[1]);
+    let start = Instant::now();
+    while !successor
+        .stderr_so_far()
+        .contains("topic 'unmapped' created")
+    {
+        assert!(
+            successor.running() && start.elapsed() < LIMIT,
+            "the successor never took the topic over: {}",
+            successor.stderr_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    successor.kill9();
+    successor.wait(LIMIT);
+}
+
+/// A batch held from a producer that died keeps that producer's services (its sample
+/// holds them), not the topic: the restarted producer publishes under the next
+/// generation of the topic's services, a new subscriber gets its whole stream, and once
+/// the batch is dropped the dead producer's services and memory go at the next reclaim.
+#[test]
+fn a_held_batch_of_a_dead_producer_does_not_keep_its_successor_from_the_topic() {
+    use sluice::prelude::*;
+    let mut h = Harness::new();
+    h.dataset(2_000);
+    let extra = "SET sluice.batch_rows = 100; SET sluice.window = 4;";
+    let plan = h.plan("p.sql", &plan_sql("held", extra, QUERY));
+    let (rows, sum) = h.source_checksum(&plan);
+    let first = h.spawn_producer(1, &[]);
+    let mut sub = Subscriber::connect(
+        "held",
+        SubscribeOptions {
+            timeout: Some(LIMIT),
+            namespace: Some(h.ns.clone()),
+            ..SubscribeOptions::default()
+        },
+    )
+    .unwrap();
+    let held = match sub.next_event().unwrap() {
+        Event::Batch { batch, .. } => batch,
+        other => panic!("expected a batch first, got {other:?}"),
+    };
+    first.kill9();
+    first.wait(LIMIT);
+    // The subscriber takes what was queued, then finds the producer gone.
+    loop {
+        match sub.next_event() {
+            Ok(Event::Batch { .. }) => {}
+            Err(SluiceError::ProducerLost(_)) => break,
+            other => panic!("expected batches, then ProducerLost: {other:?}"),
+        }
+    }
+    drop(sub);
+
+    h.env.push(("SLUICE_LOG".into(), "info".into()));
+    let second = h.spawn_producer(1, &[]);
+    h.env.pop();
+    let trainer = h.spawn(&["subscribe", "held", "--json", "--timeout", "60"]);
+    assert_exactly_once(&trainer.wait(LIMIT), 1, rows, &sum);
+    let out = second.wait(LIMIT);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.stderr.contains("generation=1"), "{}", out.stderr);
+
+    // The batch still reads what the dead producer wrote (the checksum reads every
+    // value), and keeps its services.
+    assert_eq!(held.num_rows(), 100);
+    let mut one = Checksum::default();
+    one.update(&held).unwrap();
+    assert!(!h.ns.leftovers().is_empty());
+    drop(held);
+    h.ns.reclaim_dead();
+    let left = h.ns.leftovers();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 /// A process killed while its node was being removed (at its own exit, or by a process
@@ -593,6 +744,60 @@ fn a_producer_killed_at_random_moments_resumes_without_duplicates_or_gaps() {
         let out = second.wait(LIMIT);
         assert!(out.status.success(), "round {round}: {}", out.stderr);
     }
+}
+
+/// A producer killed while a slow trainer has a deep queue of its batches: the trainer
+/// keeps the dead topic until it has taken them (here 64 batches at 150 ms each, longer
+/// than the 5 s after which a restarted producer used to give up), and the restarted
+/// producer waits for that, then continues where the first left off.
+#[test]
+fn a_restarted_producer_waits_for_a_slow_trainer_to_take_what_was_queued() {
+    let mut h = Harness::new();
+    h.dataset(4_000);
+    let plan = h.plan(
+        "p.sql",
+        &plan_sql(
+            "slow",
+            "SET sluice.batch_rows = 40; SET sluice.window = 64;",
+            QUERY,
+        ),
+    );
+    let (rows, sum) = h.source_checksum(&plan);
+    let trainer = h.spawn(&[
+        "subscribe",
+        "slow",
+        "--json",
+        "--timeout",
+        "60",
+        "--reconnect",
+        "60",
+        "--delay-ms",
+        "150",
+    ]);
+    let first = h.spawn_producer(1, &[]);
+    // Kill once the trainer's queue is (nearly) full.
+    let start = Instant::now();
+    loop {
+        let out = h.run(&["status", "--json"]);
+        assert!(out.status.success(), "{}", out.stderr);
+        let v = &out.json_lines()[0];
+        let lag = v["topics"].as_array().and_then(|t| {
+            t.iter()
+                .find(|t| t["topic"] == "slow")
+                .and_then(|t| t["subscribers"][0]["lag"].as_u64())
+        });
+        if lag.is_some_and(|lag| lag >= 60) {
+            break;
+        }
+        assert!(start.elapsed() < LIMIT, "the queue never filled: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    first.kill9();
+    first.wait(LIMIT);
+    let second = h.spawn(&["run", "p.sql", "--quiet", "--resume"]);
+    assert_exactly_once(&trainer.wait(LIMIT), 1, rows, &sum);
+    let out = second.wait(LIMIT);
+    assert!(out.status.success(), "{}", out.stderr);
 }
 
 /// Subscribers killed with SIGKILL at random moments never hold the others hostage:

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import gc
+import json
+import os
+import signal
+import subprocess
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -10,7 +15,7 @@ import pytest
 
 import sluice
 from conftest import _leftovers
-from helpers import shm_backing
+from helpers import shm_backing, waiting_subscribers
 
 
 def test_views_outlive_their_batch_subscriber_and_producer(plans, ns):
@@ -72,3 +77,56 @@ def test_a_subscriber_holds_at_most_max_held_batches_and_loses_nothing(plans):
     assert sum(len(c) for c in copies) == 500
     assert pa.record_batch(copies[-1]).column("id")[0].as_py() == 450
     producer.wait(timeout=30)
+
+
+# A trainer loop as trainers write it: `for batch in sub` keeps the previous batch while
+# it asks for the next one, so when the producer dies the trainer holds one of the dead
+# producer's batches all the while it waits for the restarted producer.
+_HOLDING_TRAINER = r'''
+import collections, json, sys, time
+import pyarrow as pa
+import sluice
+
+ids = []
+with sluice.subscribe(sys.argv[1], timeout=60, reconnect=60) as sub:
+    for batch in sub:
+        ids += pa.record_batch(batch).column("id").to_pylist()
+        if len(ids) >= 1000 and len(ids) - len(pa.record_batch(batch)) < 1000:
+            print("reading", flush=True)
+        time.sleep(0.002)
+counts = collections.Counter(ids)
+print(json.dumps({"rows": len(ids), "distinct": len(counts),
+                  "each_twice": set(counts.values()) == {2}}), flush=True)
+'''
+
+
+def test_a_trainer_holding_a_dead_producers_batch_continues_onto_its_successor(
+        plans, run_python, ns):
+    """The batch a trainer holds keeps the dead producer's topic in place: the restarted
+    producer publishes under another generation of the topic's services, and the trainer,
+    reconnecting, gets every row of both epochs exactly once (the restarted producer used
+    to give up after 5 s, "still held by subscribers of a producer that is gone")."""
+    cli = os.environ.get("SLUICE_CLI")
+    if not cli:
+        pytest.skip("SLUICE_CLI (the sluice binary, set by scripts/test-python.sh) is needed")
+    plan = plans.plan(rows=6000, batch_rows=50, epochs=2, extra="SET sluice.window = 4;\n")
+    trainer = run_python(_HOLDING_TRAINER, plans.topic)
+    deadline = time.monotonic() + 20
+    while waiting_subscribers(ns, plans.topic) < 1:
+        assert time.monotonic() < deadline, "the trainer did not start waiting"
+        time.sleep(0.01)
+    env = dict(os.environ, SLUICE_NAMESPACE=ns, SLUICE_LOG="warn")
+    first = subprocess.Popen([cli, "run", str(plan), "--quiet"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert trainer.stdout.readline().strip() == "reading", trainer.stderr.read()
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+    second = subprocess.run([cli, "run", str(plan), "--quiet", "--resume"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    out, err = trainer.communicate(timeout=120)
+    assert trainer.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1]) == {
+        "rows": 12_000, "distinct": 6_000, "each_twice": True}

@@ -1,11 +1,13 @@
 //! Sluice topics over iceoryx2 shared memory.
 //!
-//! A topic `T` is three iceoryx2 services in the caller's [`Namespace`]:
+//! A topic `T` is three iceoryx2 services in the caller's [`Namespace`], of one
+//! generation `G` (see the `claim` module: a producer that died leaves its services to
+//! whoever still holds them, and its successor takes the next generation):
 //!
 //! ```text
-//! sluice/T/data      publish-subscribe [u8] + FrameHeader   producer ──► subscribers
-//! sluice/T/ready     event                                   producer ──► subscribers  ("data is queued")
-//! sluice/T/released  event                                   subscribers ──► producer  ("queue has room")
+//! sluice/T/G/data      publish-subscribe [u8] + FrameHeader   producer ──► subscribers
+//! sluice/T/G/ready     event                                   producer ──► subscribers  ("data is queued")
+//! sluice/T/G/released  event                                   subscribers ──► producer  ("queue has room")
 //! ```
 //!
 //! Each batch is written once into a loaned shared-memory sample as a 64-byte-aligned
@@ -21,9 +23,12 @@
 //! subscriber stops holding it back. Subscribers wait on the `ready` event with a short
 //! timeout and, on every timeout, check that the producer's process is still alive: a
 //! producer that died makes them fail with [`SluiceError::ProducerLost`] instead of
-//! hanging.
+//! hanging, once they have taken what it queued for them. Sluice reclaims dead processes
+//! itself, with iceoryx2's own clean-up of dead nodes off: a dead producer's segments
+//! stay until nothing holds its services ([`Namespace::reclaim_dead`]).
 #![warn(missing_docs)]
 
+mod claim;
 mod header;
 mod interest;
 mod namespace;

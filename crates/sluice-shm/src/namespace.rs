@@ -4,13 +4,19 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use iceoryx2::config::Config;
+use iceoryx2::identifiers::UniqueNodeId;
 use iceoryx2::node::NodeView;
 use iceoryx2::prelude::Path as IoxPath;
 use iceoryx2::prelude::{CallbackProgression, Node};
-use iceoryx2::prelude::{FileName, NodeBuilder, NodeState, SemanticString, SignalHandlingMode};
+use iceoryx2::prelude::{
+    FileName, NodeBuilder, NodeName, NodeState, SemanticString, SignalHandlingMode,
+};
 use sluice_core::{Result, SluiceError};
 
 use crate::Ipc;
+
+/// The name of a producer's node (see [`Namespace::reclaim_dead`]).
+pub(crate) const PRODUCER: &str = "producer";
 
 /// Directory of POSIX shared memory on Linux.
 pub const SHM_DIR: &str = "/dev/shm";
@@ -85,6 +91,15 @@ impl Namespace {
         let root_path = IoxPath::new(root_str.as_bytes())
             .map_err(|e| SluiceError::Config(format!("bad service directory {root_str}: {e:?}")))?;
         config.global.set_root_path(&root_path);
+        // iceoryx2 would remove every dead node's resources whenever a node is created or
+        // dropped and whenever a service is opened, that is whenever any process of the
+        // namespace starts, ends or attaches. A dead producer's data segment still holds
+        // the messages queued for its subscribers, and a subscriber maps a publisher's
+        // segment only when it first receives from it: removed before that, they are
+        // lost. Sluice reclaims by itself, when nothing is lost (`reclaim_dead`).
+        config.global.node.cleanup_dead_nodes_on_creation = false;
+        config.global.node.cleanup_dead_nodes_on_destruction = false;
+        config.global.service.cleanup_dead_nodes_on_open = false;
         Ok(Self {
             name: name.to_string(),
             config,
@@ -168,7 +183,11 @@ impl Namespace {
     /// Creates an iceoryx2 node in this namespace, owner-only.
     pub(crate) fn node(&self, role: &str) -> Result<Node<Ipc>> {
         self.prepare_root()?;
+        // The role names the node, so that a reclaimer knows a dead producer's node.
+        let name = NodeName::new(role)
+            .map_err(|e| SluiceError::Internal(format!("bad node name '{role}': {e:?}")))?;
         let node = NodeBuilder::new()
+            .name(&name)
             .config(&self.config)
             // Sluice handles signals itself (Ctrl-C in Python, clean producer shutdown).
             .signal_handling_mode(SignalHandlingMode::Disabled)
@@ -245,15 +264,27 @@ impl Namespace {
     /// Removes the resources of every dead process of this namespace (crashed producers
     /// and subscribers, and the interest registrations of subscribers killed while they
     /// waited). Returns how many dead nodes were cleaned.
+    ///
+    /// A dead producer whose topic still has live subscribers is left alone: its data
+    /// segment holds what is queued for them, and a subscriber that has not received from
+    /// it yet has not mapped it (iceoryx2 maps a publisher's segment on the first receive
+    /// from it), so removing it would lose those messages. The producer is reclaimed once
+    /// they have let go, which they do when they have taken everything.
     pub fn reclaim_dead(&self) -> usize {
         let mut cleaned = 0;
         let mut orphans = Vec::new();
         let _ = Node::<Ipc>::list(&self.config, |state| {
             if let NodeState::Dead(view) = state {
-                if view.details().is_none() {
-                    orphans.push(view.id().to_string());
-                } else if view.try_remove_stale_resources().is_ok() {
-                    cleaned += 1;
+                match view.details() {
+                    None => orphans.push(view.id().to_string()),
+                    Some(d) if d.name() == PRODUCER && self.still_read(view.id()) => {
+                        tracing::debug!(node = %view.id(), "a dead producer's subscribers still read its topic");
+                    }
+                    Some(_) => {
+                        if view.try_remove_stale_resources().is_ok() {
+                            cleaned += 1;
+                        }
+                    }
                 }
             }
             CallbackProgression::Continue
@@ -266,9 +297,28 @@ impl Namespace {
         cleaned += self.sweep_unmonitored_nodes();
         self.sweep_orphan_listeners();
         crate::interest::sweep(self);
+        crate::claim::sweep(self);
         // A process killed between creating the node counter and narrowing it.
         self.narrow_global_segment();
         cleaned
+    }
+
+    /// Whether a service that the dead node `dead` belongs to has a node that is not dead
+    /// (or cannot be told to be): for a dead producer, a subscriber that may still have
+    /// to take what it queued. When the services cannot be listed, they may.
+    fn still_read(&self, dead: &UniqueNodeId) -> bool {
+        let mut shared = false;
+        let listed = <Ipc as iceoryx2::prelude::Service>::list(&self.config, |service| {
+            let nodes = service.dynamic_details.map(|d| d.nodes).unwrap_or_default();
+            if nodes.iter().any(|n| n.node_id() == dead)
+                && nodes.iter().any(|n| !matches!(n, NodeState::Dead(_)))
+            {
+                shared = true;
+                return CallbackProgression::Stop;
+            }
+            CallbackProgression::Continue
+        });
+        shared || listed.is_err()
     }
 
     /// Removes node directories that no monitor accounts for and that hold nothing but
@@ -531,4 +581,22 @@ pub fn shm_available() -> Result<u64> {
     // SAFETY: statvfs returned 0, so it initialised `stat`.
     let stat = unsafe { stat.assume_init() };
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
+}
+
+/// Reclaims the namespace's dead processes when dropped, if `due`: the last field of a
+/// port's owner, so that it runs once the owner has let go of its topic.
+/// [`Namespace::reclaim_dead`] keeps a dead producer's resources while its subscribers
+/// are attached, so the last of them to go may be the only one left to remove them.
+#[derive(Debug)]
+pub(crate) struct ReclaimAfter {
+    pub(crate) namespace: Namespace,
+    pub(crate) due: bool,
+}
+
+impl Drop for ReclaimAfter {
+    fn drop(&mut self) {
+        if self.due {
+            self.namespace.reclaim_dead();
+        }
+    }
 }

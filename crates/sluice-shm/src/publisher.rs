@@ -10,14 +10,17 @@ use iceoryx2::port::publisher::Publisher;
 use iceoryx2::port::{BackpressureAction, BackpressureInfo};
 use iceoryx2::prelude::*;
 use iceoryx2::service::builder::event::EventCreateError;
-use iceoryx2::service::builder::publish_subscribe::PublishSubscribeCreateError;
+use iceoryx2::service::builder::publish_subscribe::{
+    PublishSubscribeCreateError, PublishSubscribeOpenError as OpenError,
+};
 use iceoryx2::service::port_factory::publish_subscribe::PortFactory as PubSubFactory;
 use sluice_core::wire::{ALIGNMENT, Encoded};
 use sluice_core::{FrameKind, Result, SluiceError, TopicName};
 
+use crate::claim::{Claim, GENERATIONS};
 use crate::header::FrameHeader;
 use crate::interest::pending_interest;
-use crate::namespace::{Namespace, SHM_DIR, shm_available};
+use crate::namespace::{Namespace, ReclaimAfter, SHM_DIR, shm_available};
 use crate::{Ipc, permission_denied, transport};
 
 pub(crate) type DataService = PubSubFactory<Ipc, [u8], FrameHeader>;
@@ -178,8 +181,9 @@ const AUTO_SHM_SHARE: u64 = 8;
 /// The least and most messages of a queue under `sluice.window = 'auto'`.
 const AUTO_WINDOW: (usize, usize) = (4, 128);
 
-pub(crate) fn service_name(topic: &TopicName, part: &str) -> Result<ServiceName> {
-    let name = format!("sluice/{topic}/{part}");
+/// The name of one of the services of `topic`'s `generation` (see [`crate::claim`]).
+pub(crate) fn service_name(topic: &TopicName, generation: u32, part: &str) -> Result<ServiceName> {
+    let name = format!("sluice/{topic}/{generation}/{part}");
     ServiceName::new(&name).map_err(transport("invalid service name"))
 }
 
@@ -212,8 +216,14 @@ pub struct TopicPublisher {
     ///
     /// [`Outlet`]: sluice_core::Outlet
     encoder: sluice_core::wire::Encoder,
-    // Dropped last: the ports above belong to it.
+    // Dropped after the ports above: they belong to it.
     _node: Node<Ipc>,
+    // Given up once the services are gone: a producer that finds the claim free never
+    // finds this one's publisher alive.
+    _claim: Claim,
+    // Dropped last: a producer that ends reclaims the subscribers that died meanwhile
+    // (iceoryx2's own clean-up at a node's end is off, see `Namespace::new`).
+    _reclaim: ReclaimAfter,
 }
 
 impl std::fmt::Debug for TopicPublisher {
@@ -236,6 +246,11 @@ impl TopicPublisher {
         config: TopicConfig,
         stop: Arc<AtomicBool>,
     ) -> Result<Self> {
+        let topic = &config.topic;
+        let claim = Claim::take(namespace, topic)?;
+        let node = namespace.node(crate::namespace::PRODUCER)?;
+        // A crashed predecessor's segments are not free space for long.
+        namespace.reclaim_dead();
         let needed = config.shm_bytes();
         let available = shm_available()?;
         if needed > available {
@@ -246,13 +261,10 @@ impl TopicPublisher {
                 path: SHM_DIR.into(),
             });
         }
-        let node = namespace.node("producer")?;
-        namespace.reclaim_dead();
-        let topic = &config.topic;
-        wait_for_dead_topic(namespace, &node, topic, &stop)?;
+        let generation = wait_for_dead_topic(namespace, &node, topic, &stop)?;
         let subscribers_plus_producer = config.max_subscribers + 1;
 
-        let ready_name = service_name(topic, "ready")?;
+        let ready_name = service_name(topic, generation, "ready")?;
         let ready_service = create_or_rescue(
             namespace,
             topic,
@@ -267,7 +279,7 @@ impl TopicPublisher {
                     .create()
             },
         )?;
-        let released_name = service_name(topic, "released")?;
+        let released_name = service_name(topic, generation, "released")?;
         let released_service = create_or_rescue(
             namespace,
             topic,
@@ -284,7 +296,7 @@ impl TopicPublisher {
         )?;
         let alignment = Alignment::new(ALIGNMENT)
             .ok_or_else(|| SluiceError::Internal("invalid alignment".into()))?;
-        let data_name = service_name(topic, "data")?;
+        let data_name = service_name(topic, generation, "data")?;
         let data = create_or_rescue(
             namespace,
             topic,
@@ -326,7 +338,7 @@ impl TopicPublisher {
             released: released.clone(),
             // A second handle to the data service: the handler outlives this borrow.
             data: node
-                .service_builder(&service_name(topic, "data")?)
+                .service_builder(&service_name(topic, generation, "data")?)
                 .publish_subscribe::<[u8]>()
                 .user_header::<FrameHeader>()
                 .open()
@@ -350,6 +362,7 @@ impl TopicPublisher {
             .create()
             .map_err(transport("cannot create publisher"))?;
         tracing::info!(
+            generation,
             "topic '{}' created: {:.1} MiB of shared memory ({} chunks of {} KiB: {} subscribers x ({} queued + {} held) + {} kept for replay + {} loaned); {:.1} MiB free in {SHM_DIR}",
             config.topic,
             needed as f64 / (1 << 20) as f64,
@@ -376,6 +389,11 @@ impl TopicPublisher {
             seq: 0,
             encoder: sluice_core::wire::Encoder::new(),
             _node: node,
+            _claim: claim,
+            _reclaim: ReclaimAfter {
+                namespace: namespace.clone(),
+                due: true,
+            },
         })
     }
 
@@ -562,6 +580,10 @@ impl TopicPublisher {
 
     /// Publishes the end of `epoch`, with its totals.
     pub fn publish_end_of_epoch(&mut self, epoch: u64, batches: u64, rows: u64) -> Result<()> {
+        // Once an epoch, whatever else happens: the services of a dead predecessor go
+        // once the last trainer holding one of its batches lets go, and nobody else may
+        // be there to remove them then.
+        self.namespace.reclaim_dead();
         let header = FrameHeader {
             kind: FrameKind::EndOfEpoch as u32,
             epoch,
@@ -718,76 +740,125 @@ impl TopicPublisher {
     }
 }
 
-/// How long a new producer waits for the subscribers of a dead producer to let go of
-/// its topic (they notice within [`crate::subscriber`]'s liveness interval and detach).
+/// How long a new producer waits for the subscribers of a dead producer before it says
+/// why it is still waiting.
 const TAKEOVER_WAIT: Duration = Duration::from_secs(5);
+/// How often it says so again afterwards.
+const TAKEOVER_NOTE_EVERY: Duration = Duration::from_secs(15);
 
-/// If `topic` still exists but its producer is dead (subscribers of a crashed producer
-/// keep it open until they notice), waits for it to go away. Fails with
-/// [`SluiceError::TopicBusy`] if a live producer serves it.
+/// Chooses the generation of the topic's services for a producer that has claimed the
+/// topic (see [`crate::claim`]): the first one that does not exist, or that a producer
+/// killed while creating it left half-created (`create_or_rescue` removes that).
+///
+/// First waits until no live subscriber is attached to a dead producer's generation:
+/// they are taking what it queued for them, and those with `reconnect` declare their
+/// interest before they let go (see [`crate::interest`]), so that this producer waits for
+/// them before its first batch and none of them misses the start of the resumed
+/// stream. A trainer with a deep window and a slow step takes a while, so the wait lasts
+/// as long as live subscribers are attached, saying so every so often, until `stop`.
+/// What holds a dead generation without being attached to it (a trainer holding one of
+/// its batches) is not waited for.
 fn wait_for_dead_topic(
     namespace: &Namespace,
     node: &Node<Ipc>,
     topic: &TopicName,
     stop: &AtomicBool,
-) -> Result<()> {
-    let name = service_name(topic, "data")?;
-    let start = Instant::now();
-    loop {
-        let exists = matches!(
-            <Ipc as iceoryx2::prelude::Service>::does_exist(
-                &name,
-                namespace.config(),
-                MessagingPattern::PublishSubscribe
-            ),
+) -> Result<u32> {
+    let exists = |name: &ServiceName, pattern| {
+        matches!(
+            <Ipc as iceoryx2::prelude::Service>::does_exist(name, namespace.config(), pattern),
             Ok(true)
-        ) || event_exists(namespace, topic, "ready")
-            || event_exists(namespace, topic, "released");
-        if !exists {
-            return Ok(());
+        )
+    };
+    let start = Instant::now();
+    let mut next_note = TAKEOVER_WAIT;
+    loop {
+        let mut free = None;
+        let mut attached = 0;
+        for generation in 0..GENERATIONS {
+            let name = service_name(topic, generation, "data")?;
+            let events = ["ready", "released"].into_iter().any(|part| {
+                service_name(topic, generation, part)
+                    .is_ok_and(|name| exists(&name, MessagingPattern::Event))
+            });
+            if !exists(&name, MessagingPattern::PublishSubscribe) && !events {
+                free.get_or_insert(generation);
+                continue;
+            }
+            match node
+                .service_builder(&name)
+                .publish_subscribe::<[u8]>()
+                .user_header::<FrameHeader>()
+                .open()
+            {
+                Ok(service) => {
+                    // The claim was free, so its producer is gone (or, exiting, about to
+                    // be): look again.
+                    if producer_state(namespace, &service) != ProducerState::Gone {
+                        attached += 1;
+                    }
+                    attached += live_subscribers(namespace, &service);
+                }
+                // Left half-created by a producer killed while creating it.
+                Err(OpenError::HangsInCreation) => {
+                    free.get_or_insert(generation);
+                }
+                // Its data service is gone, or going; its events are being removed too.
+                Err(_) => {}
+            }
         }
-        let service = node
-            .service_builder(&name)
-            .publish_subscribe::<[u8]>()
-            .user_header::<FrameHeader>()
-            .open();
-        // Only a producer known to be alive makes the topic busy. A publisher whose node
-        // cannot be read right now (another process is removing the dead node, or it
-        // was killed while creating it) is looked at again.
-        let state = match &service {
-            Ok(service) => producer_state(namespace, service),
-            Err(_) => ProducerState::Gone,
-        };
-        if state == ProducerState::Alive {
-            tracing::debug!(topic = %topic, "the topic's producer is alive");
-            return Err(SluiceError::TopicBusy(topic.to_string()));
-        }
-        drop(service);
-        if state == ProducerState::Unknown && start.elapsed() >= TAKEOVER_WAIT {
-            return Err(SluiceError::TopicBusy(topic.to_string()));
-        }
-        if start.elapsed() >= TAKEOVER_WAIT || stop.load(Ordering::Relaxed) {
-            return Err(SluiceError::Transport(format!(
-                "topic '{topic}' is still held by subscribers of a producer that is gone; \
-                 they release it when they notice (within a second) — stop them if they hang"
+        if stop.load(Ordering::Relaxed) {
+            return Err(SluiceError::Execution(format!(
+                "interrupted while waiting for the subscribers of topic '{topic}' (its \
+                 producer died) to take what it queued and let go"
             )));
+        }
+        if let (Some(generation), 0) = (free, attached) {
+            return Ok(generation);
+        }
+        let waited = start.elapsed();
+        if waited >= next_note {
+            if attached > 0 {
+                tracing::warn!(
+                    topic = %topic,
+                    "{attached} subscriber(s) of the producer that died are still attached: \
+                     each lets go once it has taken what that producer queued for it (a \
+                     trainer that asks for no batch keeps it); waiting ({} s so far) — stop \
+                     a trainer that hangs",
+                    waited.as_secs()
+                );
+            } else {
+                tracing::warn!(
+                    topic = %topic,
+                    "all {GENERATIONS} generations of the topic's services are held by \
+                     processes that keep batches of producers that died; waiting for them \
+                     to let go ({} s so far)",
+                    waited.as_secs()
+                );
+            }
+            next_note = waited + TAKEOVER_NOTE_EVERY;
         }
         std::thread::sleep(Duration::from_millis(20));
         namespace.reclaim_dead();
     }
 }
 
-fn event_exists(namespace: &Namespace, topic: &TopicName, part: &str) -> bool {
-    service_name(topic, part).is_ok_and(|name| {
-        matches!(
-            <Ipc as iceoryx2::prelude::Service>::does_exist(
-                &name,
-                namespace.config(),
-                MessagingPattern::Event
-            ),
-            Ok(true)
-        )
-    })
+/// Subscribers of the data service whose process is not known to be dead.
+fn live_subscribers(namespace: &Namespace, data: &DataService) -> usize {
+    let mut nodes = Vec::new();
+    data.dynamic_config().list_subscribers(|details| {
+        nodes.push(details.node_id);
+        CallbackProgression::Continue
+    });
+    nodes
+        .into_iter()
+        .filter(|id| {
+            !matches!(
+                Node::<Ipc>::state_of(namespace.config(), *id),
+                Ok(Some(NodeState::Dead(_)) | None)
+            )
+        })
+        .count()
 }
 
 /// What is known of the process behind a data service's publisher.
@@ -795,28 +866,17 @@ fn event_exists(namespace: &Namespace, topic: &TopicName, part: &str) -> bool {
 pub(crate) enum ProducerState {
     /// Its node's monitor says it is alive.
     Alive,
-    /// There is no publisher, or its node is dead (its stale resources were removed).
+    /// There is no publisher, or its process is dead.
     Gone,
     /// Its node cannot be read right now: being created, or being removed by a
     /// reclaimer in another process, or not readable by this user.
     Unknown,
 }
 
-/// The state of the data service's publisher's process; a dead one's stale resources are
-/// removed (its data segment among them).
+/// The state of the data service's publisher's process. Removes nothing: a dead
+/// producer's resources are left to [`Namespace::reclaim_dead`], which keeps them while
+/// its subscribers may still have to take what it queued.
 pub(crate) fn producer_state(namespace: &Namespace, data: &DataService) -> ProducerState {
-    producer_state_with(namespace, data, true)
-}
-
-/// [`producer_state`], removing nothing with `reclaim: false`. A dead producer's data
-/// segment holds what its subscribers have queued and not yet mapped; whoever removes it
-/// before they have received loses that for them, so a look that does not need the
-/// topic gone does not remove it.
-pub(crate) fn producer_state_with(
-    namespace: &Namespace,
-    data: &DataService,
-    reclaim: bool,
-) -> ProducerState {
     let mut producer = None;
     data.dynamic_config().list_publishers(|details| {
         producer = Some(details.node_id);
@@ -826,13 +886,7 @@ pub(crate) fn producer_state_with(
         return ProducerState::Gone;
     };
     match Node::<Ipc>::state_of(namespace.config(), node_id) {
-        Ok(Some(NodeState::Dead(view))) => {
-            if reclaim {
-                let _ = view.try_remove_stale_resources();
-            }
-            ProducerState::Gone
-        }
-        Ok(None) => ProducerState::Gone,
+        Ok(Some(NodeState::Dead(_)) | None) => ProducerState::Gone,
         Ok(Some(NodeState::Alive(_))) => ProducerState::Alive,
         Ok(Some(_)) | Err(_) => ProducerState::Unknown,
     }

@@ -10,7 +10,7 @@ use arrow::record_batch::RecordBatch;
 use iceoryx2::port::ReceiveError;
 use iceoryx2::port::listener::{Listener, ListenerWaitError};
 use iceoryx2::port::notifier::Notifier;
-use iceoryx2::port::subscriber::Subscriber;
+use iceoryx2::port::subscriber::{Subscriber, SubscriberCreateError};
 use iceoryx2::prelude::*;
 use iceoryx2::sample::Sample;
 use iceoryx2::service::port_factory::publish_subscribe::PortFactory as DataService;
@@ -18,10 +18,11 @@ use sluice_core::{FrameKind, Result, SluiceError, TopicName, wire};
 
 use iceoryx2::service::builder::publish_subscribe::PublishSubscribeOpenError as OpenError;
 
+use crate::claim::GENERATIONS;
 use crate::header::FrameHeader;
 use crate::interest::Interest;
-use crate::namespace::Namespace;
-use crate::publisher::{ProducerState, events, producer_alive, producer_state_with, service_name};
+use crate::namespace::{Namespace, ReclaimAfter};
+use crate::publisher::{ProducerState, events, producer_alive, producer_state, service_name};
 use crate::{Ipc, permission_denied, transport};
 
 /// How often a waiting subscriber checks that its producer is alive; bounds the time
@@ -242,8 +243,16 @@ pub struct TopicSubscriber {
     decoder: wire::Decoder,
     /// How batches are handed over.
     form: BatchForm,
-    // Dropped last: the ports above belong to it.
+    // Dropped after the ports above: they belong to it.
     _node: Node<Ipc>,
+    // Dropped last, once this subscriber has let go of the topic.
+    reclaim: ReclaimAfter,
+}
+
+impl Drop for TopicSubscriber {
+    fn drop(&mut self) {
+        self.reclaim.due = producer_state(&self.namespace, &self.data) == ProducerState::Gone;
+    }
 }
 
 impl std::fmt::Debug for TopicSubscriber {
@@ -272,7 +281,6 @@ impl TopicSubscriber {
     ) -> Result<Self> {
         let start = Instant::now();
         let node = namespace.node("subscriber")?;
-        let name = service_name(topic, "data")?;
         // Declared before the first look, so that a producer creating the topic from now
         // on waits for this subscriber before its first batch (see `crate::interest`).
         let interest = Interest::declare(namespace, topic)?;
@@ -281,22 +289,35 @@ impl TopicSubscriber {
             seconds: start.elapsed().as_secs_f64(),
         };
         let mut refused_since: Option<Instant> = None;
-        let (data, ready, released) = loop {
-            let opened = node
-                .service_builder(&name)
-                .publish_subscribe::<[u8]>()
-                .user_header::<FrameHeader>()
-                .open();
-            let data = match opened {
-                Ok(service) => service,
-                Err(e) => {
-                    match e {
-                        // Not there yet, being removed after its producer left, or being
-                        // created right now: look again.
+        let mut reclaimed = false;
+        // The topic's services come in generations (see `crate::claim`): the one to
+        // attach to is the one whose producer is alive.
+        let (data, ready, released) = 'attached: loop {
+            let mut no_live_producer = None;
+            for generation in 0..GENERATIONS {
+                let name = service_name(topic, generation, "data")?;
+                let exists = <Ipc as iceoryx2::prelude::Service>::does_exist(
+                    &name,
+                    namespace.config(),
+                    MessagingPattern::PublishSubscribe,
+                );
+                if !matches!(exists, Ok(true)) {
+                    continue;
+                }
+                let opened = node
+                    .service_builder(&name)
+                    .publish_subscribe::<[u8]>()
+                    .user_header::<FrameHeader>()
+                    .open();
+                let data = match opened {
+                    Ok(service) => service,
+                    Err(e) => match e {
+                        // Being removed after its producer left, or being created right
+                        // now: look again.
                         OpenError::DoesNotExist
                         | OpenError::IsMarkedForDestruction
                         | OpenError::HangsInCreation
-                        | OpenError::Interrupt => {}
+                        | OpenError::Interrupt => continue,
                         // A service being created is briefly unreadable; one that stays
                         // so belongs to someone else.
                         OpenError::InsufficientPermissions => {
@@ -304,6 +325,14 @@ impl TopicSubscriber {
                             if since.elapsed() >= PERMISSION_GRACE {
                                 return Err(permission_denied(namespace, topic));
                             }
+                            continue;
+                        }
+                        // Dead subscribers' nodes may fill it: reclaim them and look
+                        // again, once.
+                        OpenError::ExceedsMaxNumberOfNodes if !reclaimed => {
+                            reclaimed = true;
+                            namespace.reclaim_dead();
+                            continue;
                         }
                         OpenError::ExceedsMaxNumberOfNodes => {
                             return Err(SluiceError::Transport(format!(
@@ -315,69 +344,68 @@ impl TopicSubscriber {
                                 "cannot open topic '{topic}': {other:?}"
                             )));
                         }
+                    },
+                };
+                // A generation whose producer is gone (its subscribers still hold it), or
+                // whose producer is still creating it, is not the one. Only a producer
+                // whose node is known to be alive will do: a dead one's node that a
+                // reclaimer in another process is removing right now cannot be read
+                // either.
+                let opened = (|| -> Result<_> {
+                    if producer_state(namespace, &data) != ProducerState::Alive {
+                        return Err(SluiceError::Transport("no live producer".into()));
                     }
-                    if timeout.is_some_and(|t| start.elapsed() >= t) {
-                        return Err(timed_out(format!("a producer to create topic '{topic}'")));
-                    }
-                    std::thread::sleep(TOPIC_POLL_INTERVAL);
-                    continue;
+                    let ready = node
+                        .service_builder(&service_name(topic, generation, "ready")?)
+                        .event()
+                        .open()
+                        .map_err(transport("cannot open the topic's ready event"))?
+                        .listener_builder()
+                        .create()
+                        .map_err(transport("cannot listen on the topic"))?;
+                    let released = node
+                        .service_builder(&service_name(topic, generation, "released")?)
+                        .event()
+                        .open()
+                        .map_err(transport("cannot open the topic's released event"))?
+                        .notifier_builder()
+                        .create()
+                        .map_err(transport("cannot create a released notifier"))?;
+                    Ok((ready, released))
+                })();
+                match opened {
+                    Ok((ready, released)) => break 'attached (data, ready, released),
+                    Err(e) => no_live_producer = Some(e),
                 }
-            };
-            // A topic whose producer is gone (being cleaned up, or not yet taken over by a
-            // restarted producer), or one whose producer is still creating it, is not there
-            // yet: holding it would keep a successor from taking it over. Only a producer
-            // whose node is known to be alive will do: a dead one's node that a reclaimer
-            // in another process is removing right now cannot be read either, and a
-            // subscriber that attached to its topic then would hold it.
-            let opened = (|| -> Result<_> {
-                // Removing nothing: a dead producer's segment may still hold what other
-                // subscribers have queued and not yet mapped (its successor reclaims).
-                if producer_state_with(namespace, &data, false) != ProducerState::Alive {
-                    return Err(SluiceError::Transport("no live producer".into()));
-                }
-                let ready = node
-                    .service_builder(&service_name(topic, "ready")?)
-                    .event()
-                    .open()
-                    .map_err(transport("cannot open the topic's ready event"))?
-                    .listener_builder()
-                    .create()
-                    .map_err(transport("cannot listen on the topic"))?;
-                let released = node
-                    .service_builder(&service_name(topic, "released")?)
-                    .event()
-                    .open()
-                    .map_err(transport("cannot open the topic's released event"))?
-                    .notifier_builder()
-                    .create()
-                    .map_err(transport("cannot create a released notifier"))?;
-                Ok((ready, released))
-            })();
-            let (ready, released) = match opened {
-                Ok(ports) => ports,
-                Err(e) => {
-                    drop(data);
-                    if timeout.is_some_and(|t| start.elapsed() >= t) {
-                        return Err(timed_out(format!(
-                            "a live producer on topic '{topic}' ({e})"
-                        )));
-                    }
-                    std::thread::sleep(TOPIC_POLL_INTERVAL);
-                    continue;
-                }
-            };
-            break (data, ready, released);
+            }
+            if no_live_producer.is_some() {
+                // A dead producer's leftovers go once its subscribers have let go; nobody
+                // else may come to remove them (see `Namespace::reclaim_dead`).
+                namespace.reclaim_dead();
+            }
+            if timeout.is_some_and(|t| start.elapsed() >= t) {
+                return Err(timed_out(match no_live_producer {
+                    Some(e) => format!("a live producer on topic '{topic}' ({e})"),
+                    None => format!("a producer to create topic '{topic}'"),
+                }));
+            }
+            std::thread::sleep(TOPIC_POLL_INTERVAL);
         };
         let history = if replay {
             data.static_config().history_size()
         } else {
             0
         };
-        let subscriber = data
-            .subscriber_builder()
-            .history_request(history)
-            .create()
-            .map_err(|e| SluiceError::Transport(format!(
+        let create = || data.subscriber_builder().history_request(history).create();
+        let subscriber = match create() {
+            // Dead subscribers may hold every place: reclaim them and try again.
+            Err(SubscriberCreateError::ExceedsMaxSupportedSubscribers) => {
+                namespace.reclaim_dead();
+                create()
+            }
+            created => created,
+        }
+        .map_err(|e| SluiceError::Transport(format!(
                 "cannot subscribe to topic '{topic}' (is it full? raise sluice.max_subscribers): {e:?}"
             )))?;
         // Attached: withdraw the declaration, then let a producer waiting for subscribers
@@ -402,6 +430,10 @@ impl TopicSubscriber {
             decoder: wire::Decoder::new(),
             form: BatchForm::Decoded,
             _node: node,
+            reclaim: ReclaimAfter {
+                namespace: namespace.clone(),
+                due: false,
+            },
         })
     }
 
@@ -679,7 +711,7 @@ impl TopicSubscriber {
         // Removing nothing: other subscribers may still have to receive what the dead
         // producer queued for them.
         self.subscriber.is_some()
-            && producer_state_with(&self.namespace, &self.data, false) == ProducerState::Gone
+            && producer_state(&self.namespace, &self.data) == ProducerState::Gone
     }
 
     /// Fails with `ProducerLost` if the producer is gone.
@@ -700,18 +732,28 @@ impl TopicSubscriber {
     }
 }
 
-/// Subscribers attached to `topic` now, or `None` if the topic does not exist.
+/// Subscribers attached to `topic` now (to its live producer's generation, if it has one), or
+/// `None` if the topic does not exist.
 pub fn subscriber_count(namespace: &Namespace, topic: &TopicName) -> Result<Option<usize>> {
     let node = namespace.node("observer")?;
-    match node
-        .service_builder(&service_name(topic, "data")?)
-        .publish_subscribe::<[u8]>()
-        .user_header::<FrameHeader>()
-        .open()
-    {
-        Ok(service) => Ok(Some(service.dynamic_config().number_of_subscribers())),
-        Err(_) => Ok(None),
+    let mut found = None;
+    for generation in 0..GENERATIONS {
+        let Ok(service) = node
+            .service_builder(&service_name(topic, generation, "data")?)
+            .publish_subscribe::<[u8]>()
+            .user_header::<FrameHeader>()
+            .open()
+        else {
+            continue;
+        };
+        let count = service.dynamic_config().number_of_subscribers();
+        // The generation of the live producer, if there is one.
+        if producer_state(namespace, &service) == ProducerState::Alive {
+            return Ok(Some(count));
+        }
+        found.get_or_insert(count);
     }
+    Ok(found)
 }
 
 /// The topic as a transport of the delivery protocol (`sluice_core::delivery`): host

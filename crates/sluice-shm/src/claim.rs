@@ -1,0 +1,141 @@
+//! A producer's claim on its topic, and the generations of a topic's services.
+//!
+//! # One producer per topic
+//! A producer holds an exclusive `flock` on `<service directory>/producers/<topic>` for
+//! as long as it serves the topic. The kernel releases the lock when the process dies,
+//! however it dies, so a claim that can be taken belongs to nobody alive. (The same
+//! reasoning as the registrations of [`crate::interest`].)
+//!
+//! # Generations
+//! A topic's iceoryx2 services carry a generation in their names
+//! (`sluice/<topic>/<generation>/<part>`). A producer that died leaves its services to
+//! whoever still holds them: its subscribers until they have taken what it queued, and
+//! a trainer that still holds one of its batches (the batch holds the sample, and the
+//! sample the service) for as long as it does. A Python loop `for batch in sub` holds
+//! the previous batch while it asks for the next one, so a trainer reconnecting to a
+//! restarted producer always holds one. The services of a name cannot be created again
+//! while they exist, so a restarted producer creates the topic's services under the
+//! first generation that is free, and subscribers attach to the generation whose
+//! producer is alive. The old generation goes when its last holder lets go (see
+//! [`crate::Namespace::reclaim_dead`]).
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+use sluice_core::{Result, SluiceError, TopicName};
+
+use crate::Namespace;
+
+/// How many generations of a topic's services may exist at once: one live producer's,
+/// and those of dead producers that something still holds.
+pub(crate) const GENERATIONS: u32 = 16;
+
+/// How many times a claim held by someone else is looked at before the topic counts as
+/// busy, and how long apart.
+const BUSY_LOOKS: u32 = 10;
+const BUSY_LOOK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// A producer's exclusive claim on a topic; dropping it gives the topic up.
+#[derive(Debug)]
+pub(crate) struct Claim {
+    path: PathBuf,
+    // Holds the lock; closing the file releases it.
+    _file: File,
+}
+
+impl Claim {
+    /// Claims `topic`; fails with [`SluiceError::TopicBusy`] if a live producer has it.
+    pub(crate) fn take(namespace: &Namespace, topic: &TopicName) -> Result<Self> {
+        namespace.prepare_root()?;
+        let dir = claims_dir(namespace);
+        create_private_dir(&dir)?;
+        let path = dir.join(topic.as_str());
+        let mut refused = 0;
+        loop {
+            let file = open_claim(&path)?;
+            match file.try_lock() {
+                Ok(()) => {}
+                // A reclaimer looking at a dead producer's claim holds it for a moment
+                // (see `sweep`); a live producer holds it for good.
+                Err(std::fs::TryLockError::WouldBlock) if refused < BUSY_LOOKS => {
+                    refused += 1;
+                    std::thread::sleep(BUSY_LOOK_INTERVAL);
+                    continue;
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(SluiceError::TopicBusy(topic.to_string()));
+                }
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(SluiceError::io(
+                        format!("cannot lock {}", path.display()),
+                        e,
+                    ));
+                }
+            }
+            // The claim is the file at the path: a producer giving the topic up (or a
+            // reclaimer) removes it while holding its lock, so the file locked here may
+            // be one that was removed since it was opened. Then take the new one.
+            if same_file(&file, &path) {
+                return Ok(Self { path, _file: file });
+            }
+        }
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        // Removed while still locked: a claimant that opened it meanwhile sees that it
+        // locked a removed file and looks again.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Removes the claims that nobody holds (their producer died); part of
+/// [`Namespace::reclaim_dead`].
+pub(crate) fn sweep(namespace: &Namespace) {
+    let Ok(entries) = std::fs::read_dir(claims_dir(namespace)) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(file) = File::open(&path) else {
+            continue;
+        };
+        if file.try_lock().is_ok() && same_file(&file, &path) {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+fn claims_dir(namespace: &Namespace) -> PathBuf {
+    namespace.root().join("producers")
+}
+
+fn open_claim(path: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| SluiceError::io(format!("cannot open {}", path.display()), e))
+}
+
+/// Whether `file` is the file now at `path`.
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+fn create_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| SluiceError::io(format!("cannot create {}", dir.display()), e))
+}
