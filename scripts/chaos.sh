@@ -104,7 +104,8 @@ for round in $(seq 1 "$rounds"); do
     second=$!
     started+=("$second")
     if [ -n "$flight" ]; then
-      # Past the 5 s a restarted producer waits for a dead topic to be let go, or not.
+      # Past the 5 s after which a restarted producer used to give up on a dead topic, or
+      # not: it must take the topic over while this trainer reads nothing.
       sleep "$((RANDOM % 8)).$((RANDOM % 10))"
       kill -CONT "${trainers[1]}"
     fi

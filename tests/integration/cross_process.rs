@@ -374,9 +374,8 @@ fn one_producer_per_topic_and_a_dead_ones_topic_is_reclaimed() {
 
 /// What a producer queued before it was killed reaches every subscriber, also one that
 /// had received nothing yet (and so had not mapped the producer's shared memory) when
-/// other processes came to reclaim the dead producer's resources: here `sluice status`
-/// (a process creating its node) and the producer's successor. The successor takes the
-/// topic over once the subscribers have let go.
+/// another process came to reclaim the dead producer's resources: here the producer's
+/// successor. The successor takes the topic over once the subscribers have let go.
 #[test]
 fn what_a_killed_producer_queued_reaches_subscribers_that_had_not_read_it() {
     use sluice::prelude::*;
@@ -415,8 +414,6 @@ fn what_a_killed_producer_queued_reaches_subscribers_that_had_not_read_it() {
     }
     producer.kill9();
     producer.wait(LIMIT);
-    let out = h.run(&["status", "--json"]);
-    assert!(out.status.success(), "{}", out.stderr);
     h.env.push(("SLUICE_LOG".into(), "info".into()));
     let successor = h.spawn_producer(1, &[]);
     h.env.pop();
@@ -512,6 +509,7 @@ fn a_held_batch_of_a_dead_producer_does_not_keep_its_successor_from_the_topic() 
     assert_eq!(held.num_rows(), 100);
     let mut one = Checksum::default();
     one.update(&held).unwrap();
+    h.ns.reclaim_dead();
     assert!(!h.ns.leftovers().is_empty());
     drop(held);
     h.ns.reclaim_dead();
@@ -798,6 +796,13 @@ fn a_restarted_producer_waits_for_a_slow_trainer_to_take_what_was_queued() {
     assert_exactly_once(&trainer.wait(LIMIT), 1, rows, &sum);
     let out = second.wait(LIMIT);
     assert!(out.status.success(), "{}", out.stderr);
+    // It did wait, and said why.
+    assert!(
+        out.stderr
+            .contains("still attached to the topic's previous producer"),
+        "{}",
+        out.stderr
+    );
 }
 
 /// Subscribers killed with SIGKILL at random moments never hold the others hostage:

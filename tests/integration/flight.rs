@@ -327,7 +327,8 @@ fn remote_subscribers_reconnect_to_a_restarted_producer_without_duplicates_or_ga
 /// once the producer is killed it copies out what it holds of the dead topic (the
 /// messages it lent gRPC, and what is left in its queue) and lets go of it. The restarted
 /// producer takes the topic over while the client is still stopped (before, it gave up
-/// after 5 s), and the client, continued, gets every epoch exactly once. A stopped client
+/// after 5 s; now it would wait for as long as the server's subscriber stayed attached),
+/// and the client, continued, gets every epoch exactly once. A stopped client
 /// without `--reconnect` does not keep the topic either: continued, it is told that the
 /// producer is gone.
 #[test]
@@ -366,8 +367,8 @@ fn a_stopped_remote_subscriber_does_not_keep_a_restarted_producer_from_its_topic
     let second = h.spawn(&["run", "p.sql", "--quiet", "--resume"]);
     h.env.pop();
     // The restarted producer creates the topic while both clients are still stopped (it
-    // gives up after waiting 5 s for the dead topic to be let go; the server lets go of it
-    // within moments of the kill).
+    // waits for the server's subscribers of the dead topic to let go, which they do within
+    // moments of the kill).
     let start = Instant::now();
     let created = loop {
         if second.stderr_so_far().contains("topic 'stopped' created") {

@@ -4,7 +4,10 @@
 //! A producer holds an exclusive `flock` on `<service directory>/producers/<topic>` for
 //! as long as it serves the topic. The kernel releases the lock when the process dies,
 //! however it dies, so a claim that can be taken belongs to nobody alive. (The same
-//! reasoning as the registrations of [`crate::interest`].)
+//! reasoning as the registrations of [`crate::interest`], and as iceoryx2's own node
+//! monitors.) One limit shared with them: a child forked by the producer's process
+//! inherits the locked file and holds the claim for as long as it lives, after the
+//! producer died.
 //!
 //! # Generations
 //! A topic's iceoryx2 services carry a generation in their names
@@ -32,8 +35,10 @@ pub(crate) const GENERATIONS: u32 = 16;
 
 /// How many times a claim held by someone else is looked at before the topic counts as
 /// busy, and how long apart.
-const BUSY_LOOKS: u32 = 10;
-const BUSY_LOOK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
+/// (A reclaimer holds a dead producer's claim for microseconds, but may be descheduled
+/// meanwhile on a saturated machine.)
+const BUSY_LOOKS: u32 = 50;
+const BUSY_LOOK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// A producer's exclusive claim on a topic; dropping it gives the topic up.
 #[derive(Debug)]

@@ -15,6 +15,9 @@ use sluice_core::{Result, SluiceError};
 
 use crate::Ipc;
 
+/// How often a polling loop reclaims (see [`Namespace::reclaim_dead_now_and_then`]).
+pub(crate) const RECLAIM_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// The name of a producer's node (see [`Namespace::reclaim_dead`]).
 pub(crate) const PRODUCER: &str = "producer";
 
@@ -265,11 +268,12 @@ impl Namespace {
     /// and subscribers, and the interest registrations of subscribers killed while they
     /// waited). Returns how many dead nodes were cleaned.
     ///
-    /// A dead producer whose topic still has live subscribers is left alone: its data
-    /// segment holds what is queued for them, and a subscriber that has not received from
-    /// it yet has not mapped it (iceoryx2 maps a publisher's segment on the first receive
-    /// from it), so removing it would lose those messages. The producer is reclaimed once
-    /// they have let go, which they do when they have taken everything.
+    /// A dead producer is left alone while any service it belongs to has a node that is
+    /// not dead: its subscribers, whose queues point into its data segment (a subscriber
+    /// that has not received from it yet has not mapped it: iceoryx2 maps a publisher's
+    /// segment on the first receive from it, so removing it would lose those messages),
+    /// and processes that still hold one of its batches. It is reclaimed once they have
+    /// let go.
     pub fn reclaim_dead(&self) -> usize {
         let mut cleaned = 0;
         let mut orphans = Vec::new();
@@ -301,6 +305,23 @@ impl Namespace {
         // A process killed between creating the node counter and narrowing it.
         self.narrow_global_segment();
         cleaned
+    }
+
+    /// [`Namespace::reclaim_dead`], unless this process did so less than
+    /// [`RECLAIM_EVERY`] ago: for loops that poll (a reclaim reads every node's files).
+    pub(crate) fn reclaim_dead_now_and_then(&self) {
+        static LAST: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+        let due = {
+            let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+            let due = last.is_none_or(|t| t.elapsed() >= RECLAIM_EVERY);
+            if due {
+                *last = Some(std::time::Instant::now());
+            }
+            due
+        };
+        if due {
+            self.reclaim_dead();
+        }
     }
 
     /// Whether a service that the dead node `dead` belongs to has a node that is not dead
@@ -584,18 +605,28 @@ pub fn shm_available() -> Result<u64> {
 }
 
 /// Reclaims the namespace's dead processes when dropped, if `due`: the last field of a
-/// port's owner, so that it runs once the owner has let go of its topic.
-/// [`Namespace::reclaim_dead`] keeps a dead producer's resources while its subscribers
-/// are attached, so the last of them to go may be the only one left to remove them.
+/// port's owner (and, for a subscriber, shared with the samples it handed out), so that
+/// it runs once the owner and everything it handed out have let go of the topic.
+/// [`Namespace::reclaim_dead`] keeps a dead producer's resources while anything holds
+/// its services, so the last holder to go may be the only one left to remove them.
 #[derive(Debug)]
 pub(crate) struct ReclaimAfter {
     pub(crate) namespace: Namespace,
-    pub(crate) due: bool,
+    pub(crate) due: std::sync::atomic::AtomicBool,
+}
+
+impl ReclaimAfter {
+    pub(crate) fn new(namespace: &Namespace, due: bool) -> Self {
+        Self {
+            namespace: namespace.clone(),
+            due: std::sync::atomic::AtomicBool::new(due),
+        }
+    }
 }
 
 impl Drop for ReclaimAfter {
     fn drop(&mut self) {
-        if self.due {
+        if *self.due.get_mut() {
             self.namespace.reclaim_dead();
         }
     }

@@ -218,8 +218,8 @@ pub struct TopicPublisher {
     encoder: sluice_core::wire::Encoder,
     // Dropped after the ports above: they belong to it.
     _node: Node<Ipc>,
-    // Given up once the services are gone: a producer that finds the claim free never
-    // finds this one's publisher alive.
+    // Given up after the publisher and the node: a producer that finds the claim free
+    // never finds this one's publisher alive.
     _claim: Claim,
     // Dropped last: a producer that ends reclaims the subscribers that died meanwhile
     // (iceoryx2's own clean-up at a node's end is off, see `Namespace::new`).
@@ -239,8 +239,11 @@ impl std::fmt::Debug for TopicPublisher {
 impl TopicPublisher {
     /// Creates the topic, after checking that `/dev/shm` can hold it.
     ///
-    /// Fails with [`SluiceError::TopicBusy`] if a live producer already serves the topic;
-    /// the leftovers of a dead one are reclaimed first.
+    /// Fails with [`SluiceError::TopicBusy`] if a live producer already serves the topic
+    /// (holds its claim, see [`crate::claim`]). If the topic's previous producer died
+    /// with subscribers attached, waits for them to take what it queued and let go, for
+    /// as long as they are alive (saying so every 15 s) or until `stop` is set; then
+    /// creates the topic's services under a free generation.
     pub fn create(
         namespace: &Namespace,
         config: TopicConfig,
@@ -249,8 +252,10 @@ impl TopicPublisher {
         let topic = &config.topic;
         let claim = Claim::take(namespace, topic)?;
         let node = namespace.node(crate::namespace::PRODUCER)?;
-        // A crashed predecessor's segments are not free space for long.
         namespace.reclaim_dead();
+        let generation = wait_for_dead_topic(namespace, &node, topic, &stop)?;
+        // After the wait: a dead predecessor's segments are freed once its subscribers
+        // have taken what it queued and let go.
         let needed = config.shm_bytes();
         let available = shm_available()?;
         if needed > available {
@@ -261,8 +266,11 @@ impl TopicPublisher {
                 path: SHM_DIR.into(),
             });
         }
-        let generation = wait_for_dead_topic(namespace, &node, topic, &stop)?;
-        let subscribers_plus_producer = config.max_subscribers + 1;
+        // Every subscriber may hold a node in a dead generation (through a batch it keeps)
+        // while a node of its own looks for the live one, and a producer or observer
+        // looks too: room for all, so that nobody is refused for nodes that are merely
+        // holding on.
+        let max_nodes = 2 * config.max_subscribers + 2;
 
         let ready_name = service_name(topic, generation, "ready")?;
         let ready_service = create_or_rescue(
@@ -275,7 +283,7 @@ impl TopicPublisher {
                     .event()
                     .max_notifiers(1)
                     .max_listeners(config.max_subscribers)
-                    .max_nodes(subscribers_plus_producer)
+                    .max_nodes(max_nodes)
                     .create()
             },
         )?;
@@ -290,7 +298,7 @@ impl TopicPublisher {
                     .event()
                     .max_notifiers(config.max_subscribers)
                     .max_listeners(1)
-                    .max_nodes(subscribers_plus_producer)
+                    .max_nodes(max_nodes)
                     .create()
             },
         )?;
@@ -313,7 +321,7 @@ impl TopicPublisher {
                     .subscriber_max_borrowed_samples(config.max_held)
                     .max_subscribers(config.max_subscribers)
                     .max_publishers(1)
-                    .max_nodes(subscribers_plus_producer)
+                    .max_nodes(max_nodes)
                     .create()
             },
         )?;
@@ -390,10 +398,7 @@ impl TopicPublisher {
             encoder: sluice_core::wire::Encoder::new(),
             _node: node,
             _claim: claim,
-            _reclaim: ReclaimAfter {
-                namespace: namespace.clone(),
-                due: true,
-            },
+            _reclaim: ReclaimAfter::new(namespace, true),
         })
     }
 
@@ -775,6 +780,7 @@ fn wait_for_dead_topic(
     loop {
         let mut free = None;
         let mut attached = 0;
+        let mut unknown = false;
         for generation in 0..GENERATIONS {
             let name = service_name(topic, generation, "data")?;
             let events = ["ready", "released"].into_iter().any(|part| {
@@ -791,29 +797,38 @@ fn wait_for_dead_topic(
                 .user_header::<FrameHeader>()
                 .open()
             {
-                Ok(service) => {
-                    // The claim was free, so its producer is gone (or, exiting, about to
-                    // be): look again.
-                    if producer_state(namespace, &service) != ProducerState::Gone {
-                        attached += 1;
+                Ok(service) => match producer_state(namespace, &service) {
+                    // Its claim was free: a producer that does not claim its topic
+                    // (another Sluice version) serves it.
+                    ProducerState::Alive => {
+                        tracing::debug!(topic = %topic, generation, "the topic's producer is alive");
+                        return Err(SluiceError::TopicBusy(topic.to_string()));
                     }
-                    attached += live_subscribers(namespace, &service);
-                }
-                // Left half-created by a producer killed while creating it.
-                Err(OpenError::HangsInCreation) => {
+                    // Being created or removed right now: look again, for a while.
+                    ProducerState::Unknown if start.elapsed() >= TAKEOVER_WAIT => {
+                        return Err(SluiceError::TopicBusy(topic.to_string()));
+                    }
+                    ProducerState::Unknown => unknown = true,
+                    ProducerState::Gone => attached += live_subscribers(namespace, &service),
+                },
+                // Left half-created by a producer killed while creating its data service
+                // (its events, created before, go with the dead producer's node).
+                Err(OpenError::HangsInCreation) if !events => {
                     free.get_or_insert(generation);
                 }
+                // No room to look: its subscribers may still be attached.
+                Err(OpenError::ExceedsMaxNumberOfNodes) => attached += 1,
                 // Its data service is gone, or going; its events are being removed too.
                 Err(_) => {}
             }
         }
         if stop.load(Ordering::Relaxed) {
             return Err(SluiceError::Execution(format!(
-                "interrupted while waiting for the subscribers of topic '{topic}' (its \
-                 producer died) to take what it queued and let go"
+                "interrupted while waiting for the subscribers of topic '{topic}' that are \
+                 still attached to its previous producer (gone) to let go"
             )));
         }
-        if let (Some(generation), 0) = (free, attached) {
+        if let (Some(generation), 0, false) = (free, attached, unknown) {
             return Ok(generation);
         }
         let waited = start.elapsed();
@@ -821,13 +836,13 @@ fn wait_for_dead_topic(
             if attached > 0 {
                 tracing::warn!(
                     topic = %topic,
-                    "{attached} subscriber(s) of the producer that died are still attached: \
-                     each lets go once it has taken what that producer queued for it (a \
-                     trainer that asks for no batch keeps it); waiting ({} s so far) — stop \
-                     a trainer that hangs",
+                    "{attached} subscriber(s) are still attached to the topic's previous \
+                     producer, which is gone: each lets go once it has taken what that \
+                     producer queued for it (a trainer that asks for no batch keeps it); \
+                     waiting ({} s so far) — stop a trainer that hangs",
                     waited.as_secs()
                 );
-            } else {
+            } else if free.is_none() {
                 tracing::warn!(
                     topic = %topic,
                     "all {GENERATIONS} generations of the topic's services are held by \
@@ -839,7 +854,7 @@ fn wait_for_dead_topic(
             next_note = waited + TAKEOVER_NOTE_EVERY;
         }
         std::thread::sleep(Duration::from_millis(20));
-        namespace.reclaim_dead();
+        namespace.reclaim_dead_now_and_then();
     }
 }
 
@@ -962,8 +977,14 @@ fn create_or_rescue<T, E: CreateFailure>(
 
 fn busy_or(namespace: &Namespace, topic: &TopicName, e: impl CreateFailure) -> SluiceError {
     if e.busy() {
-        tracing::debug!(topic = %topic, "creating the topic failed: {e:?}");
-        SluiceError::TopicBusy(topic.to_string())
+        // The creator holds the topic's claim: no other producer is creating it.
+        SluiceError::Transport(format!(
+            "cannot create topic '{topic}': one of its services is left over from a producer \
+             that is gone ({e:?}), and is neither removable yet nor held by a live subscriber; \
+             try again in a moment, or stop the processes of namespace '{}' and remove {}",
+            namespace.name(),
+            namespace.root().display()
+        ))
     } else if e.denied() {
         permission_denied(namespace, topic)
     } else {

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use arrow::buffer::Buffer;
 use arrow::record_batch::RecordBatch;
+use iceoryx2::node::NodeView;
 use iceoryx2::port::ReceiveError;
 use iceoryx2::port::listener::{Listener, ListenerWaitError};
 use iceoryx2::port::notifier::Notifier;
@@ -149,9 +150,15 @@ struct SampleOwner {
     /// order): the producer counts this subscriber as attached, and keeps its device
     /// memory, while a device batch is held, even after the subscriber detached at the
     /// end of the stream (host batches stay valid without the producer; device slots do
-    /// not).
-    _port: Option<Arc<Subscriber<Ipc, [u8], FrameHeader>>>,
+    /// not). Let go once the producer is found gone: a restarted producer waits for the
+    /// attached subscribers of a dead one.
+    _port: Option<DevicePort>,
+    /// The subscriber's reclaim when all is let go (see [`ReclaimAfter`]); dropped last.
+    _reclaim: Arc<ReclaimAfter>,
 }
+
+/// The subscriber's port, as device batches keep it: until the producer is found gone.
+type DevicePort = Arc<std::sync::Mutex<Option<Arc<Subscriber<Ipc, [u8], FrameHeader>>>>>;
 
 impl Drop for SampleOwner {
     fn drop(&mut self) {
@@ -243,15 +250,21 @@ pub struct TopicSubscriber {
     decoder: wire::Decoder,
     /// How batches are handed over.
     form: BatchForm,
+    /// The port as device batches keep it (see [`SampleOwner`]); `None` once detached
+    /// (the device batches still held keep it, and the port, alive).
+    device_port: Option<DevicePort>,
     // Dropped after the ports above: they belong to it.
     _node: Node<Ipc>,
-    // Dropped last, once this subscriber has let go of the topic.
-    reclaim: ReclaimAfter,
+    // Dropped last, once this subscriber has let go of the topic; the samples it handed
+    // out share it, so that the last of them to go reclaims.
+    reclaim: Arc<ReclaimAfter>,
 }
 
 impl Drop for TopicSubscriber {
     fn drop(&mut self) {
-        self.reclaim.due = producer_state(&self.namespace, &self.data) == ProducerState::Gone;
+        if producer_state(&self.namespace, &self.data) == ProducerState::Gone {
+            self.producer_found_gone();
+        }
     }
 }
 
@@ -327,8 +340,14 @@ impl TopicSubscriber {
                             }
                             continue;
                         }
-                        // Dead subscribers' nodes may fill it: reclaim them and look
-                        // again, once.
+                        // Full: no matter in a dead producer's generation, which its
+                        // holders keep; in the live one, dead subscribers' nodes may fill
+                        // it: reclaim them and look again, once.
+                        OpenError::ExceedsMaxNumberOfNodes
+                            if !has_live_producer(namespace, &name) =>
+                        {
+                            continue;
+                        }
                         OpenError::ExceedsMaxNumberOfNodes if !reclaimed => {
                             reclaimed = true;
                             namespace.reclaim_dead();
@@ -381,7 +400,7 @@ impl TopicSubscriber {
             if no_live_producer.is_some() {
                 // A dead producer's leftovers go once its subscribers have let go; nobody
                 // else may come to remove them (see `Namespace::reclaim_dead`).
-                namespace.reclaim_dead();
+                namespace.reclaim_dead_now_and_then();
             }
             if timeout.is_some_and(|t| start.elapsed() >= t) {
                 return Err(timed_out(match no_live_producer {
@@ -413,11 +432,12 @@ impl TopicSubscriber {
         drop(interest);
         let _ = released.notify_with_custom_event_id(EventId::new(events::RELEASED));
         let tell_every = (subscriber.buffer_size() / RELEASES_PER_QUEUE).max(1);
+        let subscriber = Arc::new(subscriber);
         Ok(Self {
             topic: topic.clone(),
             namespace: namespace.clone(),
             data,
-            subscriber: Some(Arc::new(subscriber)),
+            subscriber: Some(subscriber.clone()),
             ready,
             released,
             next_seq: None,
@@ -429,11 +449,9 @@ impl TopicSubscriber {
             tell_every,
             decoder: wire::Decoder::new(),
             form: BatchForm::Decoded,
+            device_port: Some(Arc::new(std::sync::Mutex::new(Some(subscriber.clone())))),
             _node: node,
-            reclaim: ReclaimAfter {
-                namespace: namespace.clone(),
-                due: false,
-            },
+            reclaim: Arc::new(ReclaimAfter::new(namespace, false)),
         })
     }
 
@@ -649,7 +667,7 @@ impl TopicSubscriber {
                 epoch: header.epoch,
                 index: header.index,
                 rows: header.rows,
-                payload: self.hold(sample, len, self.subscriber.clone())?,
+                payload: self.hold(sample, len, self.device_port.clone())?,
             }),
             FrameKind::EndOfEpoch => Ok(Frame::EndOfEpoch {
                 epoch: header.epoch,
@@ -675,7 +693,7 @@ impl TopicSubscriber {
         &self,
         sample: Sample<Ipc, [u8], FrameHeader>,
         len: usize,
-        port: Option<Arc<Subscriber<Ipc, [u8], FrameHeader>>>,
+        port: Option<DevicePort>,
     ) -> Result<SamplePayload> {
         let ptr = NonNull::new(sample.payload().as_ptr().cast_mut())
             .ok_or_else(|| SluiceError::Corrupt("null payload".into()))?;
@@ -684,6 +702,7 @@ impl TopicSubscriber {
             sample: Some(sample),
             held: self.held.clone(),
             _port: port,
+            _reclaim: self.reclaim.clone(),
         });
         Ok(SamplePayload {
             _owner: owner,
@@ -697,6 +716,7 @@ impl TopicSubscriber {
     pub fn detach(&mut self) {
         self.ended = true;
         self.subscriber = None;
+        self.device_port = None;
         let _ = self
             .released
             .notify_with_custom_event_id(EventId::new(events::RELEASED));
@@ -714,6 +734,15 @@ impl TopicSubscriber {
             && producer_state(&self.namespace, &self.data) == ProducerState::Gone
     }
 
+    /// Lets go of what only a live producer needs held (the port that device batches
+    /// keep), and reclaims once everything of this subscriber is let go.
+    fn producer_found_gone(&self) {
+        if let Some(port) = &self.device_port {
+            port.lock().unwrap_or_else(|p| p.into_inner()).take();
+        }
+        self.reclaim.due.store(true, Ordering::Relaxed);
+    }
+
     /// Fails with `ProducerLost` if the producer is gone.
     fn check_producer(&mut self) -> Result<()> {
         // Alive, or its node cannot be read right now. (Its publisher was there and alive
@@ -727,9 +756,29 @@ impl TopicSubscriber {
         {
             return Ok(());
         }
+        self.producer_found_gone();
         self.detach();
         Err(SluiceError::ProducerLost(self.topic.to_string()))
     }
+}
+
+/// Whether the node of a live producer belongs to the data service `name`, read without
+/// opening it (opening takes one of its places).
+fn has_live_producer(namespace: &Namespace, name: &ServiceName) -> bool {
+    let details = <Ipc as iceoryx2::prelude::Service>::details(
+        name,
+        namespace.config(),
+        MessagingPattern::PublishSubscribe,
+    );
+    let Ok(Some(details)) = details else {
+        return false;
+    };
+    details.dynamic_details.is_some_and(|d| {
+        d.nodes.iter().any(|n| {
+            matches!(n, NodeState::Alive(view)
+                if view.details().as_ref().is_some_and(|d| d.name() == crate::namespace::PRODUCER))
+        })
+    })
 }
 
 /// Subscribers attached to `topic` now (to its live producer's generation, if it has one), or
