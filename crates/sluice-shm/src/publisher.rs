@@ -585,10 +585,11 @@ impl TopicPublisher {
 
     /// Publishes the end of `epoch`, with its totals.
     pub fn publish_end_of_epoch(&mut self, epoch: u64, batches: u64, rows: u64) -> Result<()> {
-        // Once an epoch, whatever else happens: the services of a dead predecessor go
-        // once the last trainer holding one of its batches lets go, and nobody else may
-        // be there to remove them then.
-        self.namespace.reclaim_dead();
+        // Once an epoch (at most every 250 ms: a reclaim takes about a millisecond),
+        // whatever else happens: the services of a dead predecessor go once the last
+        // trainer holding one of its batches lets go, and nobody else may be there to
+        // remove them then.
+        self.namespace.reclaim_dead_now_and_then();
         let header = FrameHeader {
             kind: FrameKind::EndOfEpoch as u32,
             epoch,
