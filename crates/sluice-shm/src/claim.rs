@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use sluice_core::{Result, SluiceError, TopicName};
 
 use crate::Namespace;
+use crate::interest::create_private_dir;
 
 /// How many generations of a topic's services may exist at once: one live producer's,
 /// and those of dead producers that something still holds.
@@ -134,13 +135,4 @@ fn same_file(file: &File, path: &Path) -> bool {
         (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
         _ => false,
     }
-}
-
-fn create_private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| SluiceError::io(format!("cannot create {}", dir.display()), e))
 }

@@ -149,7 +149,8 @@ fn older_than(path: &Path, age: Duration) -> bool {
         .is_ok_and(|t| SystemTime::now().duration_since(t).unwrap_or_default() > age)
 }
 
-fn create_private_dir(dir: &Path) -> Result<()> {
+/// Creates `dir` and its missing parents, owner-only.
+pub(crate) fn create_private_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
