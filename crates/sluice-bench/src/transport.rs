@@ -414,9 +414,13 @@ pub struct Decoding {
     /// Microseconds per [`wire::Decoder::decode`] of the fragment: in place, from 64-byte
     /// aligned memory, with the schema kept as subscribers keep it.
     pub decode_us: f64,
+    /// Microseconds per decode of the fragment by a [`wire::Decoder`] that validates
+    /// every array as arrow-ipc builds it (`with_arrow_validation`), as arrow's
+    /// `StreamDecoder` does: the baseline of [`Self::decode_us`].
+    pub arrow_us: f64,
     /// Microseconds per `ArrayData::validate_full` of the decoded columns alone: arrow's
-    /// validation, which the decoding does for every message (the safety promise: UTF-8,
-    /// offsets, null counts).
+    /// validation, which the baseline decoding does for every message (the safety
+    /// promise: UTF-8, offsets, null counts; [`wire::Decoder`] checks the same).
     pub validate_us: f64,
     /// The columns that are not strings or binary, which a subscriber that names them
     /// (`Columns::Named`) decodes alone.
@@ -440,6 +444,15 @@ pub fn decode_us(batch: &RecordBatch, times: usize) -> Result<Decoding> {
         std::hint::black_box(decoder.decode(fragment.clone())?);
     }
     let decode_us = start.elapsed().as_secs_f64() / times as f64 * 1e6;
+    let mut arrow = wire::Decoder::new().with_arrow_validation();
+    if arrow.decode(fragment.clone())? != decoded {
+        bail!("the two ways of validating decoded different batches");
+    }
+    let start = Instant::now();
+    for _ in 0..times {
+        std::hint::black_box(arrow.decode(fragment.clone())?);
+    }
+    let arrow_us = start.elapsed().as_secs_f64() / times as f64 * 1e6;
     let columns: Vec<_> = decoded.columns().iter().map(|c| c.to_data()).collect();
     let start = Instant::now();
     for _ in 0..times {
@@ -475,6 +488,7 @@ pub fn decode_us(batch: &RecordBatch, times: usize) -> Result<Decoding> {
     Ok(Decoding {
         bytes: encoded.len(),
         decode_us,
+        arrow_us,
         validate_us,
         named,
         named_us,

@@ -15,9 +15,9 @@
 //! [`decode`] reads a fragment in place: the returned arrays point into the given
 //! buffer, which keeps the shared-memory sample alive through its owner. Nothing in
 //! shared memory is trusted: flatbuffers are verified, the array data of every column
-//! decoded is fully validated (a [`Decoder`] of some [`Columns`] never reads the others),
-//! misaligned data is rejected rather than copied, and a panic inside the decoder is
-//! turned into [`SluiceError::Corrupt`].
+//! decoded is fully validated before anything reads it (a [`Decoder`] of some
+//! [`Columns`] never reads the others), misaligned data is rejected rather than copied,
+//! and a panic inside the decoder is turned into [`SluiceError::Corrupt`].
 //!
 //! [`split`] cuts a fragment into its messages without decoding them, for a relay that
 //! forwards them to a reader elsewhere (the Flight server): it checks their framing and
@@ -27,13 +27,15 @@ use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, AsArray};
-use arrow::buffer::Buffer;
+use arrow::array::{ArrayData, ArrayRef, AsArray, OffsetSizeTrait, RecordBatchOptions};
+use arrow::buffer::{Buffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Schema, SchemaRef};
+use arrow::error::ArrowError;
 use arrow::ipc::MetadataVersion;
 use arrow::ipc::reader::{RecordBatchDecoder, StreamDecoder};
 use arrow::ipc::writer::{IpcWriteOptions, StreamEncoder};
 use arrow::record_batch::RecordBatch;
+use arrow_data::UnsafeFlag;
 
 use crate::error::{Result, SluiceError};
 
@@ -336,6 +338,13 @@ impl Columns {
 /// [`Columns::Named`], the other columns are skipped: their buffers are never read, so
 /// nothing of them is trusted either.
 ///
+/// Where the columns decoded include strings or binary (and no struct, union, view,
+/// dictionary or run-end encoded column), the validation is deferred until the batch is
+/// built, and the offsets of the strings are checked with plain loops rather than
+/// arrow-data's iterators: the same checks, a decoding of the demo schema's 1 024-row
+/// batch in about 0.8 of the time (docs/benchmarks.md, "Validation deferred").
+/// [`Decoder::with_arrow_validation`] decodes as arrow does.
+///
 /// Schemas with dictionary-encoded columns are decoded whole by a fresh `StreamDecoder`
 /// every time (and then projected): a decoder kept from one fragment to the next would
 /// keep the previous fragment's dictionaries, and with them its shared memory.
@@ -346,6 +355,9 @@ pub struct Decoder {
     /// The previous fragment's schema message, its schema, and which of its columns to
     /// decode.
     cached: Option<Kept>,
+    /// Whether arrow-ipc validates every array as it builds it ([`Validation::Arrow`]
+    /// always).
+    arrow_validation: bool,
 }
 
 /// A schema message taken over from one fragment to the next.
@@ -355,6 +367,8 @@ struct Kept {
     schema: SchemaRef,
     /// Indices of the columns to decode; `None`: all.
     projection: Option<Vec<usize>>,
+    /// Whether their validation is deferred (see [`Validation`]).
+    validation: Validation,
 }
 
 impl std::fmt::Debug for Decoder {
@@ -379,8 +393,18 @@ impl Decoder {
     pub fn with_columns(columns: Columns) -> Self {
         Self {
             columns,
-            cached: None,
+            ..Self::default()
         }
+    }
+
+    /// This decoder, validating every array as arrow-ipc builds it, as arrow's
+    /// `StreamDecoder` does, instead of deferring the validation of batches with string
+    /// or binary columns (see [`Decoder`]). Both check the same; this way is slower. It
+    /// is the baseline of `sluice-bench`'s measurement of decoding.
+    pub fn with_arrow_validation(mut self) -> Self {
+        self.arrow_validation = true;
+        self.cached = None;
+        self
     }
 
     /// Decodes one fragment made by [`encode`], in place (see [`decode`]).
@@ -415,7 +439,12 @@ impl Decoder {
         if let Some(kept) = &self.cached
             && kept.bytes.as_slice() == &buffer[..n]
         {
-            return read_record_batch(&buffer.slice(n), &kept.schema, kept.projection.as_deref());
+            return read_record_batch(
+                &buffer.slice(n),
+                &kept.schema,
+                kept.projection.as_deref(),
+                kept.validation,
+            );
         }
         self.cached = None;
         let message = arrow::ipc::root_as_message(&buffer[8..n])
@@ -437,26 +466,193 @@ impl Decoder {
             return self.columns.project(batch);
         }
         let projection = self.columns.indices(&schema)?;
-        let batch = read_record_batch(&buffer.slice(n), &schema, projection.as_deref())?;
+        let validation = if self.arrow_validation {
+            Validation::Arrow
+        } else {
+            Validation::for_columns(&schema, projection.as_deref())
+        };
+        let batch =
+            read_record_batch(&buffer.slice(n), &schema, projection.as_deref(), validation)?;
         self.cached = Some(Kept {
             bytes: buffer[..n].to_vec(),
             schema,
             projection,
+            validation,
         });
         Ok(batch)
     }
 }
 
+/// How [`read_record_batch`] validates the columns it decodes.
+///
+/// Validating a batch is most of what decoding it costs, and for string columns most of
+/// that is arrow-data's check of every offset (`validate_each_offset`, an iterator chain
+/// run once per string: 28 % of a whole decode in a profile of the demo schema, about
+/// three times what the same checks cost as the plain loops of [`validate_bytes`]).
+/// Where every column decoded is of a type that arrow-ipc builds with `ArrayDataBuilder`
+/// alone, and one of them holds strings or bytes, the decoder builds the columns
+/// unvalidated and [`validate_deferred`] then runs exactly the validation it skipped
+/// (`ArrayData::validate_data` of every array) before anything reads them, with the
+/// string and binary columns' offsets checked by [`validate_bytes`]. Anything else is
+/// decoded with arrow's validation, as arrow's `StreamDecoder` decodes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Validation {
+    /// Arrow-ipc validates every array as it builds it.
+    Arrow,
+    /// [`validate_deferred`] validates the decoded batch.
+    Deferred,
+}
+
+impl Validation {
+    fn for_columns(schema: &Schema, projection: Option<&[usize]>) -> Self {
+        let fields: Vec<&DataType> = match projection {
+            None => schema.fields().iter().map(|f| f.data_type()).collect(),
+            Some(indices) => indices
+                .iter()
+                .map(|&i| schema.field(i).data_type())
+                .collect(),
+        };
+        if std::env::var_os("SLUICE_AB_ARROW").is_none()
+            && fields.iter().all(|t| built_by_array_data_builder(t))
+            && fields.iter().any(|t| flat_bytes(t).is_some())
+        {
+            Self::Deferred
+        } else {
+            Self::Arrow
+        }
+    }
+}
+
+/// Whether arrow-ipc 59 (`RecordBatchDecoder::create_array`) builds arrays of type `t`,
+/// and of every type nested in it, with `ArrayDataBuilder::build` and nothing else. For
+/// these types, and only these, decoding with validation skipped skips nothing but
+/// `ArrayData::validate_data` of each array: structs, unions, run-end encoded arrays,
+/// views and dictionaries have constructors with checks of their own (null counts of
+/// structs, type ids of unions, variadic buffer counts of views), so they are never
+/// decoded unvalidated.
+fn built_by_array_data_builder(t: &DataType) -> bool {
+    match t {
+        DataType::Null
+        | DataType::Boolean
+        | DataType::Utf8
+        | DataType::LargeUtf8
+        | DataType::Binary
+        | DataType::LargeBinary
+        | DataType::FixedSizeBinary(_) => true,
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+            built_by_array_data_builder(f.data_type())
+        }
+        t => t.is_primitive(),
+    }
+}
+
+/// For strings and binary columns (not nested in another type): whether their values
+/// must be UTF-8, and whether their offsets are 64-bit.
+fn flat_bytes(t: &DataType) -> Option<(bool, bool)> {
+    match t {
+        DataType::Utf8 => Some((true, false)),
+        DataType::LargeUtf8 => Some((true, true)),
+        DataType::Binary => Some((false, false)),
+        DataType::LargeBinary => Some((false, true)),
+        _ => None,
+    }
+}
+
+/// Validates every column of `batch`, which [`read_record_batch`] decoded without
+/// validation, as arrow-ipc would have validated it (`ArrayData::validate_data` of every
+/// array, children included, and the batch's own checks), and returns it.
+fn validate_deferred(batch: RecordBatch) -> std::result::Result<RecordBatch, ArrowError> {
+    let (schema, columns, rows) = batch.into_parts();
+    for column in &columns {
+        let data = column.to_data();
+        match flat_bytes(data.data_type()) {
+            Some((utf8, false)) => validate_bytes::<i32>(&data, utf8)?,
+            Some((utf8, true)) => validate_bytes::<i64>(&data, utf8)?,
+            None => data.validate_full()?,
+        }
+    }
+    RecordBatch::try_new_with_options(
+        schema,
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(rows)),
+    )
+}
+
+/// `ArrayData::validate_data` of a string (`utf8`) or binary array, with its offsets
+/// checked by plain loops: what `validate_data` checks (arrow-data's `validate_utf8` and
+/// `validate_offsets_full`), in a third of its time. The buffers' sizes and alignment,
+/// the first and last offsets and the null count are arrow's own checks; the offsets are
+/// then checked to start at zero or more and never decrease; for strings, the values are
+/// checked to be UTF-8 (`str::from_utf8`) and every offset to fall on a character
+/// boundary, as arrow-array's `GenericStringType::validate` does. Values that are not
+/// UTF-8 as a whole may still be valid where no string covers them: those arrays are
+/// left to arrow's check string by string.
+fn validate_bytes<O: OffsetSizeTrait + std::fmt::Display>(
+    data: &ArrayData,
+    utf8: bool,
+) -> std::result::Result<(), ArrowError> {
+    data.validate()?;
+    data.validate_nulls()?;
+    let invalid = |what: String| {
+        Err(ArrowError::InvalidArgumentError(format!(
+            "{} array: {what}",
+            data.data_type()
+        )))
+    };
+    // `validate` has checked that the offsets buffer holds `len + 1` aligned offsets
+    // from the array's offset on, and that the last of them is within the values.
+    let offsets = ScalarBuffer::<O>::new(data.buffers()[0].clone(), data.offset(), data.len() + 1);
+    if offsets[0] < O::zero() {
+        return invalid(format!("negative offset {} at slot 0", offsets[0]));
+    }
+    // Without an early exit, so that the compiler vectorises the loop; the slot is looked
+    // for only when there is one.
+    if !offsets.windows(2).fold(true, |ok, w| ok & (w[0] <= w[1])) {
+        let i = offsets
+            .windows(2)
+            .position(|w| w[0] > w[1])
+            .unwrap_or_default();
+        return invalid(format!(
+            "non-monotonic offset at slot {}: {} > {}",
+            i + 1,
+            offsets[i],
+            offsets[i + 1]
+        ));
+    }
+    // An array of no strings has no character to split: arrow checks its one offset
+    // against the values' length only, as `validate` did.
+    if utf8 && !data.is_empty() {
+        let values = data.buffers()[1].as_slice();
+        if std::str::from_utf8(values).is_err() {
+            return data.validate_values();
+        }
+        // The offsets now lie within the values (the last one does, and none is larger),
+        // so an offset is a character boundary where it is the end of the values or
+        // where the byte there does not continue a character (`str::is_char_boundary`).
+        let boundary = |o: &O| values.get(o.as_usize()).is_none_or(|&b| (b as i8) >= -0x40);
+        if !offsets.iter().fold(true, |ok, o| ok & boundary(o)) {
+            let o = offsets
+                .iter()
+                .find(|o| !boundary(o))
+                .copied()
+                .unwrap_or_default();
+            return invalid(format!("offset {o} splits a UTF-8 character"));
+        }
+    }
+    Ok(())
+}
+
 /// Reads `buffer`, which must hold exactly one IPC record batch message of `schema` (its
 /// prefix, metadata and body, and nothing after it), decoding the columns in
 /// `projection` (all with `None`): in place, the flatbuffer verified, the decoded columns
-/// fully validated, misaligned buffers refused, as arrow's `StreamDecoder` decodes the
-/// record batch messages Sluice writes. Compressed bodies and negative lengths are
-/// refused.
+/// fully validated (by arrow-ipc, or after it with [`Validation::Deferred`]), misaligned
+/// buffers refused, as arrow's `StreamDecoder` decodes the record batch messages Sluice
+/// writes. Compressed bodies and negative lengths are refused.
 fn read_record_batch(
     buffer: &Buffer,
     schema: &SchemaRef,
     projection: Option<&[usize]>,
+    validation: Validation,
 ) -> Result<RecordBatch> {
     let corrupt = |what: String| SluiceError::Corrupt(what);
     let n = first_message_len(buffer)
@@ -497,13 +693,34 @@ fn read_record_batch(
     let body = buffer.slice_with_length(n, body_len);
     let version = message.version();
     let no_dictionaries = HashMap::new();
+    let mut skip_validation = UnsafeFlag::new();
+    if validation == Validation::Deferred {
+        // SAFETY: with the flag set, arrow-ipc builds the arrays without validating them,
+        // and documents that invalid data may cause undefined behaviour when the arrays
+        // are later accessed. Nothing accesses them before `validate_deferred` below has
+        // validated every one: `Validation::Deferred` is only chosen for columns that
+        // arrow-ipc builds with `ArrayDataBuilder` alone (`built_by_array_data_builder`),
+        // for which the flag skips `ArrayData::validate_data` and nothing else, and
+        // `validate_deferred` runs that on every array and its children (and
+        // `RecordBatch`'s checks, which the flag skips too) before the batch is returned.
+        // Building the arrays reads no values: the typed arrays' constructors take the
+        // buffers as they are, and those that check a buffer's size or alignment panic,
+        // which `Decoder::decode` reports as a corrupt message. A batch that fails
+        // validation is dropped unread.
+        unsafe { skip_validation.set(true) };
+    }
     let decoded =
         RecordBatchDecoder::try_new(&body, batch, schema.clone(), &no_dictionaries, &version)
             .and_then(|d| {
                 d.with_projection(projection)
                     .with_require_alignment(true)
+                    .with_skip_validation(skip_validation)
                     .read_record_batch()
             });
+    let decoded = match validation {
+        Validation::Arrow => decoded,
+        Validation::Deferred => decoded.and_then(validate_deferred),
+    };
     decoded.map_err(|e| corrupt(e.to_string()))
 }
 
@@ -925,16 +1142,18 @@ mod tests {
             assert_eq!(decoder.decode(buffer(&good)).unwrap(), sample());
             let copy = corrupted(&good, &mut next);
             let fresh = decode(buffer(&copy));
-            let arrows = reference(buffer(&copy));
+            let arrows = reference_unless_it_panics(buffer(&copy));
             match decoder.decode(buffer(&copy)) {
                 Ok(batch) => {
                     for col in batch.columns() {
                         col.to_data().validate_full().unwrap();
                     }
                     // Exactly as strict as a fresh decode, and no looser than arrow's
-                    // own stream decoder.
+                    // own stream decoder where that one comes to a decision.
                     assert_eq!(batch, *fresh.as_ref().unwrap());
-                    assert_eq!(batch, arrows.unwrap());
+                    if let Some(arrows) = arrows {
+                        assert_eq!(batch, arrows.unwrap());
+                    }
                 }
                 Err(e) => assert!(
                     fresh.is_err(),
@@ -950,6 +1169,18 @@ mod tests {
             assert!(decoder.decode(buffer(&trailing)).is_err());
         }
         assert_eq!(decoder.decode(buffer(&good)).unwrap(), sample());
+    }
+
+    /// [`reference`], or `None` where arrow's decoder panics instead of deciding.
+    ///
+    /// Arrow-data's check of offsets (`validate_each_offset`) panics on an offsets
+    /// buffer whose length is no multiple of an offset (`Buffer::typed_data`), where the
+    /// offsets the array has are all there and valid. A decoder whose validation is
+    /// deferred checks the offsets the array has, and so decodes such a message; what it
+    /// decodes is valid (the tests check it with `validate_full`).
+    fn reference_unless_it_panics(buffer: Buffer) -> Option<Result<RecordBatch>> {
+        let mut decoder = StreamDecoder::new().with_require_alignment(true);
+        crate::panics::catch(|| decode_with(&mut decoder, buffer)).ok()
     }
 
     /// Arrow's own stream decoder on a fragment: the reference the decoder must be no
@@ -1090,6 +1321,204 @@ mod tests {
                 if let Ok(whole) = reference(buffer(&copy)) {
                     assert_eq!(batch, columns.project(whole).unwrap());
                 }
+            }
+        }
+    }
+
+    /// Strings (with nulls and characters of two to four bytes), binary, their 64-bit
+    /// variants, a list of integers, a tensor column and booleans: the types whose
+    /// validation a decoder defers.
+    fn deferrable() -> RecordBatch {
+        use arrow::array::{BooleanArray, LargeBinaryArray, LargeStringArray, ListArray};
+        use arrow::datatypes::Int32Type;
+        let words = ["é", "日本", "a", "🦀x", "", "naïve"];
+        let text = |i: usize| format!("{}{}", words[i % 6], words[(i * 7) % 6]);
+        RecordBatch::try_from_iter([
+            (
+                "name",
+                Arc::new(StringArray::from_iter(
+                    (0..24).map(|i| (i % 5 != 2).then(|| text(i))),
+                )) as ArrayRef,
+            ),
+            (
+                "long",
+                Arc::new(LargeStringArray::from_iter_values((0..24).map(text))) as ArrayRef,
+            ),
+            (
+                "blob",
+                Arc::new(arrow::array::BinaryArray::from_iter_values(
+                    (0..24u8).map(|i| vec![i; usize::from(i % 4)]),
+                )) as ArrayRef,
+            ),
+            (
+                "large_blob",
+                Arc::new(LargeBinaryArray::from_iter_values(
+                    (0..24u8).map(|i| vec![0x80 | i; usize::from(i % 3)]),
+                )) as ArrayRef,
+            ),
+            (
+                "list",
+                Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>(
+                    (0..24).map(|i| (i % 4 != 1).then(|| (0..i % 3).map(Some).collect::<Vec<_>>())),
+                )) as ArrayRef,
+            ),
+            (
+                "flag",
+                Arc::new(BooleanArray::from_iter((0..24).map(|i| Some(i % 2 == 0)))) as ArrayRef,
+            ),
+            (
+                "x",
+                Arc::new(
+                    FixedSizeListArray::try_new(
+                        Arc::new(Field::new("item", DataType::Float32, false)),
+                        2,
+                        Arc::new(Float32Array::from_iter_values((0..48).map(|v| v as f32))),
+                        None,
+                    )
+                    .unwrap(),
+                ) as ArrayRef,
+            ),
+        ])
+        .map(|b| b.slice(3, 17))
+        .unwrap()
+    }
+
+    #[test]
+    fn deferred_validation_accepts_and_refuses_exactly_what_arrow_does() {
+        let batch = deferrable();
+        assert_eq!(
+            Validation::for_columns(&batch.schema(), None),
+            Validation::Deferred
+        );
+        assert_eq!(
+            Validation::for_columns(&sample().schema(), None),
+            Validation::Deferred
+        );
+        assert_eq!(
+            Validation::for_columns(&sample().schema(), Some(&[0, 2])),
+            Validation::Arrow,
+            "no strings: nothing to gain"
+        );
+        let good = encode(&batch).unwrap().to_vec();
+        let mut decoder = Decoder::new();
+        assert_eq!(decoder.decode(buffer(&good)).unwrap(), batch);
+        // Corrupt the bodies (offsets, values, validity), where validation decides,
+        // as well as anywhere at all.
+        let body_start = good.len() - 640.min(good.len() / 2);
+        let mut next = xorshift(0x0DEF_E44E_D5EE_D001);
+        let (mut refused, mut accepted) = (0, 0);
+        for round in 0..6000 {
+            let mut copy = good.clone();
+            for _ in 0..(next() % 3 + 1) {
+                let i = if round % 4 == 0 {
+                    next() as usize % copy.len()
+                } else {
+                    body_start + next() as usize % (copy.len() - body_start)
+                };
+                copy[i] = match next() % 4 {
+                    0 => copy[i] ^ 0x80,
+                    1 => copy[i].wrapping_add(1),
+                    2 => copy[i].wrapping_sub(1),
+                    _ => next() as u8,
+                };
+            }
+            let ours = decoder.decode(buffer(&copy));
+            if let Ok(batch) = &ours {
+                for col in batch.columns() {
+                    col.to_data().validate_full().unwrap();
+                }
+            }
+            let Some(arrow) = reference_unless_it_panics(buffer(&copy)) else {
+                continue;
+            };
+            match (&ours, &arrow) {
+                (Ok(ours), Ok(arrow)) => {
+                    assert_eq!(ours, arrow, "round {round}");
+                    accepted += 1;
+                }
+                (Err(_), Err(_)) => refused += 1,
+                _ => panic!("round {round}: Sluice {ours:?}, arrow {arrow:?}"),
+            }
+            assert_eq!(decoder.decode(buffer(&good)).unwrap(), batch);
+        }
+        // Both outcomes happened often enough for the comparison to mean something.
+        assert!(
+            refused > 500 && accepted > 500,
+            "{refused} refused, {accepted} accepted"
+        );
+    }
+
+    /// An array of `data_type` (strings or binary) over any bytes, unvalidated.
+    fn unvalidated_bytes<O: arrow::datatypes::ArrowNativeType>(
+        data_type: DataType,
+        offsets: &[O],
+        values: &[u8],
+        nulls: Option<(Vec<bool>, usize)>,
+        offset: usize,
+    ) -> ArrayData {
+        let len = (offsets.len() - 1).saturating_sub(offset);
+        let mut builder = ArrayData::builder(data_type)
+            .len(len)
+            .offset(offset)
+            .add_buffer(Buffer::from_slice_ref(offsets))
+            .add_buffer(Buffer::from_slice_ref(values));
+        if let Some((bits, count)) = nulls {
+            let mut bitmap = arrow::array::BooleanBufferBuilder::new(bits.len());
+            bitmap.append_slice(&bits);
+            builder = builder
+                .null_bit_buffer(Some(bitmap.finish().into_inner()))
+                .null_count(count);
+        }
+        // SAFETY: the array is only handed to validation, which is made for arrays of
+        // any content; nothing reads its values.
+        unsafe { builder.build_unchecked() }
+    }
+
+    use proptest::strategy::Strategy;
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn validate_bytes_agrees_with_arrow(
+            offsets in proptest::collection::vec(-2i32..24, 1..10),
+            values in proptest::prop_oneof![
+                // Valid UTF-8 of characters one to four bytes long, where offsets may
+                // split a character.
+                proptest::collection::vec(proptest::sample::select(vec!["a", "é", "日", "🦀"]), 0..8)
+                    .prop_map(|chars| chars.concat().into_bytes()),
+                // Any bytes.
+                proptest::collection::vec(
+                    proptest::sample::select(vec![b'a', 0xC3, 0xA9, 0xE6, 0x97, 0xA5, 0xF0, 0x9F, 0x80, 0xFF]),
+                    0..24,
+                ),
+            ],
+            nulls in proptest::option::of((proptest::collection::vec(proptest::bool::ANY, 12), 0usize..4)),
+            offset in 0usize..3,
+            sorted in proptest::bool::ANY,
+        ) {
+            let mut offsets = offsets;
+            if sorted {
+                // Mostly valid offsets, so that the UTF-8 checks are reached.
+                offsets.iter_mut().for_each(|o| *o = (*o).max(0));
+                offsets.sort_unstable();
+            }
+            let wide: Vec<i64> = offsets.iter().map(|&o| i64::from(o)).collect();
+            for (data_type, utf8) in [(DataType::Utf8, true), (DataType::Binary, false)] {
+                let data = unvalidated_bytes(data_type.clone(), &offsets, &values, nulls.clone(), offset);
+                proptest::prop_assert_eq!(
+                    validate_bytes::<i32>(&data, utf8).is_ok(),
+                    data.validate_full().is_ok(),
+                    "{:?} offsets {:?} values {:?}", data_type, offsets, values
+                );
+            }
+            for (data_type, utf8) in [(DataType::LargeUtf8, true), (DataType::LargeBinary, false)] {
+                let data = unvalidated_bytes(data_type.clone(), &wide, &values, nulls.clone(), offset);
+                proptest::prop_assert_eq!(
+                    validate_bytes::<i64>(&data, utf8).is_ok(),
+                    data.validate_full().is_ok(),
+                    "{:?} offsets {:?} values {:?}", data_type, wide, values
+                );
             }
         }
     }
