@@ -342,7 +342,7 @@ impl Columns {
 /// dictionary or run-end encoded column), the validation is deferred until the batch is
 /// built, and the offsets of the strings are checked with plain loops rather than
 /// arrow-data's iterators: the same checks, a decoding of the demo schema's 1 024-row
-/// batch in about 0.8 of the time (docs/benchmarks.md, "Validation deferred").
+/// batch in 0.83–0.9 of the time (docs/benchmarks.md, "Validation deferred").
 /// [`Decoder::with_arrow_validation`] decodes as arrow does.
 ///
 /// Schemas with dictionary-encoded columns are decoded whole by a fresh `StreamDecoder`
