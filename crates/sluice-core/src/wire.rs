@@ -342,7 +342,7 @@ impl Columns {
 /// dictionary or run-end encoded column), the validation is deferred until the batch is
 /// built, and the offsets of the strings are checked with plain loops rather than
 /// arrow-data's iterators: the same checks, a decoding of the demo schema's 1 024-row
-/// batch in 0.83–0.9 of the time (docs/benchmarks.md, "Validation deferred").
+/// batch in 0.83–0.97 of the time (docs/benchmarks.md, "Validation deferred").
 /// [`Decoder::with_arrow_validation`] decodes as arrow does.
 ///
 /// Schemas with dictionary-encoded columns are decoded whole by a fresh `StreamDecoder`
@@ -1178,18 +1178,19 @@ mod tests {
     /// deferred checks the offsets the array has, and so decodes such a message; what it
     /// decodes is valid (the tests check it with `validate_full`).
     fn reference_unless_it_panics(buffer: Buffer) -> Option<Result<RecordBatch>> {
-        let mut decoder = StreamDecoder::new().with_require_alignment(true);
-        crate::panics::catch(|| decode_with(&mut decoder, buffer)).ok()
+        arrows_decoding(buffer).ok()
     }
 
     /// Arrow's own stream decoder on a fragment: the reference the decoder must be no
     /// looser than.
     fn reference(buffer: Buffer) -> Result<RecordBatch> {
+        arrows_decoding(buffer).unwrap_or_else(|what| Err(SluiceError::Corrupt(what)))
+    }
+
+    /// What arrow's stream decoder makes of a fragment, or its panic's message.
+    fn arrows_decoding(buffer: Buffer) -> std::result::Result<Result<RecordBatch>, String> {
         let mut decoder = StreamDecoder::new().with_require_alignment(true);
-        match crate::panics::catch(|| decode_with(&mut decoder, buffer)) {
-            Ok(result) => result,
-            Err(what) => Err(SluiceError::Corrupt(what.to_string())),
-        }
+        crate::panics::catch(|| decode_with(&mut decoder, buffer)).map_err(|what| what.to_string())
     }
 
     #[test]
@@ -1503,23 +1504,38 @@ mod tests {
                 offsets.sort_unstable();
             }
             let wide: Vec<i64> = offsets.iter().map(|&o| i64::from(o)).collect();
-            for (data_type, utf8) in [(DataType::Utf8, true), (DataType::Binary, false)] {
-                let data = unvalidated_bytes(data_type.clone(), &offsets, &values, nulls.clone(), offset);
-                proptest::prop_assert_eq!(
-                    validate_bytes::<i32>(&data, utf8).is_ok(),
-                    data.validate_full().is_ok(),
-                    "{:?} offsets {:?} values {:?}", data_type, offsets, values
-                );
-            }
-            for (data_type, utf8) in [(DataType::LargeUtf8, true), (DataType::LargeBinary, false)] {
-                let data = unvalidated_bytes(data_type.clone(), &wide, &values, nulls.clone(), offset);
-                proptest::prop_assert_eq!(
-                    validate_bytes::<i64>(&data, utf8).is_ok(),
-                    data.validate_full().is_ok(),
-                    "{:?} offsets {:?} values {:?}", data_type, wide, values
-                );
+            for utf8 in [true, false] {
+                agrees_with_arrow(utf8, &offsets, &values, &nulls, offset)?;
+                agrees_with_arrow(utf8, &wide, &values, &nulls, offset)?;
             }
         }
+    }
+
+    /// Whether [`validate_bytes`] accepts the array of strings (`utf8`) or binary over
+    /// these buffers exactly where `ArrayData::validate_full` does.
+    fn agrees_with_arrow<O: OffsetSizeTrait + std::fmt::Display>(
+        utf8: bool,
+        offsets: &[O],
+        values: &[u8],
+        nulls: &Option<(Vec<bool>, usize)>,
+        offset: usize,
+    ) -> std::result::Result<(), proptest::test_runner::TestCaseError> {
+        let data_type = match (utf8, O::IS_LARGE) {
+            (true, false) => DataType::Utf8,
+            (true, true) => DataType::LargeUtf8,
+            (false, false) => DataType::Binary,
+            (false, true) => DataType::LargeBinary,
+        };
+        let data = unvalidated_bytes(data_type, offsets, values, nulls.clone(), offset);
+        proptest::prop_assert_eq!(
+            validate_bytes::<O>(&data, utf8).is_ok(),
+            data.validate_full().is_ok(),
+            "{:?} offsets {:?} values {:?}",
+            data.data_type(),
+            offsets,
+            values
+        );
+        Ok(())
     }
 
     /// `split`'s parts framed again as IPC messages (continuation marker, metadata
