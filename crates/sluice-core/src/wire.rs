@@ -340,9 +340,10 @@ impl Columns {
 ///
 /// Where the columns decoded include strings or binary (and no struct, union, view,
 /// dictionary or run-end encoded column), the validation is deferred until the batch is
-/// built, and the offsets of the strings are checked with plain loops rather than
-/// arrow-data's iterators: the same checks, a decoding of the demo schema's 1 024-row
-/// batch in 0.83–0.97 of the time (docs/benchmarks.md, "Validation deferred").
+/// built, the offsets of the strings are checked with plain loops rather than
+/// arrow-data's iterators, and their values' UTF-8 with simdutf8: the same checks, a
+/// decoding of the demo schema's 1 024-row batch in 0.62–0.68 of the time
+/// (docs/benchmarks.md, "Validation deferred" and "UTF-8 with SIMD").
 /// [`Decoder::with_arrow_validation`] decodes as arrow does.
 ///
 /// Schemas with dictionary-encoded columns are decoded whole by a fresh `StreamDecoder`
@@ -582,7 +583,7 @@ fn validate_deferred(batch: RecordBatch) -> std::result::Result<RecordBatch, Arr
 /// `validate_offsets_full`), in about 0.6 of its time. The buffers' sizes and alignment,
 /// the first and last offsets and the null count are arrow's own checks; the offsets are
 /// then checked to start at zero or more and never decrease; for strings, the values are
-/// checked to be UTF-8 (`str::from_utf8`) and every offset to fall on a character
+/// checked to be UTF-8 (simdutf8, as `str::from_utf8` would) and every offset to fall on a character
 /// boundary, as arrow-array's `GenericStringType::validate` does. Values that are not
 /// UTF-8 as a whole may still be valid where no string covers them: those arrays are
 /// left to arrow's check string by string.
@@ -622,7 +623,11 @@ fn validate_bytes<O: OffsetSizeTrait + std::fmt::Display>(
     // against the values' length only, as `validate` did.
     if utf8 && !data.is_empty() {
         let values = data.buffers()[1].as_slice();
-        if std::str::from_utf8(values).is_err() {
+        // simdutf8 accepts exactly what `str::from_utf8` accepts (its `basic` flavour
+        // says only whether), with SIMD where the CPU has it: half of this check's time
+        // was `str::from_utf8` in a profile of subscribers of the demo plan
+        // (docs/benchmarks.md, "UTF-8 with SIMD").
+        if simdutf8::basic::from_utf8(values).is_err() {
             return data.validate_values();
         }
         // The offsets now lie within the values (the last one does, and none is larger),
@@ -1508,6 +1513,32 @@ mod tests {
                 agrees_with_arrow(utf8, &offsets, &values, &nulls, offset)?;
                 agrees_with_arrow(utf8, &wide, &values, &nulls, offset)?;
             }
+        }
+
+        /// Values long enough for simdutf8's SIMD paths (from 64 bytes on), with offsets
+        /// spread over all of them and one byte perhaps replaced: the UTF-8 check of
+        /// the whole buffer decides here, where the test above has short values.
+        #[test]
+        fn validate_bytes_agrees_with_arrow_on_long_values(
+            chars in proptest::collection::vec(proptest::sample::select(vec!["a", "é", "日", "🦀"]), 16..300),
+            replaced in proptest::option::of((
+                proptest::arbitrary::any::<proptest::sample::Index>(),
+                proptest::sample::select(vec![0x80u8, 0xBF, 0xC3, 0xE6, 0xF0, 0xFF, b'a']),
+            )),
+            cuts in proptest::collection::vec(proptest::arbitrary::any::<proptest::sample::Index>(), 0..12),
+            offset in 0usize..3,
+        ) {
+            let mut values = chars.concat().into_bytes();
+            if let Some((at, byte)) = replaced {
+                let at = at.index(values.len());
+                values[at] = byte;
+            }
+            let mut offsets: Vec<i32> = cuts.iter().map(|c| c.index(values.len() + 1) as i32).collect();
+            offsets.extend([0, values.len() as i32]);
+            offsets.sort_unstable();
+            let wide: Vec<i64> = offsets.iter().map(|&o| i64::from(o)).collect();
+            agrees_with_arrow(true, &offsets, &values, &None, offset)?;
+            agrees_with_arrow(true, &wide, &values, &None, offset)?;
         }
     }
 
