@@ -580,7 +580,8 @@ fn validate_deferred(batch: RecordBatch) -> std::result::Result<RecordBatch, Arr
 
 /// `ArrayData::validate_data` of a string (`utf8`) or binary array, with its offsets
 /// checked by plain loops: what `validate_data` checks (arrow-data's `validate_utf8` and
-/// `validate_offsets_full`), in about 0.6 of its time. The buffers' sizes and alignment,
+/// `validate_offsets_full`), in less time (docs/benchmarks.md, "Validation deferred" and
+/// "UTF-8 with SIMD"). The buffers' sizes and alignment,
 /// the first and last offsets and the null count are arrow's own checks; the offsets are
 /// then checked to start at zero or more and never decrease; for strings, the values are
 /// checked to be UTF-8 (simdutf8, as `str::from_utf8` would) and every offset to fall on a character

@@ -154,7 +154,8 @@ pub struct Subscriber {
     receiver: Receiver<Payload>,
     /// Whether batches are cut to the subscriber's size.
     rebatching: bool,
-    /// Sample ranges of producer batches the re-batcher may still be slicing.
+    /// Sample ranges of producer batches the re-batcher may still be slicing; without
+    /// re-batching, the range of the last message received.
     ranges: VecDeque<Range<usize>>,
     /// Opens the device slots of a GPU topic, on first use.
     importer: Arc<ImporterCell>,
