@@ -49,7 +49,8 @@ pytestmark = pytest.mark.skipif(
     "4 subscribers, subscriber killed mid-stream, torch consumers of different batch sizes, "
     "subscriber holding batches, release versus completion, CuPy/JAX, Arrow C Device, "
     "producer killed while trainers hold tensors (ProducerLost, never garbage, restart and "
-    "reconnect), cuda_host to_device with the CPU path's rows and private writes, cuda_host "
+    "reconnect), a trainer holding a dead producer's device batch reconnecting to its "
+    "successor, cuda_host to_device with the CPU path's rows and private writes, cuda_host "
     "holding samples only until the copy completes, sluice.torch with device='cuda', "
     "subscribers and sluice.torch naming their columns on GPU topics)",
 )
@@ -617,6 +618,54 @@ def test_a_producer_killed_while_trainers_hold_tensors_gives_an_error_never_garb
     after = json.loads(reconnecting.expect("result", 60))
     assert reconnecting.finish(60) == 0, reconnecting.stderr()
     assert after["every_row_once"], after
+
+
+# A trainer loop as trainers write it, on a `cuda:0` topic: `for batch in sub` keeps the
+# previous device batch (and so a mapping of the producer's GPU slot) while it asks for
+# the next one, so when the producer dies the trainer holds one of the dead producer's
+# device batches all the while it waits for the restarted producer.
+_HOLDING_GPU_TRAINER = r"""
+import collections, json, sys, time
+import sluice, torch
+
+ids = []
+with sluice.subscribe(sys.argv[1], timeout=60, reconnect=60) as sub:
+    for batch in sub:
+        assert isinstance(batch, sluice.DeviceBatch), type(batch)
+        before = len(ids)
+        ids += torch.from_dlpack(batch["id"]).cpu().tolist()
+        if before < 1000 <= len(ids):
+            print("reading", flush=True)
+        time.sleep(0.002)
+counts = collections.Counter(ids)
+print("result", json.dumps({"rows": len(ids), "distinct": len(counts),
+                            "every_row_once": sorted(ids) == list(range(int(sys.argv[2])))}),
+      flush=True)
+"""
+
+
+def test_a_trainer_holding_a_dead_producers_device_batch_continues_onto_its_successor(
+        plans, run_python):
+    """The GPU side of the producer restart: a trainer holds a device batch of a
+    ``cuda:0`` producer that is SIGKILLed mid-stream. A restarted producer must take the
+    topic over (another generation of its services, its own GPU ring) without waiting for
+    the held batch, and the trainer, reconnecting, gets every row exactly once."""
+    pytest.importorskip("torch")
+    rows = 6000
+    plan = plans.plan(rows=rows, batch_rows=50, select=NUMERIC,
+                      extra=GPU + "SET sluice.window = 4;\n")
+    trainer = _Child(run_python(_HOLDING_GPU_TRAINER, plans.topic, str(rows)))
+    first = _Child(run_python(_PRODUCER.replace("min_subscribers=2", "min_subscribers=1"),
+                              str(plan)))
+    first.expect("started", 60)
+    trainer.expect("reading", 60)
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait(10)
+    restarted = sluice.Producer(plan, min_subscribers=1)
+    restarted.wait(timeout=90)
+    result = json.loads(trainer.expect("result", 60))
+    assert trainer.finish(60) == 0, trainer.stderr()
+    assert result["every_row_once"], result
 
 
 # --- cuda_host: each subscriber copies shared memory to its own GPU memory ----------------

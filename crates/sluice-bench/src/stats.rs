@@ -198,6 +198,16 @@ pub fn utc_now() -> Result<String> {
     ))
 }
 
+/// `value` with two decimals, or three where two would round it onto `threshold` (0.896
+/// shown as "0.90" beside "not met" against a goal of 0.90 reads as a contradiction).
+pub fn against(value: f64, threshold: f64) -> String {
+    if ((value * 100.0).round() / 100.0 - threshold).abs() < 1e-9 && value != threshold {
+        format!("{value:.3}")
+    } else {
+        format!("{value:.2}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,5 +231,13 @@ mod tests {
         assert_eq!(metric(1_234_567.4), "1.23 M");
         assert_eq!(metric(2_500.0), "2.5 k");
         assert_eq!(metric(12.0), "12");
+    }
+
+    #[test]
+    fn a_ratio_next_to_its_goal_shows_which_side_it_is_on() {
+        assert_eq!(against(0.8957, 0.9), "0.896");
+        assert_eq!(against(0.9041, 0.9), "0.904");
+        assert_eq!(against(0.9, 0.9), "0.90");
+        assert_eq!(against(0.84, 0.9), "0.84");
     }
 }
