@@ -63,7 +63,10 @@ impl Reach {
     }
 }
 
-/// Receives a topic to its end; returns (rows, seconds from the first batch).
+/// Receives a topic to its end; returns (rows, seconds from the first batch to the end of
+/// the stream). The subscriber lets go of the topic after the clock stops, as the Flight
+/// clients of the baseline close their streams after theirs and comparison 1's
+/// subscribers let go after theirs: each measures delivery, not its one-off teardown.
 fn receive(
     ns: Namespace,
     topic: String,
@@ -72,10 +75,15 @@ fn receive(
 ) -> Result<(u64, f64)> {
     let mut first = None;
     let mut rows = 0u64;
+    let since_first =
+        |first: Option<Instant>| first.map_or(f64::NAN, |t| t.elapsed().as_secs_f64());
     match reach {
         Reach::Local => {
             let mut sub = crate::transport::subscribe(&ns, &topic)?;
             (rows, first) = crate::fanout::receive_all(&mut sub)?;
+            let secs = since_first(first);
+            drop(sub);
+            Ok((rows, secs))
         }
         Reach::Remote => {
             let target = sluice::flight::FlightTarget {
@@ -110,9 +118,11 @@ fn receive(
                     sluice::core::Outbound::End => break,
                 }
             }
+            let secs = since_first(first);
+            drop(sub);
+            Ok((rows, secs))
         }
     }
-    Ok((rows, first.map_or(f64::NAN, |t| t.elapsed().as_secs_f64())))
 }
 
 /// Publishes `batches` `epochs` times on a bare topic to `n` subscriber threads that
