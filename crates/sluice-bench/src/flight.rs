@@ -73,14 +73,12 @@ fn receive(
     reach: Reach,
     server: Option<String>,
 ) -> Result<(u64, f64)> {
-    let mut first = None;
-    let mut rows = 0u64;
     let since_first =
         |first: Option<Instant>| first.map_or(f64::NAN, |t| t.elapsed().as_secs_f64());
     match reach {
         Reach::Local => {
             let mut sub = crate::transport::subscribe(&ns, &topic)?;
-            (rows, first) = crate::fanout::receive_all(&mut sub)?;
+            let (rows, first) = crate::fanout::receive_all(&mut sub)?;
             let secs = since_first(first);
             drop(sub);
             Ok((rows, secs))
@@ -108,6 +106,8 @@ fn receive(
                 },
                 inlet,
             )?;
+            let mut first = None;
+            let mut rows = 0u64;
             loop {
                 match sub.next(Some(Duration::from_secs(60)))? {
                     sluice::core::Outbound::Batch { payload, .. } => {

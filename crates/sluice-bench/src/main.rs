@@ -873,7 +873,7 @@ impl Report {
             }
         }
         let target = ratio_at_8 >= 0.9;
-        let shown = against(ratio_at_8, 0.9);
+        let shown = against(ratio_at_8, 0.9, 2);
         writeln!(
             b,
             "\nPer-subscriber rate at N = 8: **{shown}** of N = 1 (target ≥ 0.90: {}). \
@@ -944,14 +944,15 @@ impl Report {
             }
         }
         let target = last <= 1.0 / 8.0 + 0.05;
+        let shown = against(last, 1.0 / 8.0 + 0.05, 2);
         writeln!(
             b,
-            "\nAt N = 8 Sluice uses **{last:.2}×** the CPU of 8 independent pipelines (target ≤ 1/8 + 0.05 = 0.175: {}).",
+            "\nAt N = 8 Sluice uses **{shown}×** the CPU of 8 independent pipelines (target ≤ 1/8 + 0.05 = 0.175: {}).",
             verdict(target)
         )?;
         self.goals.push((
             "total CPU, N = 8 against 8 independent DataFusion pipelines".into(),
-            format!("{last:.2}"),
+            shown,
             "≤ 1/8 + 0.05",
             Some(target),
         ));
@@ -1061,14 +1062,15 @@ impl Report {
                 at4 = ratio.median;
             }
         }
+        let shown = against(at4, 10.0, 1);
         writeln!(
             b,
-            "\nSluice / Flight is **{at4:.1}×** at N = 4 and at least {worst:.1}× at every N (target ≥ 10× at N = 4: {}).",
+            "\nSluice / Flight is **{shown}×** at N = 4 and at least {worst:.1}× at every N (target ≥ 10× at N = 4: {}).",
             verdict(at4 >= 10.0)
         )?;
         self.goals.push((
             "Sluice against Arrow Flight, per consumer at N = 4".into(),
-            format!("{at4:.1}×"),
+            format!("{shown}×"),
             "≥ 10×",
             Some(at4 >= 10.0),
         ));
@@ -1349,13 +1351,13 @@ impl Report {
         }
         writeln!(
             b,
-            "\nFrom 4 MiB up, Sluice reaches at least **{:.0}%** of memcpy (target ≥ 80%: {}).",
-            worst * 100.0,
+            "\nFrom 4 MiB up, Sluice reaches at least **{}%** of memcpy (target ≥ 80%: {}).",
+            against(worst * 100.0, 80.0, 0),
             verdict(worst >= 0.8)
         )?;
         self.summary.push(format!(
-            "batches of 4 MiB and more: at least {:.0}% of memcpy (target ≥ 80%: {})",
-            worst * 100.0,
+            "batches of 4 MiB and more: at least {}% of memcpy (target ≥ 80%: {})",
+            against(worst * 100.0, 80.0, 0),
             verdict(worst >= 0.8)
         ));
         self.image(
@@ -1462,9 +1464,9 @@ impl Report {
         if worst.0.is_finite() {
             writeln!(
                 b,
-                "\nAt N = 8 the per-subscriber rate is at least **{:.2}** of N = 1 for batches of 64 KiB \
+                "\nAt N = 8 the per-subscriber rate is at least **{}** of N = 1 for batches of 64 KiB \
                  and more (lowest at {}; goal ≥ 0.90: {}).",
-                worst.0,
+                against(worst.0, 0.9, 2),
                 size_label(worst.1),
                 verdict(worst.0 >= 0.9)
             )?;
@@ -1678,7 +1680,7 @@ impl Report {
         if latency_ms.is_none() {
             self.goals.push((
                 S3_GOAL.into(),
-                format!("{:.2}×", ratio.median),
+                format!("{}×", against(ratio.median, 1.0, 2)),
                 "≥ 1.0",
                 Some(ratio.median >= 1.0),
             ));
@@ -1775,7 +1777,7 @@ impl Report {
         )?;
         self.goals.push((
             IMAGE_GOAL.into(),
-            format!("{:.2}", sc / lc),
+            against(sc / lc, 0.35, 2),
             "≤ 0.35",
             Some(sc / lc <= 0.35),
         ));

@@ -198,13 +198,15 @@ pub fn utc_now() -> Result<String> {
     ))
 }
 
-/// `value` with two decimals, or three where two would round it onto `threshold` (0.896
-/// shown as "0.90" beside "not met" against a goal of 0.90 reads as a contradiction).
-pub fn against(value: f64, threshold: f64) -> String {
-    if ((value * 100.0).round() / 100.0 - threshold).abs() < 1e-9 && value != threshold {
-        format!("{value:.3}")
+/// `value` with `decimals` decimals, or one more where those would show it as `threshold`
+/// itself: a goal's figure beside its verdict ("0.90" beside "not met" for 0.896 against
+/// a goal of 0.90, "10.0×" for 9.96 against 10×) reads as a contradiction.
+pub fn against(value: f64, threshold: f64, decimals: usize) -> String {
+    let shown = format!("{value:.decimals$}");
+    if value != threshold && shown == format!("{threshold:.decimals$}") {
+        format!("{value:.0$}", decimals + 1)
     } else {
-        format!("{value:.2}")
+        shown
     }
 }
 
@@ -235,9 +237,12 @@ mod tests {
 
     #[test]
     fn a_ratio_next_to_its_goal_shows_which_side_it_is_on() {
-        assert_eq!(against(0.8957, 0.9), "0.896");
-        assert_eq!(against(0.9041, 0.9), "0.904");
-        assert_eq!(against(0.9, 0.9), "0.90");
-        assert_eq!(against(0.84, 0.9), "0.84");
+        assert_eq!(against(0.8957, 0.9, 2), "0.896");
+        assert_eq!(against(0.9041, 0.9, 2), "0.904");
+        assert_eq!(against(0.9, 0.9, 2), "0.90");
+        assert_eq!(against(0.84, 0.9, 2), "0.84");
+        assert_eq!(against(9.96, 10.0, 1), "9.96");
+        assert_eq!(against(79.6, 80.0, 0), "79.6");
+        assert_eq!(against(9.4, 10.0, 1), "9.4");
     }
 }
