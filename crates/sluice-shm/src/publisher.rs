@@ -20,7 +20,7 @@ use sluice_core::{FrameKind, Result, SluiceError, TopicName};
 use crate::claim::{Claim, GENERATIONS};
 use crate::header::FrameHeader;
 use crate::interest::pending_interest;
-use crate::namespace::{Namespace, ReclaimAfter, SHM_DIR, shm_available};
+use crate::namespace::{Liveness, Namespace, ReclaimAfter, SHM_DIR, shm_available};
 use crate::{Ipc, permission_denied, transport};
 
 pub(crate) type DataService = PubSubFactory<Ipc, [u8], FrameHeader>;
@@ -801,16 +801,16 @@ fn wait_for_dead_topic(
                 Ok(service) => match producer_state(namespace, &service) {
                     // Its claim was free: a producer that does not claim its topic
                     // (another Sluice version) serves it.
-                    ProducerState::Alive => {
+                    Liveness::Alive => {
                         tracing::debug!(topic = %topic, generation, "the topic's producer is alive");
                         return Err(SluiceError::TopicBusy(topic.to_string()));
                     }
                     // Being created or removed right now: look again, for a while.
-                    ProducerState::Unknown if start.elapsed() >= TAKEOVER_WAIT => {
+                    Liveness::Unknown if start.elapsed() >= TAKEOVER_WAIT => {
                         return Err(SluiceError::TopicBusy(topic.to_string()));
                     }
-                    ProducerState::Unknown => unknown = true,
-                    ProducerState::Gone => attached += live_subscribers(namespace, &service),
+                    Liveness::Unknown => unknown = true,
+                    Liveness::Gone => attached += live_subscribers(namespace, &service),
                 },
                 // Left half-created by a producer killed while creating its data service
                 // (its events, created before, go with the dead producer's node).
@@ -868,49 +868,29 @@ fn live_subscribers(namespace: &Namespace, data: &DataService) -> usize {
     });
     nodes
         .into_iter()
-        .filter(|id| {
-            !matches!(
-                Node::<Ipc>::state_of(namespace.config(), *id),
-                Ok(Some(NodeState::Dead(_)) | None)
-            )
-        })
+        .filter(|id| namespace.node_liveness(id) != Liveness::Gone)
         .count()
 }
 
-/// What is known of the process behind a data service's publisher.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ProducerState {
-    /// Its node's monitor says it is alive.
-    Alive,
-    /// There is no publisher, or its process is dead.
-    Gone,
-    /// Its node cannot be read right now: being created, or being removed by a
-    /// reclaimer in another process, or not readable by this user.
-    Unknown,
-}
-
-/// The state of the data service's publisher's process. Removes nothing: a dead
-/// producer's resources are left to [`Namespace::reclaim_dead`], which keeps them while
-/// its subscribers may still have to take what it queued.
-pub(crate) fn producer_state(namespace: &Namespace, data: &DataService) -> ProducerState {
+/// The state of the data service's publisher's process: [`Liveness::Gone`] also where
+/// there is no publisher. Removes nothing: a dead producer's resources are left to
+/// [`Namespace::reclaim_dead`], which keeps them while its subscribers may still have to
+/// take what it queued.
+pub(crate) fn producer_state(namespace: &Namespace, data: &DataService) -> Liveness {
     let mut producer = None;
     data.dynamic_config().list_publishers(|details| {
         producer = Some(details.node_id);
         CallbackProgression::Stop
     });
-    let Some(node_id) = producer else {
-        return ProducerState::Gone;
-    };
-    match Node::<Ipc>::state_of(namespace.config(), node_id) {
-        Ok(Some(NodeState::Dead(_)) | None) => ProducerState::Gone,
-        Ok(Some(NodeState::Alive(_))) => ProducerState::Alive,
-        Ok(Some(_)) | Err(_) => ProducerState::Unknown,
+    match producer {
+        Some(node_id) => namespace.node_liveness(&node_id),
+        None => Liveness::Gone,
     }
 }
 
 /// Whether the data service has a publisher whose process is alive (or may be).
 pub(crate) fn producer_alive(namespace: &Namespace, data: &DataService) -> bool {
-    producer_state(namespace, data) != ProducerState::Gone
+    producer_state(namespace, data) != Liveness::Gone
 }
 
 /// How creating one of a topic's services failed, read from iceoryx2's error enums.

@@ -22,8 +22,9 @@ use iceoryx2::service::builder::publish_subscribe::PublishSubscribeOpenError as 
 use crate::claim::GENERATIONS;
 use crate::header::FrameHeader;
 use crate::interest::Interest;
+use crate::namespace::Liveness;
 use crate::namespace::{Namespace, ReclaimAfter};
-use crate::publisher::{ProducerState, events, producer_alive, producer_state, service_name};
+use crate::publisher::{events, producer_alive, producer_state, service_name};
 use crate::{Ipc, permission_denied, transport};
 
 /// How often a waiting subscriber checks that its producer is alive; bounds the time
@@ -262,7 +263,7 @@ pub struct TopicSubscriber {
 
 impl Drop for TopicSubscriber {
     fn drop(&mut self) {
-        if producer_state(&self.namespace, &self.data) == ProducerState::Gone {
+        if producer_state(&self.namespace, &self.data) == Liveness::Gone {
             self.producer_found_gone();
         }
     }
@@ -371,7 +372,7 @@ impl TopicSubscriber {
                 // reclaimer in another process is removing right now cannot be read
                 // either.
                 let opened = (|| -> Result<_> {
-                    if producer_state(namespace, &data) != ProducerState::Alive {
+                    if producer_state(namespace, &data) != Liveness::Alive {
                         return Err(SluiceError::Transport("no live producer".into()));
                     }
                     let ready = node
@@ -730,8 +731,7 @@ impl TopicSubscriber {
     pub fn producer_gone(&self) -> bool {
         // Removing nothing: other subscribers may still have to receive what the dead
         // producer queued for them.
-        self.subscriber.is_some()
-            && producer_state(&self.namespace, &self.data) == ProducerState::Gone
+        self.subscriber.is_some() && producer_state(&self.namespace, &self.data) == Liveness::Gone
     }
 
     /// Lets go of what only a live producer needs held (the port that device batches
@@ -797,7 +797,7 @@ pub fn subscriber_count(namespace: &Namespace, topic: &TopicName) -> Result<Opti
         };
         let count = service.dynamic_config().number_of_subscribers();
         // The generation of the live producer, if there is one.
-        if producer_state(namespace, &service) == ProducerState::Alive {
+        if producer_state(namespace, &service) == Liveness::Alive {
             return Ok(Some(count));
         }
         found.get_or_insert(count);

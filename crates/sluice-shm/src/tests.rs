@@ -564,3 +564,102 @@ fn encoded_batches_are_the_producers_bytes_and_hold_their_samples() {
     ns.purge();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// The environment variable that makes [`a_node_of_a_process_to_be_killed`] a helper.
+const NODE_HELPER_NAMESPACE: &str = "SLUICE_TEST_NODE_HELPER_NAMESPACE";
+
+/// Helper process of the liveness test below, run by it from this test binary: creates a
+/// node in the namespace it is given, says its id, and waits to be killed.
+#[test]
+#[ignore = "a helper process of `node_liveness_answers_as_iceoryx2s_state_of_does`"]
+fn a_node_of_a_process_to_be_killed() {
+    let Ok(name) = std::env::var(NODE_HELPER_NAMESPACE) else {
+        return;
+    };
+    let node = Namespace::new(&name).unwrap().node("producer").unwrap();
+    println!("node {}", node.id().value());
+    std::thread::sleep(Duration::from_secs(120));
+}
+
+/// `Namespace::node_liveness` reads one node's monitor where iceoryx2's `Node::state_of`
+/// lists them all: for a live node, a node whose process was SIGKILLed, and a node
+/// removed (by the reclaim), both say the same, among other nodes of the namespace.
+#[test]
+fn node_liveness_answers_as_iceoryx2s_state_of_does() {
+    use std::io::BufRead;
+
+    use iceoryx2::prelude::{CallbackProgression, Node, NodeState};
+
+    use crate::Ipc;
+    use crate::namespace::Liveness;
+
+    let ns = namespace("liveness");
+    // Nodes that are not asked about, so that `state_of` has more than one to list.
+    let others: Vec<_> = (0..3).map(|_| ns.node("subscriber").unwrap()).collect();
+    let state_of = |id| match Node::<Ipc>::state_of(ns.config(), id) {
+        Ok(Some(NodeState::Alive(_))) => Liveness::Alive,
+        Ok(Some(NodeState::Dead(_)) | None) => Liveness::Gone,
+        Ok(Some(_)) | Err(_) => Liveness::Unknown,
+    };
+
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "tests::a_node_of_a_process_to_be_killed",
+        ])
+        .args(["--nocapture", "--test-threads=1"])
+        .env(NODE_HELPER_NAMESPACE, ns.name())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let value: u128 = stdout
+        .lines()
+        .map(|l| l.unwrap())
+        // libtest writes the test's name on the same line first.
+        .find_map(|l| {
+            l.rsplit_once("node ")
+                .map(|(_, v)| v.trim().parse().unwrap())
+        })
+        .expect("the helper process said its node id");
+    let mut found = None;
+    Node::<Ipc>::list(ns.config(), |state| {
+        if state.node_id().value() == value {
+            found = Some(*state.node_id());
+        }
+        CallbackProgression::Continue
+    })
+    .unwrap();
+    let helper = found.expect("the helper's node is listed");
+
+    assert_eq!(ns.node_liveness(&helper), Liveness::Alive);
+    assert_eq!(state_of(helper), Liveness::Alive);
+    for node in &others {
+        assert_eq!(ns.node_liveness(node.id()), Liveness::Alive);
+    }
+
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(state_of(helper), Liveness::Gone);
+    assert_eq!(ns.node_liveness(&helper), Liveness::Gone);
+    assert!(
+        ns.reclaim_dead() >= 1,
+        "the dead helper's node is reclaimed"
+    );
+    assert!(matches!(
+        Node::<Ipc>::state_of(ns.config(), helper),
+        Ok(None)
+    ));
+    assert_eq!(ns.node_liveness(&helper), Liveness::Gone);
+
+    // The nodes of this process, dropped, are gone too; until then they live.
+    let ids: Vec<_> = others.iter().map(|n| *n.id()).collect();
+    assert_eq!(ns.node_liveness(&ids[0]), Liveness::Alive);
+    drop(others);
+    for id in ids {
+        assert_eq!(state_of(id), Liveness::Gone);
+        assert_eq!(ns.node_liveness(&id), Liveness::Gone);
+    }
+    ns.purge();
+}
