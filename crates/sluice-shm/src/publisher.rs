@@ -461,9 +461,12 @@ impl TopicPublisher {
                     seconds: start.elapsed().as_secs_f64(),
                 });
             }
-            // Subscribers announce themselves on `released` once connected.
+            // Subscribers announce themselves on `released` once connected. Dead ones
+            // count until reclaimed; a reclaim reads the namespace's directories (about
+            // a millisecond), so a waiting producer does it every RECLAIM_EVERY, not at
+            // every look.
             let _ = self.released.timed_wait(|_| {}, DEAD_CHECK_INTERVAL);
-            self.namespace.reclaim_dead();
+            self.namespace.reclaim_dead_now_and_then();
         }
         Ok(())
     }
@@ -738,10 +741,11 @@ impl TopicPublisher {
     /// clean exit does not cut off the end of the stream.
     pub fn drain(&self, timeout: Duration) {
         let start = Instant::now();
-        // Subscribers detach after the end of the stream; dead ones are reclaimed.
+        // Subscribers detach after the end of the stream; dead ones are reclaimed (every
+        // RECLAIM_EVERY, as in `wait_for_subscribers`).
         while self.subscribers() > 0 && start.elapsed() < timeout {
             let _ = self.released.timed_wait(|_| {}, DEAD_CHECK_INTERVAL);
-            self.namespace.reclaim_dead();
+            self.namespace.reclaim_dead_now_and_then();
         }
     }
 }
