@@ -88,8 +88,8 @@ pub struct RunStats {
     pub resumed_from: Position,
     /// Time the publishing thread spent, within `elapsed`, waiting for the plan: for an
     /// epoch's plan and for each next batch (DataFusion decoding and transforming on its
-    /// own threads). Where it is a large share of `elapsed`, the pipeline paces the
-    /// subscribers.
+    /// own threads, then the epoch's shaping thread cutting and encoding it). Where it is
+    /// a large share of `elapsed`, the pipeline paces the subscribers.
     pub waited_for_pipeline: Duration,
     /// Time the publishing thread spent on subscribers' full queues, within `elapsed`:
     /// where it is a large share of it, the slowest subscriber paces the producer.
