@@ -799,13 +799,12 @@ impl Report {
              its rows. Baseline: the same run with N = 1. Per-subscriber rows/s is from each subscriber's \
              first batch to its end of stream (median over subscribers). Producer CPU is the process's CPU \
              minus the subscribers' threads. The publishing thread (the producer's loop: it takes each \
-             batch as the epoch's shaping thread cut it from DataFusion's and encoded it, copies it \
-             into shared memory, delivers it to every subscriber's queue and wakes them) is busy for \
-             the share of the run's wall time given; where it is near 1, that one thread is what paces \
-             every subscriber. The last two columns are shares of the same wall time: the thread \
-             waiting for the next batch (DataFusion decoding on its own threads, then the shaping \
-             thread: the pipeline paces the run) and asleep on a subscriber's full queue (the slowest \
-             subscriber paces it).\n"
+             batch from DataFusion's threads, encodes it, copies it into shared memory, delivers it to \
+             every subscriber's queue and wakes them) is busy for the share of the run's wall time \
+             given; where it is near 1, that one thread is what paces every subscriber. The last two \
+             columns are shares of the same wall time: the thread waiting for the plan's next batch \
+             (DataFusion decoding on its own threads: the pipeline paces the run) and asleep on a \
+             subscriber's full queue (the slowest subscriber paces it).\n"
         )?;
         writeln!(
             b,

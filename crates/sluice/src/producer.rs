@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 
 use arrow::record_batch::RecordBatch;
@@ -88,8 +89,8 @@ pub struct RunStats {
     pub resumed_from: Position,
     /// Time the publishing thread spent, within `elapsed`, waiting for the plan: for an
     /// epoch's plan and for each next batch (DataFusion decoding and transforming on its
-    /// own threads, then the epoch's shaping thread cutting and encoding it). Where it is
-    /// a large share of `elapsed`, the pipeline paces the subscribers.
+    /// own threads). Where it is a large share of `elapsed`, the pipeline paces the
+    /// subscribers.
     pub waited_for_pipeline: Duration,
     /// Time the publishing thread spent on subscribers' full queues, within `elapsed`:
     /// where it is a large share of it, the slowest subscriber paces the producer.
@@ -130,6 +131,9 @@ impl Producer {
         let opts = self.plan.options().clone();
         opts.validate()?;
         let device = crate::gpu::open_device(opts.device()?)?;
+        // Only a `cuda:N` topic carries device descriptors; `cuda_host:N` opened its GPU
+        // as a check and publishes Arrow IPC like `cpu`.
+        let on_device = device.is_some();
         let topic = opts.topic_name()?;
         let fingerprint = format!(
             "{:016x}",
@@ -162,19 +166,25 @@ impl Producer {
             ..Progress::default()
         };
 
-        // The first batch tells how large messages are, which sizes the shared memory. A
-        // device topic carries descriptors, not Arrow IPC.
-        // Only a `cuda:N` topic carries device descriptors; `cuda_host:N` opened its GPU
-        // as a check and publishes Arrow IPC like `cpu`.
-        let mut source = EpochSource::new(&self.plan, &opts, device.is_none());
+        // The first batch tells how large messages are, which sizes the shared memory.
+        let mut source = EpochSource::new(&self.plan, &opts);
+        // Encodes each batch's schema message once for the run, not once per batch.
+        let mut encoder = wire::Encoder::new();
         let mut first = None;
         let mut first_error = None;
         if start_at.epoch < opts.epochs {
             let skipped = source.start(handle, start_at.epoch, start_at.index);
             first_error = skipped.err();
             if first_error.is_none() {
-                match source.next() {
-                    Ok(Some(first_batch)) => first = Some(first_batch),
+                match source.next(handle) {
+                    Ok(Some((index, batch))) => {
+                        // A device topic carries descriptors, not Arrow IPC.
+                        let encoded = match device {
+                            None => Some(encoder.encode(&batch)?),
+                            Some(_) => None,
+                        };
+                        first = Some((index, batch, encoded));
+                    }
                     Ok(None) => {}
                     Err(e) => first_error = Some(e),
                 }
@@ -288,16 +298,22 @@ impl Producer {
                     }
                     let (index, batch, encoded) = match first.take() {
                         Some(first) => first,
-                        None => match source.next()? {
-                            Some(next) => next,
+                        None => match source.next(handle)? {
+                            Some((index, batch)) => {
+                                let encoded = match on_device {
+                                    false => Some(encoder.encode(&batch)?),
+                                    true => None,
+                                };
+                                (index, batch, encoded)
+                            }
                             None => break,
                         },
                     };
                     let rows = batch.num_rows() as u64;
                     let bytes = match (&encoded, &mut stager) {
                         (Some(encoded), _) => {
-                            // Batches the shaping thread has ready follow at once:
-                            // subscribers are woken once for them.
+                            // Batches already cut from one DataFusion batch follow at
+                            // once: subscribers are woken once for them.
                             let more = source.has_ready();
                             publisher.publish_batch_in_burst(epoch, index, rows, encoded, more)?;
                             encoded.len() as u64
@@ -383,38 +399,15 @@ impl Producer {
     }
 }
 
-/// Batches an epoch's shaping thread may have ready ahead of the publishing thread: one
-/// DataFusion batch's worth at the default sizes (8 192 rows cut into 1 024), so that its
-/// slices go out as one burst.
-const SHAPED_AHEAD: usize = 8;
-
-/// What an epoch's shaping thread hands the publishing thread.
-enum Shaped {
-    /// The next published batch, with its Arrow IPC encoding on a host topic.
-    Batch(RecordBatch, Option<wire::Encoded>),
-    /// The end of the epoch.
-    End,
-}
-
 /// One epoch of the plan at a time, shaped into the published batches, with their
 /// index in the epoch.
-///
-/// The shaping (cutting DataFusion's batches into `sluice.batch_rows`, which copies the
-/// rows of a batch that spans two of them) and the Arrow IPC encoding run on a thread of
-/// their own, a few batches ahead of the publishing thread, which is left with the copy
-/// into shared memory and the delivery. In a profile of comparison 1 of `sluice-bench`
-/// at N = 1 they were 0.19 and 0.12 of the publishing thread's samples, the thread that
-/// paces every subscriber (docs/benchmarks.md, "Shaping off the publishing thread").
 struct EpochSource<'a> {
     plan: &'a Plan,
     opts: &'a SluiceOptions,
-    /// Whether batches are encoded as Arrow IPC (a host topic) or not (a `cuda:N` topic,
-    /// which carries descriptors).
-    encode: bool,
     epoch: Option<u64>,
-    shaping: Option<Shaping>,
-    /// A batch (or the end, or an error) taken from the shaping thread by `has_ready`.
-    peeked: Option<Result<Shaped>>,
+    stream: Option<BatchStream>,
+    shaper: Option<Shaper>,
+    pending: VecDeque<RecordBatch>,
     done: bool,
     /// Batches of the epoch produced so far (published or skipped).
     index: u64,
@@ -424,35 +417,15 @@ struct EpochSource<'a> {
     waited: Duration,
 }
 
-/// An epoch's shaping thread and what it sends.
-struct Shaping {
-    rx: Option<std::sync::mpsc::Receiver<Result<Shaped>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Shaping {
-    /// Stops the thread and waits for it: with the receiver gone, its next send fails.
-    /// It may first finish the plan's batch it is waiting for, as the publishing thread
-    /// itself would have; it never outlives the producer's run (nor the runtime it
-    /// drives).
-    fn drop(&mut self) {
-        drop(self.rx.take());
-        if let Some(thread) = self.thread.take() {
-            // A panic there was reported as a broken channel already.
-            let _ = thread.join();
-        }
-    }
-}
-
 impl<'a> EpochSource<'a> {
-    fn new(plan: &'a Plan, opts: &'a SluiceOptions, encode: bool) -> Self {
+    fn new(plan: &'a Plan, opts: &'a SluiceOptions) -> Self {
         Self {
             plan,
             opts,
-            encode,
             epoch: None,
-            shaping: None,
-            peeked: None,
+            stream: None,
+            shaper: None,
+            pending: VecDeque::new(),
             done: false,
             index: 0,
             rows: 0,
@@ -464,31 +437,22 @@ impl<'a> EpochSource<'a> {
     /// rows depends only on the plan, the seed and the epoch, so they are the batches
     /// published before the checkpoint).
     fn start(&mut self, handle: &Handle, epoch: u64, skip: u64) -> Result<()> {
-        // The previous epoch's thread, if it is still there (a restart of the epoch).
-        self.shaping = None;
-        self.peeked = None;
         self.epoch = Some(epoch);
+        self.pending.clear();
         self.done = false;
         self.index = 0;
         self.rows = 0;
-        let shaper = Shaper::new(self.opts.batch_rows, epoch, self.opts.shuffle())?;
+        self.shaper = Some(Shaper::new(
+            self.opts.batch_rows,
+            epoch,
+            self.opts.shuffle(),
+        )?);
         let asked = Instant::now();
         let stream = handle.block_on(self.plan.execute_epoch(epoch));
         self.waited += asked.elapsed();
-        let stream = stream?;
-        let (tx, rx) = std::sync::mpsc::sync_channel(SHAPED_AHEAD);
-        let handle = handle.clone();
-        let encode = self.encode;
-        let thread = std::thread::Builder::new()
-            .name(format!("sluice-shape-{epoch}"))
-            .spawn(move || shape_epoch(&handle, stream, shaper, encode, skip, &tx))
-            .map_err(|e| SluiceError::io("cannot start the thread that shapes batches", e))?;
-        self.shaping = Some(Shaping {
-            rx: Some(rx),
-            thread: Some(thread),
-        });
+        self.stream = Some(stream?);
         while self.index < skip {
-            if self.next()?.is_none() {
+            if self.next(handle)?.is_none() {
                 return Err(SluiceError::Config(format!(
                     "the checkpoint is at batch {skip} of epoch {epoch}, but the epoch has only {} batches: the data changed since it was taken. Run without --resume to start over",
                     self.index
@@ -498,107 +462,41 @@ impl<'a> EpochSource<'a> {
         Ok(())
     }
 
-    /// Whether the next batch is ready without waiting for the plan.
-    fn has_ready(&mut self) -> bool {
-        if self.peeked.is_some() {
-            return true;
-        }
-        let Some(rx) = self.shaping.as_ref().and_then(|s| s.rx.as_ref()) else {
-            return false;
-        };
-        match rx.try_recv() {
-            Ok(shaped) => {
-                self.peeked = Some(shaped);
-                true
-            }
-            Err(std::sync::mpsc::TryRecvError::Empty) => false,
-            // `next` says why.
-            Err(std::sync::mpsc::TryRecvError::Disconnected) => true,
-        }
+    /// Whether the next batch is ready without running the plan further.
+    fn has_ready(&self) -> bool {
+        !self.pending.is_empty()
     }
 
-    /// The next batch of the epoch with its encoding (`None` on a device topic, and for
-    /// the batches a resumed run passes over), or `None` at the epoch's end.
-    fn next(&mut self) -> Result<Option<(u64, RecordBatch, Option<wire::Encoded>)>> {
-        if self.done {
-            return Ok(None);
-        }
-        let shaped = match self.peeked.take() {
-            Some(shaped) => shaped,
-            None => {
-                let Some(rx) = self.shaping.as_ref().and_then(|s| s.rx.as_ref()) else {
-                    return Err(SluiceError::Internal(
-                        "an epoch was read before it started".into(),
-                    ));
-                };
-                let asked = Instant::now();
-                let received = rx.recv();
-                self.waited += asked.elapsed();
-                received.map_err(|_| {
-                    SluiceError::Internal(
-                        "the thread that shapes the epoch's batches stopped before its end \
-                         (it panicked: see the message above)"
-                            .into(),
-                    )
-                })?
-            }
-        };
-        match shaped? {
-            Shaped::Batch(batch, encoded) => {
+    /// The next batch of the epoch, or `None` at its end.
+    fn next(&mut self, handle: &Handle) -> Result<Option<(u64, RecordBatch)>> {
+        loop {
+            if let Some(batch) = self.pending.pop_front() {
                 let index = self.index;
                 self.index += 1;
                 self.rows += batch.num_rows() as u64;
-                Ok(Some((index, batch, encoded)))
+                return Ok(Some((index, batch)));
             }
-            Shaped::End => {
-                self.done = true;
-                self.shaping = None;
-                Ok(None)
+            if self.done {
+                return Ok(None);
             }
+            let (Some(stream), Some(shaper)) = (&mut self.stream, &mut self.shaper) else {
+                return Err(SluiceError::Internal(
+                    "an epoch was read before it started".into(),
+                ));
+            };
+            let asked = Instant::now();
+            let next = handle.block_on(stream.next());
+            self.waited += asked.elapsed();
+            let next = match next {
+                Some(batch) => shaper.push(batch?)?,
+                None => {
+                    self.done = true;
+                    shaper.finish()?
+                }
+            };
+            self.pending.extend(next);
         }
     }
-}
-
-/// An epoch's shaping thread: runs the plan's stream on the runtime behind `handle`,
-/// cuts its batches into the published ones and encodes them (from batch `skip` on),
-/// and sends each, then the end or the error that ended the epoch. Returns early once
-/// the receiver is gone.
-fn shape_epoch(
-    handle: &Handle,
-    mut stream: BatchStream,
-    mut shaper: Shaper,
-    encode: bool,
-    skip: u64,
-    tx: &std::sync::mpsc::SyncSender<Result<Shaped>>,
-) {
-    let mut encoder = wire::Encoder::new();
-    let mut shaped = 0u64;
-    let result = (|| -> Result<bool> {
-        loop {
-            let (batches, end) = match handle.block_on(stream.next()) {
-                Some(batch) => (shaper.push(batch?)?, false),
-                None => (shaper.finish()?, true),
-            };
-            for batch in batches {
-                let encoded = match encode && shaped >= skip {
-                    true => Some(encoder.encode(&batch)?),
-                    false => None,
-                };
-                shaped += 1;
-                if tx.send(Ok(Shaped::Batch(batch, encoded))).is_err() {
-                    return Ok(false);
-                }
-            }
-            if end {
-                return Ok(true);
-            }
-        }
-    })();
-    let _ = match result {
-        Ok(true) => tx.send(Ok(Shaped::End)),
-        Ok(false) => Ok(()),
-        Err(e) => tx.send(Err(e)),
-    };
 }
 
 /// Waits, bounded by `sluice.attach_grace_s`, until the subscribers that declared
