@@ -22,6 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-16}
 window=${2:-10}
+[ "$n" -ge 1 ] 2> /dev/null || { echo "N: a number of subscribers, 1 or more (not '$n')" >&2; exit 1; }
 sluice=${SLUICE_BIN:-$PWD/target/profiling/sluice}
 [ -x "$sluice" ] || { echo "no $sluice: cargo build --profile profiling -p sluice-cli" >&2; exit 1; }
 [ -d data/demo ] || "$sluice" demo --prepare-only > /dev/null
@@ -31,7 +32,7 @@ pids=()
 cleanup() {
   kill "${pids[@]}" 2> /dev/null || true
   wait 2> /dev/null || true
-  rm -rf "/dev/shm/sluice-$SLUICE_NAMESPACE" "/tmp/sluice-$SLUICE_NAMESPACE.state"
+  rm -rf "/dev/shm/sluice-$SLUICE_NAMESPACE" "${TMPDIR:-/tmp}/sluice-$SLUICE_NAMESPACE.state"
   rm -f /dev/shm/iox2_sluice_"${SLUICE_NAMESPACE}"_*
 }
 trap cleanup EXIT
@@ -49,8 +50,12 @@ for _ in $(seq "$n"); do
 done
 sleep 5
 
-# utime + stime, in clock ticks.
-ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# utime + stime, in clock ticks (fields 14 and 15 after the parenthesised name, which
+# holds no space here).
+ticks() {
+  [ -r "/proc/$1/stat" ] || { echo "process $1 exited during the window" >&2; exit 1; }
+  awk '{ print $14 + $15 }' "/proc/$1/stat"
+}
 sum() { local t=0 p; for p in "$@"; do t=$((t + $(ticks "$p"))); done; echo "$t"; }
 for p in "${pids[@]}"; do
   kill -0 "$p" 2> /dev/null || { echo "process $p exited before the window" >&2; exit 1; }

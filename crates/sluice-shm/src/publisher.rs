@@ -809,7 +809,8 @@ fn wait_for_dead_topic(
                         tracing::debug!(topic = %topic, generation, "the topic's producer is alive");
                         return Err(SluiceError::TopicBusy(topic.to_string()));
                     }
-                    // Being created or removed right now: look again, for a while.
+                    // Its monitor cannot be read right now (an interrupted read, or
+                    // not this user's): look again, for a while.
                     Liveness::Unknown if start.elapsed() >= TAKEOVER_WAIT => {
                         return Err(SluiceError::TopicBusy(topic.to_string()));
                     }

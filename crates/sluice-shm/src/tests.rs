@@ -593,7 +593,8 @@ fn node_liveness_answers_as_iceoryx2s_state_of_does() {
     use crate::Ipc;
     use crate::namespace::Liveness;
 
-    let ns = namespace("liveness");
+    // A short tag: namespace names hold 16 characters, and the process id takes up to 7.
+    let ns = namespace("live");
     // Nodes that are not asked about, so that `state_of` has more than one to list.
     let others: Vec<_> = (0..3).map(|_| ns.node("subscriber").unwrap()).collect();
     let state_of = |id| match Node::<Ipc>::state_of(ns.config(), id) {
@@ -602,25 +603,35 @@ fn node_liveness_answers_as_iceoryx2s_state_of_does() {
         Ok(Some(_)) | Err(_) => Liveness::Unknown,
     };
 
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "tests::a_node_of_a_process_to_be_killed",
-        ])
-        .args(["--nocapture", "--test-threads=1"])
-        .env(NODE_HELPER_NAMESPACE, ns.name())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    /// Kills the helper at the end, whatever fails before.
+    struct Helper(std::process::Child);
+    impl Drop for Helper {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Helper(
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "tests::a_node_of_a_process_to_be_killed",
+            ])
+            .args(["--nocapture", "--test-threads=1"])
+            .env(NODE_HELPER_NAMESPACE, ns.name())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = std::io::BufReader::new(child.0.stdout.take().unwrap());
     let value: u128 = stdout
         .lines()
-        .map(|l| l.unwrap())
+        .map_while(|l| l.ok())
         // libtest writes the test's name on the same line first.
         .find_map(|l| {
-            l.rsplit_once("node ")
-                .map(|(_, v)| v.trim().parse().unwrap())
+            let (_, id) = l.rsplit_once("node ")?;
+            Some(id.trim().parse().expect("a node id in decimal"))
         })
         .expect("the helper process said its node id");
     let mut found = None;
@@ -639,8 +650,8 @@ fn node_liveness_answers_as_iceoryx2s_state_of_does() {
         assert_eq!(ns.node_liveness(node.id()), Liveness::Alive);
     }
 
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
     assert_eq!(state_of(helper), Liveness::Gone);
     assert_eq!(ns.node_liveness(&helper), Liveness::Gone);
     assert!(
