@@ -204,18 +204,17 @@ impl Namespace {
         }
     }
 
-    /// Whether a node of this namespace may be dead: one's monitor says so, or the
-    /// monitors cannot be listed. Reads the monitors alone (see
-    /// [`Namespace::node_liveness`]), so that a reclaim with nothing dead to reclaim costs
-    /// no node's details.
-    fn may_have_dead_nodes(&self) -> bool {
+    /// What the monitor of every node of this namespace says, as
+    /// [`Namespace::node_liveness`] reads one; `None` when the monitors cannot be listed.
+    fn monitor_states(&self) -> Option<Vec<Liveness>> {
         let config = self.monitor_config();
-        match <NodeMonitor as NamedConceptMgmt>::list_cfg(&config) {
-            Ok(names) => names
+        let names = <NodeMonitor as NamedConceptMgmt>::list_cfg(&config).ok()?;
+        Some(
+            names
                 .iter()
-                .any(|name| monitor_state(&config, name) == Liveness::Gone),
-            Err(_) => true,
-        }
+                .map(|name| monitor_state(&config, name))
+                .collect(),
+        )
     }
 
     /// Where this namespace's node monitors are: what iceoryx2's (private)
@@ -325,7 +324,12 @@ impl Namespace {
         let mut orphans = Vec::new();
         // Listing the nodes reads every node's details: about 0.2 ms a node, on the
         // publishing thread when it reclaims (at an epoch's end, on a full queue).
-        if self.may_have_dead_nodes() {
+        // Only where a monitor says a node is dead, or they cannot be listed, so that a
+        // reclaim with nothing dead to reclaim reads no node's details.
+        let may_have_dead = self
+            .monitor_states()
+            .is_none_or(|states| states.contains(&Liveness::Gone));
+        if may_have_dead {
             let _ = Node::<Ipc>::list(&self.config, |state| {
                 if let NodeState::Dead(view) = state {
                     match view.details() {
@@ -617,17 +621,10 @@ impl Namespace {
     }
 
     /// Whether a process of this namespace is alive (its iceoryx2 node's monitor says
-    /// so, or cannot tell).
+    /// so, or cannot tell). Reads the monitors alone, as [`Namespace::node_liveness`].
     pub fn has_live_nodes(&self) -> bool {
-        let mut live = false;
-        let _ = Node::<Ipc>::list(&self.config, |state| {
-            if !matches!(state, NodeState::Dead(_)) {
-                live = true;
-                return CallbackProgression::Stop;
-            }
-            CallbackProgression::Continue
-        });
-        live
+        self.monitor_states()
+            .is_some_and(|states| states.iter().any(|s| *s != Liveness::Gone))
     }
 
     /// Removes the namespace entirely: its node counter and service directory. Only for
