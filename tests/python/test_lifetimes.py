@@ -130,3 +130,45 @@ def test_a_trainer_holding_a_dead_producers_batch_continues_onto_its_successor(
     assert trainer.returncode == 0, err
     assert json.loads(out.strip().splitlines()[-1]) == {
         "rows": 12_000, "distinct": 6_000, "each_twice": True}
+
+
+# A producer's process that forked a worker (`multiprocessing`'s default start method on
+# Linux before Python 3.14) after its first batch, so after it claimed the topic.
+_FORKING_PRODUCER = r'''
+import multiprocessing, sys, time
+import sluice
+
+producer = sluice.Producer(sys.argv[1], min_subscribers=1)
+sub = sluice.subscribe(sys.argv[2], timeout=30)
+batch = next(sub)
+worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(120,))
+worker.start()
+print(worker.pid, flush=True)
+producer.wait()
+'''
+
+
+def test_a_worker_forked_by_a_killed_producer_does_not_keep_its_topic(plans, run_python):
+    """The producer's claim on its topic is its process's alone: a worker it forked lives
+    on after it is killed, and a restarted producer serves the topic meanwhile (with
+    `flock` the worker held the claim, and the restart failed with "already has a
+    producer" for as long as the worker lived)."""
+    plan = plans.plan(rows=2000, batch_rows=50, extra="SET sluice.window = 4;\n")
+    first = run_python(_FORKING_PRODUCER, str(plan), plans.topic)
+    line = first.stdout.readline()
+    assert line.strip().isdigit(), first.stderr.read()
+    worker = int(line)
+    try:
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        os.kill(worker, 0)  # the forked worker lives on
+        producer = sluice.Producer(plan, min_subscribers=1)
+        ids: list[int] = []
+        with sluice.subscribe(plans.topic, timeout=30) as sub:
+            for batch in sub:
+                ids += pa.record_batch(batch).column("id").to_pylist()
+            del batch
+        producer.wait(timeout=30)
+        assert sorted(ids) == list(range(2000))
+    finally:
+        os.kill(worker, signal.SIGKILL)

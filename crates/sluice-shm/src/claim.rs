@@ -1,13 +1,14 @@
 //! A producer's claim on its topic, and the generations of a topic's services.
 //!
 //! # One producer per topic
-//! A producer holds an exclusive `flock` on `<service directory>/producers/<topic>` for
-//! as long as it serves the topic. The kernel releases the lock when the process dies,
+//! A producer holds an exclusive lock on `<service directory>/producers/<topic>` for as
+//! long as it serves the topic. The kernel releases the lock when the process dies,
 //! however it dies, so a claim that can be taken belongs to nobody alive. (The same
 //! reasoning as the registrations of [`crate::interest`], and as iceoryx2's own node
-//! monitors.) One limit shared with them: a child forked by the producer's process
-//! inherits the locked file and holds the claim for as long as it lives, after the
-//! producer died.
+//! monitors.) The lock is the producer's process's alone: a child it forks does not hold
+//! the claim, and cannot keep it from a restarted producer once the producer died (see
+//! [`crate::lock`]). Two producers of one process are told apart by its registry of
+//! locks.
 //!
 //! # Generations
 //! A topic's iceoryx2 services carry a generation in their names
@@ -29,6 +30,7 @@ use sluice_core::{Result, SluiceError, TopicName};
 
 use crate::Namespace;
 use crate::interest::create_private_dir;
+use crate::lock::registry;
 
 /// How many generations of a topic's services may exist at once: one live producer's,
 /// and those of dead producers that something still holds.
@@ -45,6 +47,9 @@ const BUSY_LOOK_INTERVAL: std::time::Duration = std::time::Duration::from_millis
 #[derive(Debug)]
 pub(crate) struct Claim {
     path: PathBuf,
+    // The process that holds the lock: a forked child has a copy of this claim, but
+    // neither the lock nor the file.
+    owner: u32,
     // Holds the lock; closing the file releases it.
     _file: File,
 }
@@ -58,20 +63,27 @@ impl Claim {
         let path = dir.join(topic.as_str());
         let mut refused = 0;
         loop {
+            // Under the registry: no thread of this process looks at the file (a sweep)
+            // while another takes it.
+            let mut held = registry();
+            // Another producer of this process: record locks never conflict within a
+            // process, so only the registry knows.
+            if held.holds(&path) {
+                return Err(SluiceError::TopicBusy(topic.to_string()));
+            }
             let file = open_claim(&path)?;
-            match file.try_lock() {
-                Ok(()) => {}
+            match held.lock(&file, &path) {
+                Ok(true) => {}
                 // A reclaimer looking at a dead producer's claim holds it for a moment
                 // (see `sweep`); a live producer holds it for good.
-                Err(std::fs::TryLockError::WouldBlock) if refused < BUSY_LOOKS => {
+                Ok(false) if refused < BUSY_LOOKS => {
+                    drop(held);
                     refused += 1;
                     std::thread::sleep(BUSY_LOOK_INTERVAL);
                     continue;
                 }
-                Err(std::fs::TryLockError::WouldBlock) => {
-                    return Err(SluiceError::TopicBusy(topic.to_string()));
-                }
-                Err(std::fs::TryLockError::Error(e)) => {
+                Ok(false) => return Err(SluiceError::TopicBusy(topic.to_string())),
+                Err(e) => {
                     return Err(SluiceError::io(
                         format!("cannot lock {}", path.display()),
                         e,
@@ -82,17 +94,30 @@ impl Claim {
             // reclaimer) removes it while holding its lock, so the file locked here may
             // be one that was removed since it was opened. Then take the new one.
             if same_file(&file, &path) {
-                return Ok(Self { path, _file: file });
+                return Ok(Self {
+                    path,
+                    owner: std::process::id(),
+                    _file: file,
+                });
             }
+            held.release(std::process::id(), &path);
         }
     }
 }
 
 impl Drop for Claim {
     fn drop(&mut self) {
+        let mut held = registry();
+        // A forked child's copy: the file is its parent's claim.
+        if self.owner != std::process::id() {
+            return;
+        }
         // Removed while still locked: a claimant that opened it meanwhile sees that it
-        // locked a removed file and looks again.
+        // locked a removed file and looks again. (The file closes after this, once the
+        // registry is given up: a claimant of this process then finds the path free, or
+        // a new file at it.)
         let _ = std::fs::remove_file(&self.path);
+        held.release(self.owner, &self.path);
     }
 }
 
@@ -102,12 +127,19 @@ pub(crate) fn sweep(namespace: &Namespace) {
     let Ok(entries) = std::fs::read_dir(claims_dir(namespace)) else {
         return;
     };
+    // Throughout: this process's producers must not take a claim between the look at
+    // its file and its removal (see `crate::lock`).
+    let mut held = registry();
     for entry in entries.flatten() {
         let path = entry.path();
-        let Ok(file) = File::open(&path) else {
+        // Opening it would drop this process's lock on it when closed.
+        if held.holds(&path) {
+            continue;
+        }
+        let Ok(file) = OpenOptions::new().write(true).open(&path) else {
             continue;
         };
-        if file.try_lock().is_ok() && same_file(&file, &path) {
+        if held.probe(&file).unwrap_or(false) && same_file(&file, &path) {
             let _ = std::fs::remove_file(&path);
         }
     }

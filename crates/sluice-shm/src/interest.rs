@@ -9,13 +9,16 @@
 //! attached) before it publishes, bounded by a grace period (`sluice.attach_grace_s`).
 //!
 //! # Liveness
-//! A registration is a file on which its subscriber holds an exclusive `flock` for as
-//! long as it waits. The kernel releases the lock when the process dies, however it
-//! dies, so a producer that can take the lock knows the registration is stale and
+//! A registration is a file on which its subscriber's process holds an exclusive lock
+//! for as long as it waits. The kernel releases the lock when the process dies, however
+//! it dies, so a producer that can take the lock knows the registration is stale and
 //! removes it: a SIGKILLed subscriber never holds a producer back. Locks rather than
 //! PIDs, because a lock cannot be kept alive by a reused PID and works across PID
-//! namespaces. A registration is created under a temporary name, locked, then renamed
-//! into place, so a producer never sees an unlocked live registration.
+//! namespaces; record locks, which a forked child does not inherit (see [`crate::lock`]).
+//! A registration is created under a temporary name, locked, then renamed into place,
+//! so a producer never sees an unlocked live registration. Those of this process
+//! (a producer and its subscribers on threads of one process) are known from its
+//! registry of locks.
 //!
 //! # Limits
 //! A subscriber that is alive but not running (stopped with SIGSTOP, or starved for
@@ -23,7 +26,7 @@
 //! producer then logs how many did not attach and starts without them, and they join
 //! late (and are told so, as any late subscriber is).
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -31,6 +34,7 @@ use std::time::{Duration, SystemTime};
 use sluice_core::{Result, SluiceError, TopicName};
 
 use crate::Namespace;
+use crate::lock::registry;
 
 /// A temporary registration older than this whose lock can be taken was left by a
 /// process that died between creating and renaming it.
@@ -43,6 +47,9 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 #[derive(Debug)]
 pub struct Interest {
     path: PathBuf,
+    // The process that holds the lock: a forked child's copy holds neither it nor the
+    // file.
+    owner: u32,
     // Holds the lock; closing the file releases it.
     _file: File,
 }
@@ -60,29 +67,54 @@ impl Interest {
         );
         let tmp = dir.join(format!(".{name}.tmp"));
         let path = dir.join(&name);
+        // Under the registry: no thread of this process looks at the registration
+        // between its lock and its entry in the registry.
+        let mut held = registry();
         let file = File::create(&tmp).map_err(|e| {
             SluiceError::io(format!("cannot declare interest in {}", tmp.display()), e)
         })?;
-        // A fresh file nobody else has opened: the lock is free, so this cannot block.
-        if let Err(e) = file.lock() {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(SluiceError::io(format!("cannot lock {}", tmp.display()), e));
+        // A fresh file nobody else has opened: the lock is free.
+        match held.lock(&file, &path) {
+            Ok(true) => {}
+            Ok(false) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(SluiceError::Transport(format!(
+                    "cannot lock {}: another process holds a lock on a file just created",
+                    tmp.display()
+                )));
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(SluiceError::io(format!("cannot lock {}", tmp.display()), e));
+            }
         }
+        let owner = std::process::id();
         if let Err(e) = std::fs::rename(&tmp, &path) {
             let _ = std::fs::remove_file(&tmp);
+            held.release(owner, &path);
             return Err(SluiceError::io(
                 format!("cannot declare interest in {}", path.display()),
                 e,
             ));
         }
-        Ok(Self { path, _file: file })
+        Ok(Self {
+            path,
+            owner,
+            _file: file,
+        })
     }
 }
 
 impl Drop for Interest {
     fn drop(&mut self) {
+        let mut held = registry();
+        // A forked child's copy: the registration is its parent's.
+        if self.owner != std::process::id() {
+            return;
+        }
         // Removed while still locked, so a producer never mistakes it for a dead one's.
         let _ = std::fs::remove_file(&self.path);
+        held.release(self.owner, &self.path);
     }
 }
 
@@ -107,28 +139,37 @@ fn live_in(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
+    // Throughout: a subscriber of this process must not register between the look at
+    // a file and its removal (see `crate::lock`).
+    let mut held = registry();
     let mut live = 0;
     for entry in entries.flatten() {
         let path = entry.path();
         let temporary = entry.file_name().to_string_lossy().starts_with('.');
-        let Ok(file) = File::open(&path) else {
+        // A subscriber of this process: opening its file would drop its lock when
+        // closed.
+        if held.holds(&path) {
+            live += 1;
+            continue;
+        }
+        let Ok(file) = OpenOptions::new().write(true).open(&path) else {
             // Removed in between: its subscriber attached or gave up.
             continue;
         };
-        match file.try_lock() {
-            Ok(()) => {
+        match held.probe(&file) {
+            Ok(true) => {
                 // Nobody holds it: its process is gone (or, for a temporary, it may be
                 // between creating and locking it, so only an old one is stale).
                 if !temporary || older_than(&path, STALE_TEMPORARY) {
                     let _ = std::fs::remove_file(&path);
                 }
             }
-            Err(std::fs::TryLockError::WouldBlock) => {
+            Ok(false) => {
                 if !temporary {
                     live += 1;
                 }
             }
-            Err(std::fs::TryLockError::Error(e)) => {
+            Err(e) => {
                 tracing::debug!("cannot check {}: {e}", path.display());
             }
         }

@@ -31,6 +31,7 @@
 mod claim;
 mod header;
 mod interest;
+mod lock;
 mod namespace;
 mod publisher;
 pub mod segment;

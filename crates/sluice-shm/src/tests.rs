@@ -674,3 +674,160 @@ fn node_liveness_answers_as_iceoryx2s_state_of_does() {
     }
     ns.purge();
 }
+
+/// Tells `a_claimant_to_be_run` which namespace to use and what to do.
+const CLAIM_HELPER: &str = "SLUICE_TEST_CLAIM_HELPER";
+
+/// Helper process of the two claim tests below, run by them from this test binary.
+/// `fork <namespace>`: claims topic "t", declares interest in it, forks a child that
+/// only sleeps, says the child's process id, and waits to be killed. `take <namespace>`:
+/// says whether it could claim "t" and how many live subscribers declared interest.
+#[test]
+#[ignore = "a helper process of the claim tests"]
+fn a_claimant_to_be_run() {
+    use crate::claim::Claim;
+    use crate::interest::{Interest, pending_interest};
+
+    let Ok(how) = std::env::var(CLAIM_HELPER) else {
+        return;
+    };
+    let (mode, name) = how.split_once(' ').unwrap();
+    let ns = Namespace::new(name).unwrap();
+    let topic = TopicName::new("t").unwrap();
+    match mode {
+        "fork" => {
+            let _claim = Claim::take(&ns, &topic).unwrap();
+            let _interest = Interest::declare(&ns, &topic).unwrap();
+            // SAFETY: the child runs nothing but `pause`, which is async-signal-safe, so
+            // the locks other threads of this process may hold at the fork do not matter.
+            let child = unsafe { libc::fork() };
+            if child == 0 {
+                loop {
+                    // SAFETY: no preconditions; it returns only when a signal is caught.
+                    unsafe { libc::pause() };
+                }
+            }
+            assert!(child > 0, "fork failed");
+            println!("child {child}");
+            std::thread::sleep(Duration::from_secs(120));
+        }
+        "take" => {
+            let took = match Claim::take(&ns, &topic) {
+                Ok(_) => "took",
+                Err(SluiceError::TopicBusy(_)) => "busy",
+                Err(e) => panic!("{e}"),
+            };
+            println!("claim {took} interest {}", pending_interest(&ns, &topic));
+        }
+        other => panic!("unknown mode {other}"),
+    }
+}
+
+/// Runs `a_claimant_to_be_run` in `mode` on `ns`.
+fn claimant(mode: &str, ns: &Namespace) -> std::process::Command {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--ignored", "--exact", "tests::a_claimant_to_be_run"])
+        .args(["--nocapture", "--test-threads=1"])
+        .env(CLAIM_HELPER, format!("{mode} {}", ns.name()))
+        .stdout(std::process::Stdio::piped());
+    command
+}
+
+/// What a `take` helper said (libtest writes the test's name on the same line first).
+fn claimant_says(ns: &Namespace) -> String {
+    let out = claimant("take", ns).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once("claim ").map(|(_, s)| s));
+    format!("claim {}", line.expect("the helper said what it found"))
+}
+
+/// A producer's claim and a subscriber's declared interest are its process's alone: a
+/// child it forked keeps neither once it is killed (with `flock`, the child held both:
+/// a restarted producer failed with `TopicBusy` for as long as the child lived).
+#[test]
+fn a_forked_child_keeps_neither_the_claim_nor_the_interest_of_its_killed_parent() {
+    use std::io::BufRead;
+
+    use crate::claim::Claim;
+    use crate::interest::pending_interest;
+
+    let ns = namespace("fork");
+    let topic = TopicName::new("t").unwrap();
+
+    /// Kills the helper and its forked child at the end, whatever fails before.
+    struct Helper(std::process::Child, Option<libc::pid_t>);
+    impl Drop for Helper {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+            if let Some(pid) = self.1 {
+                // SAFETY: sends a signal; no memory is involved. The pid is the forked
+                // child's, which nothing reaps (its parent was killed), so it cannot
+                // have been reused while the child is a zombie of init's.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+    let mut helper = Helper(claimant("fork", &ns).spawn().unwrap(), None);
+    let stdout = std::io::BufReader::new(helper.0.stdout.take().unwrap());
+    let child: libc::pid_t = stdout
+        .lines()
+        .map_while(|l| l.ok())
+        .find_map(|l| Some(l.rsplit_once("child ")?.1.trim().parse().unwrap()))
+        .expect("the helper said its child's process id");
+    helper.1 = Some(child);
+
+    assert!(matches!(
+        Claim::take(&ns, &topic),
+        Err(SluiceError::TopicBusy(_))
+    ));
+    assert_eq!(pending_interest(&ns, &topic), 1);
+
+    helper.0.kill().unwrap();
+    helper.0.wait().unwrap();
+    // SAFETY: signal 0 only checks that the process exists.
+    assert_eq!(
+        unsafe { libc::kill(child, 0) },
+        0,
+        "the forked child still lives"
+    );
+    assert_eq!(pending_interest(&ns, &topic), 0);
+    let claim = Claim::take(&ns, &topic).expect("the killed process's claim is free");
+    drop(claim);
+    drop(helper);
+    ns.purge();
+}
+
+/// Record locks never conflict within a process, and closing any descriptor of a file
+/// drops the process's locks on it: a process's own producers, subscribers and sweeps
+/// must see its claims and registrations as held, and keep them held for others.
+#[test]
+fn a_process_keeps_its_claims_and_interest_through_its_own_looks() {
+    use crate::claim::Claim;
+    use crate::interest::{Interest, pending_interest};
+
+    let ns = namespace("own");
+    let topic = TopicName::new("t").unwrap();
+    let claim = Claim::take(&ns, &topic).unwrap();
+    assert!(matches!(
+        Claim::take(&ns, &topic),
+        Err(SluiceError::TopicBusy(_))
+    ));
+    let interest = Interest::declare(&ns, &topic).unwrap();
+    let second = Interest::declare(&ns, &topic).unwrap();
+    assert_eq!(pending_interest(&ns, &topic), 2);
+    ns.reclaim_dead();
+    assert_eq!(pending_interest(&ns, &topic), 2);
+    drop(second);
+    // Another process finds both held, after those looks of this one.
+    assert_eq!(claimant_says(&ns), "claim busy interest 1");
+
+    drop(claim);
+    drop(interest);
+    assert_eq!(pending_interest(&ns, &topic), 0);
+    assert_eq!(claimant_says(&ns), "claim took interest 0");
+    ns.purge();
+}
