@@ -172,3 +172,55 @@ def test_a_worker_forked_by_a_killed_producer_does_not_keep_its_topic(plans, run
         assert sorted(ids) == list(range(2000))
     finally:
         os.kill(worker, signal.SIGKILL)
+
+
+# A trainer that forks a child (`os.fork()`) holding its subscription, a batch, and the
+# producer it runs: the child tries the subscription, then drops its copies and exits
+# normally, running every destructor.
+_FORKING_TRAINER = r'''
+import gc, json, os, sys
+import pyarrow as pa
+import sluice
+
+producer = sluice.Producer(sys.argv[1], min_subscribers=1)
+sub = sluice.subscribe(sys.argv[2], timeout=30)
+held = next(sub)
+ids = pa.record_batch(held).column("id").to_pylist()
+before = list(ids)
+child = os.fork()
+if child == 0:
+    try:
+        next(sub)
+        said = "took a batch"
+    except sluice.TransportError as e:
+        said = str(e)
+    print(json.dumps({"child": said}), flush=True)
+    del sub, held, producer
+    gc.collect()
+    sys.exit(0)
+_, status = os.waitpid(child, 0)
+for batch in sub:
+    ids += pa.record_batch(batch).column("id").to_pylist()
+del batch
+producer.wait(timeout=30)
+print(json.dumps({"status": status, "rows": len(ids), "distinct": len(set(ids)),
+                  "held_unchanged": pa.record_batch(held).column("id").to_pylist() == before}),
+      flush=True)
+'''
+
+
+def test_a_forked_child_neither_uses_nor_lets_go_of_its_parents_subscription(
+        plans, run_python):
+    """A child forked by a trainer gets a copy of its subscription, batches and producer:
+    using the subscription there raises `TransportError` (it used to take messages from
+    the parent's queue, which then failed with `Lagged`), and the child's exit drops
+    nothing of the parent's (it used to detach the parent's port, so the parent lost
+    messages, and to panic joining the producer's thread, which a fork does not copy)."""
+    plan = plans.plan(rows=2000, batch_rows=50, extra="SET sluice.window = 4;\n")
+    trainer = run_python(_FORKING_TRAINER, str(plan), plans.topic)
+    out, err = trainer.communicate(timeout=90)
+    assert trainer.returncode == 0, err
+    lines = [json.loads(line) for line in out.strip().splitlines()]
+    assert "forked child" in lines[0]["child"], lines[0]
+    assert lines[1] == {"status": 0, "rows": 2000, "distinct": 2000, "held_unchanged": True}
+    assert "panicked" not in err, err

@@ -120,6 +120,18 @@ pub enum SluiceError {
         /// How long.
         seconds: f64,
     },
+    /// A port (or a producer) was used in a child forked by the process that made it.
+    #[error(
+        "this {what} belongs to process {owner}, of which this process is a forked child: its \
+         queues and samples are its parent's, so it cannot be used here. Subscribe (or start the \
+         producer) in this process, after the fork, e.g. in the worker's own start-up"
+    )]
+    Forked {
+        /// What was used.
+        what: &'static str,
+        /// The process that made it.
+        owner: u32,
+    },
     /// A second producer tried to publish on a topic that already has one.
     #[error("topic '{0}' already has a producer; stop it first or choose another sluice.topic")]
     TopicBusy(String),

@@ -54,7 +54,7 @@ impl Shared {
 }
 
 /// Producers of this process that may still run, for [`shutdown`].
-static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+static LIVE: Mutex<Vec<(u32, Weak<Shared>)>> = Mutex::new(Vec::new());
 
 /// What a finished run did.
 #[pyclass(frozen, module = "sluice._sluice", name = "RunStats")]
@@ -137,9 +137,25 @@ pub struct PyProducer {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
     stopped: AtomicBool,
+    /// The process that started the run: in a forked child, the run's thread does not
+    /// exist (a fork copies only the forking thread), so the child's copy refuses to wait
+    /// for it and never joins it (see `sluice::shm::process`).
+    owner: u32,
 }
 
 impl PyProducer {
+    /// `Ok` in the process that started the run; `TransportError` in a forked child.
+    fn here(&self) -> PyResult<()> {
+        if self.owner == sluice::shm::process::id() {
+            Ok(())
+        } else {
+            Err(to_py(&SluiceError::Forked {
+                what: "producer",
+                owner: self.owner,
+            }))
+        }
+    }
+
     fn join_thread(&self, py: Python<'_>) {
         let handle = self
             .thread
@@ -156,6 +172,7 @@ impl PyProducer {
 
     /// Waits for the run to finish, honouring Ctrl-C, up to `timeout`.
     fn wait_inner(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<()> {
+        self.here()?;
         let start = Instant::now();
         loop {
             let shared = &self.shared;
@@ -296,8 +313,8 @@ impl PyProducer {
             .map_err(|e| to_py(&SluiceError::io("cannot start the producer thread", e)))?;
         {
             let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
-            live.retain(|w| w.strong_count() > 0);
-            live.push(Arc::downgrade(&shared));
+            live.retain(|(_, w)| w.strong_count() > 0);
+            live.push((sluice::shm::process::id(), Arc::downgrade(&shared)));
         }
         Ok(Self {
             plan_file,
@@ -306,6 +323,7 @@ impl PyProducer {
             shared,
             thread: Mutex::new(Some(thread)),
             stopped: AtomicBool::new(false),
+            owner: sluice::shm::process::id(),
         })
     }
 
@@ -370,6 +388,7 @@ impl PyProducer {
     /// producer gone (`ProducerLost`): a stopping producer waits for no one. Raises the run's error only if it failed before `close()`.
     /// Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.here()?;
         if !self.shared.is_finished() {
             self.stopped.store(true, Ordering::Relaxed);
             self.shared.stop.store(true, Ordering::Relaxed);
@@ -416,6 +435,11 @@ impl Drop for PyProducer {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
+        if self.owner != sluice::shm::process::id() {
+            // A forked child's copy: the thread is its parent's, and not in this process.
+            std::mem::forget(handle);
+            return;
+        }
         if let Some(handle) = handle {
             // Nobody can wait for this run any more: stop it and let it clean up its
             // shared memory. The thread never needs the GIL, so joining cannot deadlock.
@@ -429,11 +453,14 @@ impl Drop for PyProducer {
 /// seconds each) for it to remove its shared memory. Registered with `atexit`.
 #[pyfunction]
 pub fn _shutdown(py: Python<'_>) {
+    // A forked child's copies of its parent's producers have no thread to wait for.
+    let here = sluice::shm::process::id();
     let live: Vec<Arc<Shared>> = LIVE
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .drain(..)
-        .filter_map(|w| w.upgrade())
+        .filter(|(owner, _)| *owner == here)
+        .filter_map(|(_, w)| w.upgrade())
         .collect();
     for shared in &live {
         shared.stop.store(true, Ordering::Relaxed);

@@ -285,11 +285,28 @@ pub struct PySubscriber {
     timeout: Option<Duration>,
     stream: Arc<Mutex<Stream>>,
     last_epoch: Mutex<Option<EpochSummary>>,
+    /// The process that subscribed: a forked child's copy refuses to be used (before it
+    /// takes the stream's lock, which a thread of the parent may have held at the fork)
+    /// and lets go of nothing of its parent's (see `sluice::shm::process`).
+    owner: u32,
 }
 
 impl PySubscriber {
+    /// `Ok` in the process that subscribed; `TransportError` in a forked child.
+    fn here(&self) -> PyResult<()> {
+        if self.owner == sluice::shm::process::id() {
+            Ok(())
+        } else {
+            Err(to_py(&SluiceError::Forked {
+                what: "subscriber",
+                owner: self.owner,
+            }))
+        }
+    }
+
     /// The next event, waiting (GIL released, Ctrl-C honoured) up to the timeout.
     fn next_event(&self, py: Python<'_>) -> PyResult<Event> {
+        self.here()?;
         // Host batches copied to a GPU whose copies completed go back to the producer
         // now, before this subscriber's held samples are counted.
         crate::gpu::collect_host_copies();
@@ -449,6 +466,7 @@ impl PySubscriber {
                 last_published_ns: None,
             })),
             last_epoch: Mutex::new(None),
+            owner: sluice::shm::process::id(),
         })
     }
 
@@ -543,6 +561,11 @@ impl PySubscriber {
     /// Leaves the topic; the producer stops waiting for this subscriber. Batches already
     /// received stay valid. Idempotent.
     fn close(&self, py: Python<'_>) {
+        // A forked child's copy: the subscription is its parent's to close, and what the
+        // child drops of it stays its parent's.
+        if self.here().is_err() {
+            return;
+        }
         let stream = &self.stream;
         let sub = py.detach(|| {
             let mut stream = lock(stream);

@@ -96,11 +96,11 @@ impl Claim {
             if same_file(&file, &path) {
                 return Ok(Self {
                     path,
-                    owner: std::process::id(),
+                    owner: crate::process::id(),
                     _file: file,
                 });
             }
-            held.release(std::process::id(), &path);
+            held.release(crate::process::id(), &path);
         }
     }
 }
@@ -109,7 +109,7 @@ impl Drop for Claim {
     fn drop(&mut self) {
         let mut held = registry();
         // A forked child's copy: the file is its parent's claim.
-        if self.owner != std::process::id() {
+        if self.owner != crate::process::id() {
             return;
         }
         // Removed while still locked: a claimant that opened it meanwhile sees that it

@@ -62,7 +62,7 @@ impl Interest {
         create_private_dir(&dir)?;
         let name = format!(
             "{}-{}",
-            std::process::id(),
+            crate::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         let tmp = dir.join(format!(".{name}.tmp"));
@@ -88,7 +88,7 @@ impl Interest {
                 return Err(SluiceError::io(format!("cannot lock {}", tmp.display()), e));
             }
         }
-        let owner = std::process::id();
+        let owner = crate::process::id();
         if let Err(e) = std::fs::rename(&tmp, &path) {
             let _ = std::fs::remove_file(&tmp);
             held.release(owner, &path);
@@ -109,7 +109,7 @@ impl Drop for Interest {
     fn drop(&mut self) {
         let mut held = registry();
         // A forked child's copy: the registration is its parent's.
-        if self.owner != std::process::id() {
+        if self.owner != crate::process::id() {
             return;
         }
         // Removed while still locked, so a producer never mistakes it for a dead one's.

@@ -33,6 +33,7 @@ mod header;
 mod interest;
 mod lock;
 mod namespace;
+pub mod process;
 mod publisher;
 pub mod segment;
 mod subscriber;

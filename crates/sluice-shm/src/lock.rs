@@ -60,7 +60,7 @@ impl Registry {
 
     /// Whether this process holds the lock on `path`.
     pub(crate) fn holds(&mut self, path: &Path) -> bool {
-        let key = (std::process::id(), path.to_path_buf());
+        let key = (crate::process::id(), path.to_path_buf());
         self.held().files.contains(&key)
     }
 
@@ -72,7 +72,7 @@ impl Registry {
         }
         self.held()
             .files
-            .insert((std::process::id(), path.to_path_buf()));
+            .insert((crate::process::id(), path.to_path_buf()));
         Ok(true)
     }
 

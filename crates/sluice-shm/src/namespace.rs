@@ -699,6 +699,7 @@ pub fn shm_available() -> Result<u64> {
 pub(crate) struct ReclaimAfter {
     pub(crate) namespace: Namespace,
     pub(crate) due: std::sync::atomic::AtomicBool,
+    owner: u32,
 }
 
 impl ReclaimAfter {
@@ -706,13 +707,16 @@ impl ReclaimAfter {
         Self {
             namespace: namespace.clone(),
             due: std::sync::atomic::AtomicBool::new(due),
+            owner: crate::process::id(),
         }
     }
 }
 
 impl Drop for ReclaimAfter {
     fn drop(&mut self) {
-        if *self.due.get_mut() {
+        // Not in a forked child, which drops its copy of its parent's subscriber or
+        // publisher: the reclaim was due to the parent (see `crate::process`).
+        if *self.due.get_mut() && self.owner == crate::process::id() {
             self.namespace.reclaim_dead();
         }
     }

@@ -21,6 +21,7 @@ use crate::claim::{Claim, GENERATIONS};
 use crate::header::FrameHeader;
 use crate::interest::pending_interest;
 use crate::namespace::{Liveness, Namespace, ReclaimAfter, SHM_DIR, shm_available};
+use crate::process::Local;
 use crate::{Ipc, permission_denied, transport};
 
 pub(crate) type DataService = PubSubFactory<Ipc, [u8], FrameHeader>;
@@ -197,10 +198,12 @@ pub(crate) mod events {
 pub struct TopicPublisher {
     namespace: Namespace,
     config: TopicConfig,
-    data: DataService,
-    publisher: Publisher<Ipc, [u8], FrameHeader>,
-    ready: Arc<Notifier<Ipc>>,
-    released: Arc<Listener<Ipc>>,
+    // The iceoryx2 handles are `Local`: a forked child's copy of this publisher neither
+    // uses nor drops them (see `crate::process`).
+    data: Local<DataService>,
+    publisher: Local<Publisher<Ipc, [u8], FrameHeader>>,
+    ready: Local<Arc<Notifier<Ipc>>>,
+    released: Local<Arc<Listener<Ipc>>>,
     sending_batch: Arc<AtomicBool>,
     /// Messages sent whose wake-up is still owed to subscribers (see
     /// [`TopicPublisher::publish_batch_in_burst`]); the backpressure handler pays it
@@ -217,7 +220,7 @@ pub struct TopicPublisher {
     /// [`Outlet`]: sluice_core::Outlet
     encoder: sluice_core::wire::Encoder,
     // Dropped after the ports above: they belong to it.
-    _node: Node<Ipc>,
+    _node: Local<Node<Ipc>>,
     // Given up after the publisher and the node: a producer that finds the claim free
     // never finds this one's publisher alive.
     _claim: Claim,
@@ -386,17 +389,17 @@ impl TopicPublisher {
         Ok(Self {
             namespace: namespace.clone(),
             config,
-            data,
-            publisher,
-            ready,
-            released,
+            data: Local::new(data),
+            publisher: Local::new(publisher),
+            ready: Local::new(ready),
+            released: Local::new(released),
             sending_batch,
             wake_owed,
             full_queue_ns,
             unwoken: 0,
             seq: 0,
             encoder: sluice_core::wire::Encoder::new(),
-            _node: node,
+            _node: Local::new(node),
             _claim: claim,
             _reclaim: ReclaimAfter::new(namespace, true),
         })
@@ -699,6 +702,7 @@ impl TopicPublisher {
         fill: impl FnOnce(usize, &mut [std::mem::MaybeUninit<u8>], &mut FrameHeader) -> Result<usize>,
         defer_wake: bool,
     ) -> Result<()> {
+        self._node.here("producer")?;
         header.seq = self.seq;
         // iceoryx2 does not loan empty slices; control messages carry one unused byte.
         let mut sample = self

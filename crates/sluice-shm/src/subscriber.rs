@@ -24,6 +24,7 @@ use crate::header::FrameHeader;
 use crate::interest::Interest;
 use crate::namespace::Liveness;
 use crate::namespace::{Namespace, ReclaimAfter};
+use crate::process::Local;
 use crate::publisher::{events, producer_alive, producer_state, service_name};
 use crate::{Ipc, permission_denied, transport};
 
@@ -141,8 +142,9 @@ pub enum BatchForm {
 
 /// Keeps a received sample alive for as long as Arrow buffers point into it.
 struct SampleOwner {
-    /// The sample; `None` only while this owner is dropped.
-    sample: Option<Sample<Ipc, [u8], FrameHeader>>,
+    /// The sample; `None` only while this owner is dropped. A forked child's copy is
+    /// never given back (see [`crate::process`]).
+    sample: Local<Option<Sample<Ipc, [u8], FrameHeader>>>,
     /// The subscriber's count of samples held, decremented once this one went back, so
     /// that it never reads lower than what iceoryx2 counts as borrowed: a subscriber may
     /// receive whenever it reads below `max_held`, whichever thread drops samples.
@@ -153,16 +155,24 @@ struct SampleOwner {
     /// end of the stream (host batches stay valid without the producer; device slots do
     /// not). Let go once the producer is found gone: a restarted producer waits for the
     /// attached subscribers of a dead one.
-    _port: Option<DevicePort>,
+    _port: Local<Option<DevicePort>>,
     /// The subscriber's reclaim when all is let go (see [`ReclaimAfter`]); dropped last.
     _reclaim: Arc<ReclaimAfter>,
 }
 
+/// The subscriber's port, shared by the subscriber and the device batches it hands out.
+type Port = Arc<Subscriber<Ipc, [u8], FrameHeader>>;
+
 /// The subscriber's port, as device batches keep it: until the producer is found gone.
-type DevicePort = Arc<std::sync::Mutex<Option<Arc<Subscriber<Ipc, [u8], FrameHeader>>>>>;
+type DevicePort = Arc<std::sync::Mutex<Option<Port>>>;
 
 impl Drop for SampleOwner {
     fn drop(&mut self) {
+        // A forked child's copy: the sample is the parent's to give back, and the count
+        // is the child's copy too.
+        if !self.sample.is_here() {
+            return;
+        }
         // The sample goes back first (the port, a later field, after it); Release pairs
         // with `TopicSubscriber::held`'s Acquire, so whoever reads the lower count also
         // sees the sample returned.
@@ -232,14 +242,16 @@ unsafe impl Sync for SamplePayload {}
 pub struct TopicSubscriber {
     topic: TopicName,
     namespace: Namespace,
-    data: DataService<Ipc, [u8], FrameHeader>,
-    subscriber: Option<Arc<Subscriber<Ipc, [u8], FrameHeader>>>,
-    ready: Listener<Ipc>,
-    released: Notifier<Ipc>,
+    // The iceoryx2 handles are `Local`: a forked child's copy of this subscriber neither
+    // uses nor drops them (see `crate::process`).
+    data: Local<DataService<Ipc, [u8], FrameHeader>>,
+    subscriber: Local<Option<Port>>,
+    ready: Local<Listener<Ipc>>,
+    released: Local<Notifier<Ipc>>,
     next_seq: Option<u64>,
     /// `published_ns` of the newest batch received.
     last_published_ns: Option<u64>,
-    stashed: Option<Sample<Ipc, [u8], FrameHeader>>,
+    stashed: Local<Option<Sample<Ipc, [u8], FrameHeader>>>,
     ended: bool,
     held: Arc<AtomicUsize>,
     /// Messages taken from the queue since the last `released` notification.
@@ -253,9 +265,9 @@ pub struct TopicSubscriber {
     form: BatchForm,
     /// The port as device batches keep it (see [`SampleOwner`]); `None` once detached
     /// (the device batches still held keep it, and the port, alive).
-    device_port: Option<DevicePort>,
+    device_port: Local<Option<DevicePort>>,
     // Dropped after the ports above: they belong to it.
-    _node: Node<Ipc>,
+    _node: Local<Node<Ipc>>,
     // Dropped last, once this subscriber has let go of the topic; the samples it handed
     // out share it, so that the last of them to go reclaims.
     reclaim: Arc<ReclaimAfter>,
@@ -263,7 +275,7 @@ pub struct TopicSubscriber {
 
 impl Drop for TopicSubscriber {
     fn drop(&mut self) {
-        if producer_state(&self.namespace, &self.data) == Liveness::Gone {
+        if self._node.is_here() && producer_state(&self.namespace, &self.data) == Liveness::Gone {
             self.producer_found_gone();
         }
     }
@@ -437,21 +449,23 @@ impl TopicSubscriber {
         Ok(Self {
             topic: topic.clone(),
             namespace: namespace.clone(),
-            data,
-            subscriber: Some(subscriber.clone()),
-            ready,
-            released,
+            data: Local::new(data),
+            subscriber: Local::new(Some(subscriber.clone())),
+            ready: Local::new(ready),
+            released: Local::new(released),
             next_seq: None,
             last_published_ns: None,
-            stashed: None,
+            stashed: Local::new(None),
             ended: false,
             held: Arc::new(AtomicUsize::new(0)),
             untold: 0,
             tell_every,
             decoder: wire::Decoder::new(),
             form: BatchForm::Decoded,
-            device_port: Some(Arc::new(std::sync::Mutex::new(Some(subscriber.clone())))),
-            _node: node,
+            device_port: Local::new(Some(Arc::new(std::sync::Mutex::new(Some(
+                subscriber.clone(),
+            ))))),
+            _node: Local::new(node),
             reclaim: Arc::new(ReclaimAfter::new(namespace, false)),
         })
     }
@@ -510,13 +524,14 @@ impl TopicSubscriber {
     /// stream (or an error) the subscriber detaches and keeps returning
     /// [`Frame::EndOfStream`].
     pub fn recv(&mut self, timeout: Option<Duration>) -> Result<Frame> {
+        self._node.here("subscriber")?;
         let start = Instant::now();
         if let Some(sample) = self.stashed.take() {
             self.next_seq = Some(sample.user_header().seq);
             return self.frame(sample);
         }
         loop {
-            let Some(subscriber) = &self.subscriber else {
+            let Some(subscriber) = &*self.subscriber else {
                 return Ok(Frame::EndOfStream);
             };
             let received = match subscriber.receive() {
@@ -605,7 +620,7 @@ impl TopicSubscriber {
             // its error says more than the gap). Report the gap, then this message.
             if header.kind != FrameKind::Error as u32 {
                 self.next_seq = Some(expected);
-                self.stashed = Some(sample);
+                *self.stashed = Some(sample);
                 return Ok(Frame::Missed {
                     messages: header.seq - expected,
                 });
@@ -700,9 +715,9 @@ impl TopicSubscriber {
             .ok_or_else(|| SluiceError::Corrupt("null payload".into()))?;
         self.held.fetch_add(1, Ordering::Relaxed);
         let owner = Arc::new(SampleOwner {
-            sample: Some(sample),
+            sample: Local::new(Some(sample)),
             held: self.held.clone(),
-            _port: port,
+            _port: Local::new(port),
             _reclaim: self.reclaim.clone(),
         });
         Ok(SamplePayload {
@@ -715,9 +730,13 @@ impl TopicSubscriber {
     /// Leaves the topic: the producer stops waiting for this subscriber. Batches already
     /// received stay valid.
     pub fn detach(&mut self) {
+        // A forked child's copy: the ports are the parent's (see `crate::process`).
+        if !self._node.is_here() {
+            return;
+        }
         self.ended = true;
-        self.subscriber = None;
-        self.device_port = None;
+        *self.subscriber = None;
+        *self.device_port = None;
         let _ = self
             .released
             .notify_with_custom_event_id(EventId::new(events::RELEASED));
@@ -737,7 +756,7 @@ impl TopicSubscriber {
     /// Lets go of what only a live producer needs held (the port that device batches
     /// keep), and reclaims once everything of this subscriber is let go.
     fn producer_found_gone(&self) {
-        if let Some(port) = &self.device_port {
+        if let Some(port) = &*self.device_port {
             port.lock().unwrap_or_else(|p| p.into_inner()).take();
         }
         self.reclaim.due.store(true, Ordering::Relaxed);
@@ -751,7 +770,7 @@ impl TopicSubscriber {
             return Ok(());
         }
         // Data may have arrived just before the producer exited.
-        if let Some(subscriber) = &self.subscriber
+        if let Some(subscriber) = &*self.subscriber
             && subscriber.has_samples().unwrap_or(false)
         {
             return Ok(());

@@ -831,3 +831,93 @@ fn a_process_keeps_its_claims_and_interest_through_its_own_looks() {
     assert_eq!(claimant_says(&ns), "claim took interest 0");
     ns.purge();
 }
+
+/// Helper process of the fork test below, run by it from this test binary: a publisher
+/// and a subscriber holding a batch fork a child, which tries the subscriber and the
+/// publisher, drops them and the batch (as a child that exits normally does), and
+/// exits; then the parent receives the rest. Prints what each found.
+#[test]
+#[ignore = "a helper process of `a_forked_child_neither_uses_nor_lets_go_of_its_parents_ports`"]
+fn a_process_that_forks_while_it_holds_ports() {
+    let Ok(name) = std::env::var(NODE_HELPER_NAMESPACE) else {
+        return;
+    };
+    let ns = Namespace::new(&name).unwrap();
+    let (mut publisher, mut sub) = pair(&ns, "fork");
+    let encoded = wire::encode(&batch()).unwrap();
+    for index in 0..3 {
+        publisher.publish_batch(0, index, 10, &encoded).unwrap();
+    }
+    let held = match recv(&mut sub).unwrap() {
+        Frame::Batch { batch, .. } => batch,
+        other => panic!("unexpected {other:?}"),
+    };
+    // SAFETY: the child runs Rust code after the fork: glibc's allocator is safe in a
+    // forked child, and this helper runs its one test with no other thread of its own
+    // that could hold a lock the child needs.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        let used = matches!(recv(&mut sub), Err(SluiceError::Forked { .. }))
+            && matches!(
+                publisher.publish_batch(0, 3, 10, &encoded),
+                Err(SluiceError::Forked { .. })
+            );
+        drop(held);
+        drop(sub);
+        drop(publisher);
+        // SAFETY: ends the child at once, as `os._exit` does, after its drops.
+        unsafe { libc::_exit(if used { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked; `status` is a valid out-pointer.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    println!(
+        "child refused {}",
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+    );
+    let mut indexes = Vec::new();
+    // The queue (a window of 4) holds batches 1 to 3 and the end.
+    publisher.publish_batch(0, 3, 10, &encoded).unwrap();
+    publisher.publish_end_of_stream(1).unwrap();
+    loop {
+        match recv(&mut sub) {
+            Ok(Frame::Batch { index, .. }) => indexes.push(index),
+            Ok(Frame::EndOfStream) => break,
+            Ok(other) => panic!("unexpected {other:?}"),
+            Err(e) => {
+                println!("parent failed: {e}");
+                break;
+            }
+        }
+    }
+    println!("parent received {indexes:?}");
+    println!("held unchanged {}", held == batch());
+}
+
+/// A forked child's copies of its parent's ports refuse to be used (`Forked`), and
+/// dropping them lets go of nothing of the parent's: the parent receives every batch
+/// after the child exits, and the batch it held is intact.
+#[test]
+fn a_forked_child_neither_uses_nor_lets_go_of_its_parents_ports() {
+    let ns = namespace("frk");
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "tests::a_process_that_forks_while_it_holds_ports",
+        ])
+        .args(["--nocapture", "--test-threads=1"])
+        .env(NODE_HELPER_NAMESPACE, ns.name())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    for expected in [
+        "child refused true",
+        "parent received [1, 2, 3]",
+        "held unchanged true",
+    ] {
+        assert!(stdout.contains(expected), "{expected:?} not in {stdout}");
+    }
+    ns.purge();
+}
