@@ -141,21 +141,7 @@ pub fn sluice(
         .collect::<sluice::Result<Vec<_>>>()?;
     let rows_per_epoch: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
     let stop = Arc::new(AtomicBool::new(false));
-    let mut config = TopicConfig {
-        topic: TopicName::new(topic)?,
-        window: 1,
-        max_subscribers: n,
-        max_held: 4,
-        // Planned as a producer plans its topic (and so its 'auto' window).
-        max_message_bytes: sluice::shm::planned_message_bytes(
-            encoded.iter().map(|e| e.len()).max().unwrap_or(1),
-        ),
-        lag_limit: None,
-    };
-    config.window = match crate::data::window() {
-        Some(n) => n,
-        None => config.auto_window_here()?,
-    };
+    let config = topic_config(topic, n, &encoded)?;
     let mut publisher = TopicPublisher::create(ns, config, stop.clone())?;
     let server = match reach {
         Reach::Local => None,
@@ -238,6 +224,60 @@ pub fn sluice(
         return Err(e.context("a Sluice subscriber failed"));
     }
     Ok(median(rates))
+}
+
+/// The topic comparison 3 publishes on: sized as a producer plans its topic (and so its
+/// `auto` window).
+fn topic_config(topic: &str, n: usize, encoded: &[wire::Encoded]) -> Result<TopicConfig> {
+    let mut config = TopicConfig {
+        topic: TopicName::new(topic)?,
+        window: 1,
+        max_subscribers: n,
+        max_held: 4,
+        max_message_bytes: sluice::shm::planned_message_bytes(
+            encoded.iter().map(|e| e.len()).max().unwrap_or(1),
+        ),
+        lag_limit: None,
+    };
+    config.window = match crate::data::window() {
+        Some(n) => n,
+        None => config.auto_window_here()?,
+    };
+    Ok(config)
+}
+
+/// The publisher's floor: what one thread does at the least to publish the batches, the
+/// one copy of each encoded batch into a place of a ring as deep as the topic's window
+/// (heap memory written once before, as the topic's shared memory is after its first
+/// laps), `epochs` times over. Returns rows/s (a Sluice subscriber cannot receive faster
+/// than its one publishing thread copies) and the window.
+pub fn copy_floor(batches: &[RecordBatch], epochs: u64) -> Result<(f64, usize)> {
+    let encoded = batches
+        .iter()
+        .map(wire::encode)
+        .collect::<sluice::Result<Vec<_>>>()?;
+    let config = topic_config("floor", 1, &encoded)?;
+    let place = config.max_message_bytes;
+    // Aligned as the topic's payloads are (64 bytes).
+    let mut memory = vec![std::mem::MaybeUninit::new(0u8); place * config.window + wire::ALIGNMENT];
+    let skip = memory.as_ptr().align_offset(wire::ALIGNMENT);
+    let ring = &mut memory[skip..skip + place * config.window];
+    let lap = |ring: &mut [std::mem::MaybeUninit<u8>]| -> Result<()> {
+        for (i, enc) in encoded.iter().enumerate() {
+            let at = (i % config.window) * place;
+            enc.write_to(&mut ring[at..at + enc.len()])?;
+        }
+        Ok(())
+    };
+    lap(ring)?;
+    let start = Instant::now();
+    for _ in 0..epochs {
+        lap(ring)?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    std::hint::black_box(&memory);
+    let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+    Ok(((rows * epochs) as f64 / secs, config.window))
 }
 
 /// A Flight server that answers every `do_get` with the same batches.

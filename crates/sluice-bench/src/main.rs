@@ -482,7 +482,9 @@ fn flight_comparisons(
     let server = flight::FlightServer::start(batches.clone(), scale.epochs)?;
     let mut fl = vec![Vec::new(); NS.len()];
     let mut remote = vec![Vec::new(); NS.len()];
+    let mut floors = Vec::new();
     for rep in 0..scale.reps {
+        floors.push(flight::copy_floor(batches, scale.epochs)?);
         for (i, &n) in NS.iter().enumerate() {
             let topic = format!("fl{n}r{rep}");
             let s = flight::sluice(ns, batches, n, scale.epochs, &topic, flight::Reach::Local)?;
@@ -496,6 +498,7 @@ fn flight_comparisons(
     drop(server);
     report.flight(
         &fl,
+        &floors,
         bytes_per_epoch as f64 / rows_per_epoch as f64,
         img,
         plots,
@@ -1012,6 +1015,7 @@ impl Report {
     fn flight(
         &mut self,
         runs: &[Vec<(f64, f64)>],
+        floors: &[(f64, usize)],
         bytes_per_row: f64,
         img: &Path,
         plots: bool,
@@ -1067,6 +1071,35 @@ impl Report {
             b,
             "\nSluice / Flight is **{shown}×** at N = 4 and at least {worst:.1}× at every N (target ≥ 10× at N = 4: {}).",
             verdict(at4 >= 10.0)
+        )?;
+        // The floor: one thread's copy of the same batches, per repetition; against it,
+        // Sluice at N = 1 and what 10× Flight at N = 4 would take.
+        let window = floors.first().map_or(0, |f| f.1);
+        let floors: Vec<f64> = floors.iter().map(|f| f.0).collect();
+        let floor = Summary::of(&floors);
+        let at_floor = ratio_summary(runs[0].iter().map(|r| r.0).zip(floors.iter().copied()));
+        let needed = ratio_summary(
+            runs[N4]
+                .iter()
+                .map(|r| 10.0 * r.1)
+                .zip(floors.iter().copied()),
+        );
+        writeln!(
+            b,
+            "\nThe publisher's floor, same repetitions: one thread copying the same encoded batches, \
+             once each, into a ring as deep as the topic's window ({window} batches), what the publishing thread \
+             does at the least for every batch. {} rows/s ({:.2} GB/s). Sluice at N = 1 receives \
+             **{}** of it per subscriber; 10× Flight at N = 4 would take **{}** of it per subscriber, \
+             which one publishing thread {}.",
+            floor.show_count(),
+            floor.median * bytes_per_row / 1e9,
+            at_floor.show(2),
+            needed.show(2),
+            if needed.median > 1.0 {
+                "cannot reach: each batch is copied once, by one thread"
+            } else {
+                "could reach"
+            }
         )?;
         self.goals.push((
             "Sluice against Arrow Flight, per consumer at N = 4".into(),
