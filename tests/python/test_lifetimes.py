@@ -224,3 +224,46 @@ def test_a_forked_child_neither_uses_nor_lets_go_of_its_parents_subscription(
     assert "forked child" in lines[0]["child"], lines[0]
     assert lines[1] == {"status": 0, "rows": 2000, "distinct": 2000, "held_unchanged": True}
     assert "panicked" not in err, err
+
+
+# A producer's process that forks (after it used Sluice) a child which subscribes to its
+# topic; then reads the topic itself.
+_FORKED_SUBSCRIBER = r'''
+import json, multiprocessing, sys
+import pyarrow as pa
+import sluice
+
+def child(topic, said):
+    try:
+        with sluice.subscribe(topic, timeout=10) as sub:
+            next(sub)
+        said.put("subscribed")
+    except sluice.TransportError as e:
+        said.put(str(e))
+
+producer = sluice.Producer(sys.argv[1], min_subscribers=1)
+sub = sluice.subscribe(sys.argv[2], timeout=30)
+ctx = multiprocessing.get_context("fork")
+said = ctx.Queue()
+worker = ctx.Process(target=child, args=(sys.argv[2], said))
+worker.start()
+answer = said.get(timeout=30)
+worker.join(30)
+rows = sum(len(b) for b in sub)
+producer.wait(timeout=30)
+print(json.dumps({"child": answer, "exitcode": worker.exitcode, "rows": rows}), flush=True)
+'''
+
+
+def test_a_child_forked_from_its_producer_is_told_to_start_otherwise(plans, run_python):
+    """iceoryx2 keeps a process's identity from its first use, forks included: a child
+    forked from its producer would take the producer for alive forever, and the producer
+    the child. Subscribing there raises `TransportError` saying to use the 'spawn' or
+    'forkserver' start method, and the producer's own subscriber is unaffected."""
+    plan = plans.plan(rows=500, batch_rows=50)
+    process = run_python(_FORKED_SUBSCRIBER, str(plan), plans.topic)
+    out, err = process.communicate(timeout=90)
+    assert process.returncode == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert "'spawn' or 'forkserver'" in result["child"], result
+    assert result["exitcode"] == 0 and result["rows"] == 500, result

@@ -132,6 +132,19 @@ pub enum SluiceError {
         /// The process that made it.
         owner: u32,
     },
+    /// This process was forked after its parent used Sluice, and shares the parent's
+    /// iceoryx2 identity: the two would see each other's ports as alive forever.
+    #[error(
+        "this process was forked from process {parent} after that process used Sluice, and \
+         iceoryx2 keeps process {parent}'s identity in it: each would take the other's ports for \
+         alive forever, so this process can neither produce nor subscribe to {parent}'s topics. \
+         Start it with multiprocessing's 'spawn' or 'forkserver' start method (or fork before \
+         the first use of Sluice)"
+    )]
+    ForkedIdentity {
+        /// The process whose identity this one has.
+        parent: u32,
+    },
     /// A second producer tried to publish on a topic that already has one.
     #[error("topic '{0}' already has a producer; stop it first or choose another sluice.topic")]
     TopicBusy(String),

@@ -10,7 +10,7 @@
 //! ├── ProducerFailed     the producer failed and told its subscribers why
 //! ├── Lagged             the subscriber fell behind the producer's lag limit (detached)
 //! ├── Timeout            waiting took longer than the caller allowed
-//! ├── TransportError     Transport, TopicBusy, ShmTooSmall, Forked: shared memory or iceoryx2
+//! ├── TransportError     Transport, TopicBusy, ShmTooSmall, Forked*: shared memory or iceoryx2
 //! └── CorruptMessage     a message in shared memory failed validation
 //! ```
 //! Everything else (execution, Arrow, I/O, internal errors) is a plain `SluiceError`.
@@ -81,7 +81,8 @@ pub fn to_py(err: &RustError) -> PyErr {
         RustError::Transport(_)
         | RustError::TopicBusy(_)
         | RustError::ShmTooSmall { .. }
-        | RustError::Forked { .. } => TransportError::new_err(message),
+        | RustError::Forked { .. }
+        | RustError::ForkedIdentity { .. } => TransportError::new_err(message),
         RustError::Corrupt(_) => CorruptMessage::new_err(message),
         _ => SluiceError::new_err(message),
     }

@@ -28,6 +28,7 @@ use sluice::{
 use crate::batch::{PyBatch, deep_copy};
 use crate::errors::to_py;
 use crate::gpu::PyDeviceBatch;
+use sluice::shm::process::Local;
 
 /// Longest wait without a chance to run Python's signal handlers.
 const SLICE: Duration = Duration::from_millis(50);
@@ -37,8 +38,11 @@ const CONNECT_SLICE: Duration = Duration::from_millis(200);
 /// The stream as this Python object sees it: the Rust subscriber plus an event that was
 /// looked at and put back.
 struct Stream {
-    sub: Option<Subscriber>,
-    peeked: Option<Event>,
+    // `Local`: a forked child's copy of the subscription (its ports, its status report,
+    // a Flight connection's runtime) and of a batch looked at is never dropped there
+    // (see `sluice::shm::process`).
+    sub: Local<Option<Subscriber>>,
+    peeked: Local<Option<Event>>,
     ended: bool,
     /// `Subscriber::last_published_ns` as of the last event taken.
     last_published_ns: Option<u64>,
@@ -339,7 +343,7 @@ impl PySubscriber {
     /// Puts an event back at the front of the stream.
     fn put_back(&self, py: Python<'_>, event: Event) {
         let stream = &self.stream;
-        py.detach(|| lock(stream).peeked = Some(event));
+        py.detach(|| *lock(stream).peeked = Some(event));
     }
 
     fn set_last_epoch(&self, summary: &EpochSummary) {
@@ -460,8 +464,8 @@ impl PySubscriber {
             },
             timeout,
             stream: Arc::new(Mutex::new(Stream {
-                sub: Some(sub),
-                peeked: None,
+                sub: Local::new(Some(sub)),
+                peeked: Local::new(None),
                 ended: false,
                 last_published_ns: None,
             })),
@@ -475,6 +479,8 @@ impl PySubscriber {
     /// process of the machine (publish-to-use latency); ``None`` before the first batch.
     #[getter]
     fn last_published_ns(&self) -> Option<u64> {
+        // Not in a forked child, before the lock (see `owner`).
+        self.here().ok()?;
         lock(&self.stream).last_published_ns
     }
 
@@ -517,6 +523,11 @@ impl PySubscriber {
     /// Whether [`close`](Self::close) was called.
     #[getter]
     fn closed(&self, py: Python<'_>) -> bool {
+        // A forked child's copy cannot be used: closed to it (and not looked at, before
+        // the lock, see `owner`).
+        if self.here().is_err() {
+            return true;
+        }
         let stream = &self.stream;
         py.detach(|| lock(stream).sub.is_none())
     }
@@ -569,7 +580,7 @@ impl PySubscriber {
         let stream = &self.stream;
         let sub = py.detach(|| {
             let mut stream = lock(stream);
-            stream.peeked = None;
+            *stream.peeked = None;
             stream.ended = true;
             stream.sub.take()
         });
@@ -624,6 +635,7 @@ impl PySubscriber {
             }
         };
         let reader = StreamReader {
+            owner: self.owner,
             stream: self.stream.clone(),
             schema,
             timeout: self.timeout,
@@ -648,12 +660,21 @@ struct StreamReader {
     stream: Arc<Mutex<Stream>>,
     schema: SchemaRef,
     timeout: Option<Duration>,
+    /// The subscriber's process (see `PySubscriber::owner`).
+    owner: u32,
 }
 
 impl Iterator for StreamReader {
     type Item = Result<RecordBatch, ArrowError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if self.owner != sluice::shm::process::id() {
+            let forked = SluiceError::Forked {
+                what: "subscriber",
+                owner: self.owner,
+            };
+            return Some(Err(ArrowError::ExternalError(Box::new(forked))));
+        }
         let mut stream = lock(&self.stream);
         let start = Instant::now();
         loop {

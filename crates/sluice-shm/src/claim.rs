@@ -50,8 +50,9 @@ pub(crate) struct Claim {
     // The process that holds the lock: a forked child has a copy of this claim, but
     // neither the lock nor the file.
     owner: u32,
-    // Holds the lock; closing the file releases it.
-    _file: File,
+    // Holds the lock; closing the file releases it. Closed under the registry (see
+    // `Drop`), as every descriptor of a claim file is.
+    file: Option<File>,
 }
 
 impl Claim {
@@ -66,17 +67,27 @@ impl Claim {
             // Under the registry: no thread of this process looks at the file (a sweep)
             // while another takes it.
             let mut held = registry();
-            // Another producer of this process: record locks never conflict within a
-            // process, so only the registry knows.
-            if held.holds(&path) {
-                return Err(SluiceError::TopicBusy(topic.to_string()));
-            }
-            let file = open_claim(&path)?;
-            match held.lock(&file, &path) {
+            // Another producer of this process (record locks never conflict within a
+            // process, so only the registry knows), maybe one that is giving the topic
+            // up: looked at again, as a claim of another process is.
+            let file = if held.holds(&path) {
+                None
+            } else {
+                Some(open_claim(&path)?)
+            };
+            let locked = match &file {
+                Some(file) => held.lock(file, &path),
+                None => Ok(false),
+            };
+            match locked {
                 Ok(true) => {}
                 // A reclaimer looking at a dead producer's claim holds it for a moment
                 // (see `sweep`); a live producer holds it for good.
                 Ok(false) if refused < BUSY_LOOKS => {
+                    // Closed under the registry: closing a descriptor of the file drops
+                    // this process's lock on it, which another of its threads may have
+                    // taken meanwhile (once the producer holding it died).
+                    drop(file);
                     drop(held);
                     refused += 1;
                     std::thread::sleep(BUSY_LOOK_INTERVAL);
@@ -93,11 +104,11 @@ impl Claim {
             // The claim is the file at the path: a producer giving the topic up (or a
             // reclaimer) removes it while holding its lock, so the file locked here may
             // be one that was removed since it was opened. Then take the new one.
-            if same_file(&file, &path) {
+            if file.as_ref().is_some_and(|f| same_file(f, &path)) {
                 return Ok(Self {
                     path,
                     owner: crate::process::id(),
-                    _file: file,
+                    file,
                 });
             }
             held.release(crate::process::id(), &path);
@@ -107,17 +118,19 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        let mut held = registry();
-        // A forked child's copy: the file is its parent's claim.
-        if self.owner != crate::process::id() {
+        // A forked child's copy: the file is its parent's claim. (Asked of the system,
+        // not of `process::id`'s cache: a child forked without the atfork handlers
+        // must not remove its parent's claim. And before the registry, which a thread of
+        // the parent may have held at the fork.)
+        if self.owner != std::process::id() {
             return;
         }
+        let mut held = registry();
         // Removed while still locked: a claimant that opened it meanwhile sees that it
-        // locked a removed file and looks again. (The file closes after this, once the
-        // registry is given up: a claimant of this process then finds the path free, or
-        // a new file at it.)
+        // locked a removed file and looks again.
         let _ = std::fs::remove_file(&self.path);
         held.release(self.owner, &self.path);
+        drop(self.file.take());
     }
 }
 

@@ -50,8 +50,9 @@ pub struct Interest {
     // The process that holds the lock: a forked child's copy holds neither it nor the
     // file.
     owner: u32,
-    // Holds the lock; closing the file releases it.
-    _file: File,
+    // Holds the lock; closing the file releases it. Closed under the registry (see
+    // `Drop`).
+    file: Option<File>,
 }
 
 impl Interest {
@@ -70,9 +71,19 @@ impl Interest {
         // Under the registry: no thread of this process looks at the registration
         // between its lock and its entry in the registry.
         let mut held = registry();
-        let file = File::create(&tmp).map_err(|e| {
-            SluiceError::io(format!("cannot declare interest in {}", tmp.display()), e)
-        })?;
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            // Writable by its owner whatever the umask: lookers lock it for writing.
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(|e| {
+                    SluiceError::io(format!("cannot declare interest in {}", tmp.display()), e)
+                })?
+        };
         // A fresh file nobody else has opened: the lock is free.
         match held.lock(&file, &path) {
             Ok(true) => {}
@@ -100,21 +111,22 @@ impl Interest {
         Ok(Self {
             path,
             owner,
-            _file: file,
+            file: Some(file),
         })
     }
 }
 
 impl Drop for Interest {
     fn drop(&mut self) {
-        let mut held = registry();
-        // A forked child's copy: the registration is its parent's.
-        if self.owner != crate::process::id() {
+        // A forked child's copy: the registration is its parent's (see `Claim`'s drop).
+        if self.owner != std::process::id() {
             return;
         }
+        let mut held = registry();
         // Removed while still locked, so a producer never mistakes it for a dead one's.
         let _ = std::fs::remove_file(&self.path);
         held.release(self.owner, &self.path);
+        drop(self.file.take());
     }
 }
 
@@ -152,17 +164,29 @@ fn live_in(dir: &Path) -> usize {
             live += 1;
             continue;
         }
-        let Ok(file) = OpenOptions::new().write(true).open(&path) else {
-            // Removed in between: its subscriber attached or gave up.
+        // A temporary is locked before it is renamed into place, within microseconds:
+        // one that young is left alone (looking at it could make its subscriber find its
+        // fresh file locked), and only an old one, of a process that died between
+        // creating and renaming it, is looked at.
+        if temporary && !older_than(&path, STALE_TEMPORARY) {
             continue;
+        }
+        let file = match OpenOptions::new().write(true).open(&path) {
+            Ok(file) => file,
+            // Removed in between: its subscriber attached or gave up.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            // Cannot be looked at: counted as live (the producer's grace period bounds
+            // the wait for it), never removed.
+            Err(e) => {
+                tracing::debug!("cannot check {}: {e}", path.display());
+                live += usize::from(!temporary);
+                continue;
+            }
         };
         match held.probe(&file) {
+            // Nobody holds it: its process is gone.
             Ok(true) => {
-                // Nobody holds it: its process is gone (or, for a temporary, it may be
-                // between creating and locking it, so only an old one is stale).
-                if !temporary || older_than(&path, STALE_TEMPORARY) {
-                    let _ = std::fs::remove_file(&path);
-                }
+                let _ = std::fs::remove_file(&path);
             }
             Ok(false) => {
                 if !temporary {
@@ -171,6 +195,7 @@ fn live_in(dir: &Path) -> usize {
             }
             Err(e) => {
                 tracing::debug!("cannot check {}: {e}", path.display());
+                live += usize::from(!temporary);
             }
         }
     }

@@ -24,10 +24,12 @@
 //! holder).
 //!
 //! # Limit
-//! A child forked while another thread of its parent held the registry's mutex (for
-//! the microseconds of a lock, or of a sweep of the claims) cannot take it: that child
-//! would wait forever if it then used Sluice. Forking a multi-threaded process has that
-//! hazard for every lock it holds; Python warns about it since 3.12.
+//! A child forked while another thread of its parent held the registry's mutex (for a
+//! lock's system calls, or a sweep of the claims or of a topic's registrations) cannot
+//! take it: that child would wait forever if it then claimed a topic or declared
+//! interest. (Dropping a copy it inherited looks at the owner first and never takes the
+//! mutex.) Forking a multi-threaded process has that hazard for every lock it holds;
+//! Python warns about it since 3.12, and docs/python.md says to prefer 'spawn'.
 
 use std::collections::HashSet;
 use std::fs::File;

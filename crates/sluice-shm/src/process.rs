@@ -11,7 +11,15 @@
 //! - [`Local`] holds such a handle and drops it only in the process that made it; a
 //!   child's copy is forgotten (its memory is the child's own, and goes with it);
 //! - ports refuse to be used in another process with [`SluiceError::Forked`]; a child
-//!   subscribes (or produces) itself, after the fork.
+//!   subscribes itself, after the fork;
+//! - except where iceoryx2's identity of the process, which a fork copies, would make
+//!   the child and its parent take each other for alive forever ([`forked_identity`]):
+//!   such a child may not produce, nor subscribe to its parent's topics
+//!   ([`SluiceError::ForkedIdentity`]).
+//!
+//! `Local`'s `DerefMut` is for the owning process: assigning through it in a child
+//! would drop the old value there, so every method that may replace a `Local`'s value
+//! refuses to run in a child first.
 
 use std::mem::ManuallyDrop;
 use std::sync::Once;
@@ -46,6 +54,22 @@ pub fn id() -> u32 {
         0 => std::process::id(),
         pid => pid,
     }
+}
+
+/// The process whose iceoryx2 identity this one has, when that is another: this process
+/// was forked after that one first used iceoryx2, which keeps a process's identity from
+/// its first use (`Process::unique_id`) and writes it into every node the process creates.
+/// A node monitor whose identity is the reader's own is taken for alive without looking
+/// at its lock (a process's own locks never conflict with it), so the parent and the
+/// child each see the other's nodes as alive, forever: a subscriber forked from its
+/// producer would never learn that the producer died, nor the producer that the
+/// subscriber did. `None` in every process that is not such a child.
+pub fn forked_identity() -> Option<u32> {
+    use iceoryx2_bb_posix::process::Process;
+    // Both in the host's numbering (iceoryx2's identity holds the pid outside any PID
+    // namespace), read now: this process's is not cached.
+    let identity = Process::unique_id().ok()?.pid().value();
+    (identity != Process::self_host_pid().value()).then_some(identity as u32)
 }
 
 /// A value that belongs to the process that made it: dropped there, forgotten in a

@@ -253,6 +253,11 @@ impl TopicPublisher {
         stop: Arc<AtomicBool>,
     ) -> Result<Self> {
         let topic = &config.topic;
+        // A child forked after its parent used iceoryx2 shares the parent's identity: the
+        // parent (and its other children) would never see this producer die, nor it them.
+        if let Some(parent) = crate::process::forked_identity() {
+            return Err(SluiceError::ForkedIdentity { parent });
+        }
         let claim = Claim::take(namespace, topic)?;
         let node = namespace.node(crate::namespace::PRODUCER)?;
         namespace.reclaim_dead();

@@ -423,6 +423,18 @@ impl TopicSubscriber {
             }
             std::thread::sleep(TOPIC_POLL_INTERVAL);
         };
+        // A child forked from its producer after the producer used iceoryx2 shares the
+        // producer's identity: neither would ever see the other die.
+        if let Some(parent) = crate::process::forked_identity() {
+            let mut producer = None;
+            data.dynamic_config().list_publishers(|details| {
+                producer = details.node_id.pid::<Ipc>().ok();
+                CallbackProgression::Stop
+            });
+            if producer.is_some_and(|pid| pid.value() as u32 == parent) {
+                return Err(SluiceError::ForkedIdentity { parent });
+            }
+        }
         let history = if replay {
             data.static_config().history_size()
         } else {
