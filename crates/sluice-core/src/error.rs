@@ -135,9 +135,10 @@ pub enum SluiceError {
     /// This process was forked after its parent used Sluice, and shares the parent's
     /// iceoryx2 identity: the two would see each other's ports as alive forever.
     #[error(
-        "this process was forked from process {parent} after that process used Sluice, and \
-         iceoryx2 keeps process {parent}'s identity in it: each would take the other's ports for \
-         alive forever, so this process can neither produce nor subscribe to {parent}'s topics. \
+        "this process was forked (directly or not) from process {parent} after that process \
+         used Sluice, and iceoryx2 keeps process {parent}'s identity in it: each would take the \
+         other's ports for alive forever, so this process can neither produce nor subscribe to \
+         {parent}'s topics. \
          Start it with multiprocessing's 'spawn' or 'forkserver' start method (or fork before \
          the first use of Sluice)"
     )]

@@ -123,6 +123,9 @@ impl Drop for Claim {
         // must not remove its parent's claim. And before the registry, which a thread of
         // the parent may have held at the fork.)
         if self.owner != std::process::id() {
+            // Left open: closing it could drop a lock this child took on the file
+            // meanwhile (a look at it, under this child's registry).
+            std::mem::forget(self.file.take());
             return;
         }
         let mut held = registry();

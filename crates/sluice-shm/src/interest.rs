@@ -61,10 +61,14 @@ impl Interest {
         namespace.prepare_root()?;
         let dir = interest_dir(namespace, topic);
         create_private_dir(&dir)?;
+        // Unique across processes that share the directory from different PID
+        // namespaces (containers sharing /dev/shm, each with its own pid 1) and across
+        // forked siblings (which copy the counter): the random part tells them apart.
         let name = format!(
-            "{}-{}",
+            "{}-{}-{:016x}",
             crate::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            random_u64()
         );
         let tmp = dir.join(format!(".{name}.tmp"));
         let path = dir.join(&name);
@@ -76,8 +80,8 @@ impl Interest {
             // Writable by its owner whatever the umask: lookers lock it for writing.
             OpenOptions::new()
                 .write(true)
-                .create(true)
-                .truncate(true)
+                // Never another's file: a name taken is an error, not a shared file.
+                .create_new(true)
                 .mode(0o600)
                 .open(&tmp)
                 .map_err(|e| {
@@ -118,8 +122,11 @@ impl Interest {
 
 impl Drop for Interest {
     fn drop(&mut self) {
-        // A forked child's copy: the registration is its parent's (see `Claim`'s drop).
+        // A forked child's copy: the registration is its parent's (see `Claim`'s drop);
+        // its descriptor stays open, as closing it could drop a lock this child took on
+        // the file meanwhile (a look at it, under this child's registry).
         if self.owner != std::process::id() {
+            std::mem::forget(self.file.take());
             return;
         }
         let mut held = registry();
@@ -127,6 +134,22 @@ impl Drop for Interest {
         let _ = std::fs::remove_file(&self.path);
         held.release(self.owner, &self.path);
         drop(self.file.take());
+    }
+}
+
+/// 64 random bits from the kernel (falling back to the clock's nanoseconds, which still
+/// differ between processes in practice).
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: the buffer is valid for writes of its 8 bytes for the whole call, and
+    // getrandom writes at most that many.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if got == bytes.len() as isize {
+        u64::from_ne_bytes(bytes)
+    } else {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
     }
 }
 

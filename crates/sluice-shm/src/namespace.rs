@@ -66,6 +66,9 @@ impl Namespace {
     /// that its event sockets' paths fit a Unix socket address ([`Namespace::max_name_len`]:
     /// 16 with the service directory in `/dev/shm`).
     pub fn new(name: &str) -> Result<Self> {
+        // Every use of Sluice starts here: the process's iceoryx2 identity is settled and
+        // noted before anything can read a node monitor (see `process::forked_identity`).
+        crate::process::note_identity();
         let base = Self::base_dir();
         let Some(max) = Self::max_name_len_in(&base) else {
             return Err(SluiceError::Config(format!(
@@ -231,6 +234,7 @@ impl Namespace {
     /// Creates an iceoryx2 node in this namespace, owner-only.
     pub(crate) fn node(&self, role: &str) -> Result<Node<Ipc>> {
         self.prepare_root()?;
+        crate::process::note_identity();
         // The role names the node, so that a reclaimer knows a dead producer's node.
         let name = NodeName::new(role)
             .map_err(|e| SluiceError::Internal(format!("bad node name '{role}': {e:?}")))?;

@@ -56,20 +56,33 @@ pub fn id() -> u32 {
     }
 }
 
+/// iceoryx2's identity of the process (the host's pid in it), and this process's id when
+/// Sluice first made sure of it: before its first node.
+static IDENTITY: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+
+/// Makes iceoryx2 settle this process's identity now, before Sluice's first node, and
+/// notes which process that was; see [`forked_identity`].
+pub(crate) fn note_identity() {
+    IDENTITY.get_or_init(|| {
+        let identity = iceoryx2_bb_posix::process::Process::unique_id()
+            .map_or(0, |id| id.pid().value() as u32);
+        (identity, id())
+    });
+}
+
 /// The process whose iceoryx2 identity this one has, when that is another: this process
-/// was forked after that one first used iceoryx2, which keeps a process's identity from
-/// its first use (`Process::unique_id`) and writes it into every node the process creates.
-/// A node monitor whose identity is the reader's own is taken for alive without looking
-/// at its lock (a process's own locks never conflict with it), so the parent and the
-/// child each see the other's nodes as alive, forever: a subscriber forked from its
-/// producer would never learn that the producer died, nor the producer that the
-/// subscriber did. `None` in every process that is not such a child.
+/// was forked after that one first used Sluice. iceoryx2 settles a process's identity at
+/// its first use (`Process::unique_id`) and keeps it for good, forks included; it writes
+/// it into every node the process creates, and takes a node monitor whose identity is
+/// the reader's own for alive without looking at its lock (a process's own locks never
+/// conflict with it). So the parent and such a child each see the other's nodes as
+/// alive, forever: a subscriber forked from its producer would never learn that the
+/// producer died, nor the producer that the subscriber did. `None` in every other
+/// process. (Known from the process id noted at the first use, which a fork keeps, and
+/// this process's, which the atfork handler keeps current: nothing is read from `/proc`.)
 pub fn forked_identity() -> Option<u32> {
-    use iceoryx2_bb_posix::process::Process;
-    // Both in the host's numbering (iceoryx2's identity holds the pid outside any PID
-    // namespace), read now: this process's is not cached.
-    let identity = Process::unique_id().ok()?.pid().value();
-    (identity != Process::self_host_pid().value()).then_some(identity as u32)
+    let &(identity, noted_in) = IDENTITY.get()?;
+    (noted_in != id()).then_some(identity)
 }
 
 /// A value that belongs to the process that made it: dropped there, forgotten in a

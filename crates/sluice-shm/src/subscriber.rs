@@ -238,6 +238,17 @@ unsafe impl Send for SamplePayload {}
 // SAFETY: as above: shared reads only.
 unsafe impl Sync for SamplePayload {}
 
+/// The host's process id of the topic's producer (as iceoryx2 writes it into the ids of
+/// nodes); `None` without a producer.
+fn producer_pid(data: &DataService<Ipc, [u8], FrameHeader>) -> Option<u32> {
+    let mut producer = None;
+    data.dynamic_config().list_publishers(|details| {
+        producer = details.node_id.pid::<Ipc>().ok();
+        CallbackProgression::Stop
+    });
+    producer.map(|pid| pid.value() as u32)
+}
+
 /// The subscriber end of a topic.
 pub struct TopicSubscriber {
     topic: TopicName,
@@ -316,10 +327,14 @@ impl TopicSubscriber {
         };
         let mut refused_since: Option<Instant> = None;
         let mut reclaimed = false;
+        // A child forked after its parent used Sluice has the parent's iceoryx2 identity:
+        // it would take the parent's nodes for alive forever, and the parent its own.
+        let forked_from = crate::process::forked_identity();
         // The topic's services come in generations (see `crate::claim`): the one to
         // attach to is the one whose producer is alive.
         let (data, ready, released) = 'attached: loop {
             let mut no_live_producer = None;
+            let mut parents = None;
             for generation in 0..GENERATIONS {
                 let name = service_name(topic, generation, "data")?;
                 let exists = <Ipc as iceoryx2::prelude::Service>::does_exist(
@@ -378,6 +393,15 @@ impl TopicSubscriber {
                         }
                     },
                 };
+                // A generation of the process whose identity this one has: its producer
+                // and this subscriber would never see each other die. Another generation
+                // (a restarted producer's, in another process) may still do.
+                if let Some(parent) = forked_from
+                    && producer_pid(&data) == Some(parent)
+                {
+                    parents = Some(SluiceError::ForkedIdentity { parent });
+                    continue;
+                }
                 // A generation whose producer is gone (its subscribers still hold it), or
                 // whose producer is still creating it, is not the one. Only a producer
                 // whose node is known to be alive will do: a dead one's node that a
@@ -410,6 +434,11 @@ impl TopicSubscriber {
                     Err(e) => no_live_producer = Some(e),
                 }
             }
+            // Its parent's generation and no other: told at once, rather than left to
+            // wait for a producer it could not tell from the dead.
+            if let (Some(e), None) = (parents, &no_live_producer) {
+                return Err(e);
+            }
             if no_live_producer.is_some() {
                 // A dead producer's leftovers go once its subscribers have let go; nobody
                 // else may come to remove them (see `Namespace::reclaim_dead`).
@@ -423,18 +452,6 @@ impl TopicSubscriber {
             }
             std::thread::sleep(TOPIC_POLL_INTERVAL);
         };
-        // A child forked from its producer after the producer used iceoryx2 shares the
-        // producer's identity: neither would ever see the other die.
-        if let Some(parent) = crate::process::forked_identity() {
-            let mut producer = None;
-            data.dynamic_config().list_publishers(|details| {
-                producer = details.node_id.pid::<Ipc>().ok();
-                CallbackProgression::Stop
-            });
-            if producer.is_some_and(|pid| pid.value() as u32 == parent) {
-                return Err(SluiceError::ForkedIdentity { parent });
-            }
-        }
         let history = if replay {
             data.static_config().history_size()
         } else {

@@ -857,11 +857,20 @@ fn a_process_that_forks_while_it_holds_ports() {
     // that could hold a lock the child needs.
     let child = unsafe { libc::fork() };
     if child == 0 {
+        let topic = TopicName::new("fork").unwrap();
+        // Its parent's identity (iceoryx2's, settled at its first use): it may neither
+        // subscribe to the parent's topic nor produce. (The error names the parent by
+        // its pid outside any PID namespace, which `getppid` may not be.)
+        let forked = |e: SluiceError| matches!(e, SluiceError::ForkedIdentity { .. });
         let used = matches!(recv(&mut sub), Err(SluiceError::Forked { .. }))
             && matches!(
                 publisher.publish_batch(0, 3, 10, &encoded),
                 Err(SluiceError::Forked { .. })
-            );
+            )
+            && TopicSubscriber::connect(&ns, &topic, Some(Duration::from_secs(5)), false)
+                .is_err_and(forked)
+            && TopicPublisher::create(&ns, config(4, 1, 1, 4096), Arc::new(AtomicBool::new(false)))
+                .is_err_and(forked);
         drop(held);
         drop(sub);
         drop(publisher);
@@ -896,7 +905,9 @@ fn a_process_that_forks_while_it_holds_ports() {
 
 /// A forked child's copies of its parent's ports refuse to be used (`Forked`), and
 /// dropping them lets go of nothing of the parent's: the parent receives every batch
-/// after the child exits, and the batch it held is intact.
+/// after the child exits, and the batch it held is intact. The child, which has its
+/// parent's iceoryx2 identity, may neither subscribe to the parent's topic nor produce
+/// (`ForkedIdentity`).
 #[test]
 fn a_forked_child_neither_uses_nor_lets_go_of_its_parents_ports() {
     let ns = namespace("frk");

@@ -100,6 +100,9 @@ pub(crate) struct Reporter {
     tmp: PathBuf,
     last: Option<(Instant, u64)>,
     failed: bool,
+    /// The process whose report this is: a forked child's copy neither writes nor
+    /// removes it.
+    owner: u32,
 }
 
 impl Reporter {
@@ -116,6 +119,7 @@ impl Reporter {
             tmp: tmp.into(),
             last: None,
             failed: false,
+            owner: std::process::id(),
         }
     }
 
@@ -128,6 +132,9 @@ impl Reporter {
     /// Writes `report`; `rows` feeds the rate, which is returned. Reports are best
     /// effort: a failure is logged once and never disturbs the data path.
     pub(crate) fn write<T: Serialize>(&mut self, rows: u64, fill: impl FnOnce(f64) -> T) {
+        if self.owner != crate::shm::process::id() {
+            return;
+        }
         let now = Instant::now();
         let rate = match self.last {
             Some((t, before)) => {
@@ -165,6 +172,10 @@ impl Reporter {
 
 impl Drop for Reporter {
     fn drop(&mut self) {
+        // Not a forked child's copy: the report is its parent's.
+        if self.owner != std::process::id() {
+            return;
+        }
         let _ = std::fs::remove_file(&self.tmp);
         let _ = std::fs::remove_file(&self.path);
     }
