@@ -71,16 +71,34 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        if in_forked_child() {
+            return;
+        }
         // SAFETY: balances the retain in `Device::open`; every object made from the
         // device holds this context, so none is left when it is released.
         unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
     }
 }
 
+/// The process that initialized the driver.
+static INITIALIZED_IN: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
+/// Whether this process is a child forked after its parent initialized the driver.
+/// CUDA does not support such a child: its copies of the parent's contexts, streams,
+/// events and mappings are not its own, and a driver call on them fails or worse. The
+/// drops below leave them to the parent (a child's copy is never released), as
+/// `sluice_shm::process::Local` leaves a forked child's copies of iceoryx2 handles.
+pub fn in_forked_child() -> bool {
+    INITIALIZED_IN
+        .get()
+        .is_some_and(|&pid| pid != std::process::id())
+}
+
 fn init_and_count() -> Result<i32> {
     if !driver_present() {
         return Err(CudaError::NoDriver);
     }
+    INITIALIZED_IN.get_or_init(std::process::id);
     // SAFETY: the driver library is loadable (checked above), so cudarc's lazy loader
     // finds it; cuInit has no other precondition.
     check("cuInit", unsafe { sys::cuInit(0) })?;
@@ -481,6 +499,10 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        // The parent's, in a forked child (see `in_forked_child`).
+        if in_forked_child() {
+            return;
+        }
         // A drop cannot report a failure; without the context the destroy below would
         // fail the same way, leaking only the handle.
         let _ = self.ctx.bind();
@@ -568,6 +590,9 @@ impl Completion for Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
+        if in_forked_child() {
+            return;
+        }
         // See `Stream`'s drop.
         let _ = self.ctx.bind();
         // SAFETY: created or opened by this crate, destroyed once.
@@ -627,6 +652,9 @@ impl DeviceMemory {
 
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
+        if in_forked_child() {
+            return;
+        }
         // See `Stream`'s drop.
         let _ = self.ctx.bind();
         // SAFETY: allocated by cuMemAlloc, freed once; callers synchronize work on it first.
@@ -686,6 +714,9 @@ fn copy_dtoh(
 
 impl Drop for IpcMapping {
     fn drop(&mut self) {
+        if in_forked_child() {
+            return;
+        }
         // See `Stream`'s drop.
         let _ = self.ctx.bind();
         // SAFETY: opened by cuIpcOpenMemHandle, closed once.
@@ -718,6 +749,9 @@ impl PinnedHost {
 
 impl Drop for PinnedHost {
     fn drop(&mut self) {
+        if in_forked_child() {
+            return;
+        }
         // See `Stream`'s drop.
         let _ = self.ctx.bind();
         // SAFETY: allocated by cuMemHostAlloc, freed once.
@@ -774,6 +808,9 @@ impl HostRegistration {
 
 impl Drop for HostRegistration {
     fn drop(&mut self) {
+        if in_forked_child() {
+            return;
+        }
         // See `Stream`'s drop.
         let _ = self.ctx.bind();
         // SAFETY: registered in `register`, unregistered once while still mapped.

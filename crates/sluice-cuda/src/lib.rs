@@ -39,7 +39,7 @@ mod stager;
 pub mod stream;
 
 pub use descriptor::{DeviceDescriptor, Mode};
-pub use driver::{Device, DeviceMemory, Event, driver_present};
+pub use driver::{Device, DeviceMemory, Event, driver_present, in_forked_child};
 pub use error::{CudaError, NO_DRIVER, Result};
 pub use identity::DeviceUuid;
 pub use importer::{DeviceImporter, Imported, Mapping, OwnedSlot};

@@ -141,6 +141,15 @@ impl ImporterCell {
 
 impl Drop for ImporterCell {
     fn drop(&mut self) {
+        // A forked child's copy: waiting would query its parent's events.
+        if sluice_cuda::in_forked_child() {
+            let retiring = self
+                .retiring
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner);
+            std::mem::forget(std::mem::take(retiring));
+            return;
+        }
         // The subscriber is going away: its columns' samples go back with it, so wait for
         // the kernels that may still read them first.
         let retiring = self
@@ -768,6 +777,12 @@ impl DeviceColumn {
 
 impl Drop for DeviceColumn {
     fn drop(&mut self) {
+        // A forked child's copy: retiring it would record an event on its parent's
+        // stream (see `sluice_cuda::in_forked_child`); what it holds is the parent's.
+        if sluice_cuda::in_forked_child() {
+            std::mem::forget(self.held.take());
+            return;
+        }
         if let Some(held) = self.held.take() {
             self.cell.retire(held, self.stream);
         }
