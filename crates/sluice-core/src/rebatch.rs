@@ -188,7 +188,7 @@ impl<T: Rows> Rebatcher<T> {
 /// `MutableArrayData` alone is not enough: for a single input it keeps a dictionary's
 /// values and a view array's data buffers by reference, so a "copy" of a batch with a
 /// dictionary or string-view column would still pin the sample (and count against the
-/// subscriber's `max_held`). [`own`] copies those too, at every nesting level.
+/// subscriber's `max_held`). `own` copies those too, at every nesting level.
 pub fn deep_copy(batch: &RecordBatch) -> Result<RecordBatch, arrow::error::ArrowError> {
     use arrow::array::make_array;
     use arrow::record_batch::RecordBatchOptions;

@@ -333,7 +333,7 @@ impl Columns {
 /// fragment's, its decoded schema (and which of its columns to decode) is taken over,
 /// saving the schema's flatbuffer verification and the construction of its fields and
 /// metadata on every message. The record batch message after it is decoded as arrow's
-/// `StreamDecoder` decodes it (see [`read_record_batch`]): its flatbuffer verified,
+/// `StreamDecoder` decodes it (see `read_record_batch`): its flatbuffer verified,
 /// every decoded column fully validated, misaligned buffers refused. With
 /// [`Columns::Named`], the other columns are skipped: their buffers are never read, so
 /// nothing of them is trusted either.

@@ -22,7 +22,7 @@
 //! While it waits, the producer reclaims the resources of dead processes, so a killed
 //! subscriber stops holding it back. Subscribers wait on the `ready` event with a short
 //! timeout and, on every timeout, check that the producer's process is still alive: a
-//! producer that died makes them fail with [`SluiceError::ProducerLost`] instead of
+//! producer that died makes them fail with [`SluiceError::ProducerLost`](sluice_core::SluiceError::ProducerLost) instead of
 //! hanging, once they have taken what it queued for them. Sluice reclaims dead processes
 //! itself, with iceoryx2's own clean-up of dead nodes off: a dead producer's segments
 //! stay until nothing holds its services ([`Namespace::reclaim_dead`]).

@@ -625,7 +625,7 @@ impl Namespace {
     }
 
     /// Whether a process of this namespace is alive (its iceoryx2 node's monitor says
-    /// so, or cannot tell). Reads the monitors alone, as [`Namespace::node_liveness`].
+    /// so, or cannot tell). Reads the monitors alone, as `Namespace::node_liveness`.
     pub fn has_live_nodes(&self) -> bool {
         self.monitor_states()
             .is_some_and(|states| states.iter().any(|s| *s != Liveness::Gone))

@@ -243,7 +243,7 @@ impl TopicPublisher {
     /// Creates the topic, after checking that `/dev/shm` can hold it.
     ///
     /// Fails with [`SluiceError::TopicBusy`] if a live producer already serves the topic
-    /// (holds its claim, see [`crate::claim`]). If the topic's previous producer died
+    /// (holds its claim, see the `claim` module). If the topic's previous producer died
     /// with subscribers attached, waits for them to take what it queued and let go, for
     /// as long as they are alive (saying so every 15 s) or until `stop` is set; then
     /// creates the topic's services under a free generation.

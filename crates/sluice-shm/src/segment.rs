@@ -38,7 +38,7 @@ pub enum Backing {
 /// The file and the offset in it behind `[addr, addr + len)`, when that range lies in one
 /// shared file mapping of this process. Reads `/proc/self/maps`, except when the range
 /// lies in the mapping found last and that mapping is checked to be still there (see
-/// [`LastSegment`]); to look up several ranges at once, read [`Maps`] once.
+/// `LastSegment`); to look up several ranges at once, read [`Maps`] once.
 pub fn backing_file(addr: usize, len: usize) -> Backing {
     if let Some(found) = LastSegment::lookup(addr, len) {
         return found;

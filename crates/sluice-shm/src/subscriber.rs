@@ -548,7 +548,7 @@ impl TopicSubscriber {
     ///
     /// With a `timeout`, returns [`SluiceError::Timeout`] once it has passed with nothing
     /// received. A producer that dies makes this fail with [`SluiceError::ProducerLost`]
-    /// within about [`LIVENESS_INTERVAL`]; a producer that fails makes it return
+    /// within about `LIVENESS_INTERVAL` (100 ms); a producer that fails makes it return
     /// [`SluiceError::ProducerFailed`] with the producer's message. After the end of the
     /// stream (or an error) the subscriber detaches and keeps returning
     /// [`Frame::EndOfStream`].

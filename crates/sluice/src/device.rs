@@ -163,7 +163,7 @@ impl Drop for ImporterCell {
 }
 
 /// Rows `offset..offset + rows` of one producer batch in a device slot, or of a host
-/// batch this subscriber copied to the device itself ([`HostCopier`]).
+/// batch this subscriber copied to the device itself (`HostCopier`).
 #[derive(Clone)]
 pub struct DevicePart {
     descriptor: Arc<DeviceDescriptor>,

@@ -13,7 +13,7 @@
 //!
 //! # Representation
 //!
-//! * A decoded image has a size of its own, so [`decode_image`](image) returns an
+//! * A decoded image has a size of its own, so `decode_image` returns an
 //!   *image struct*: `struct<data: large_binary, height: uint32, width: uint32,
 //!   channels: uint8>` with the pixels in `data`, row-major HWC `uint8`. The channel count
 //!   is fixed per call (`decode_image(bytes, 3)`), and recorded in the field metadata
