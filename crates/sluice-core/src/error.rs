@@ -123,8 +123,10 @@ pub enum SluiceError {
     /// A port (or a producer) was used in a child forked by the process that made it.
     #[error(
         "this {what} belongs to process {owner}, of which this process is a forked child: its \
-         queues and samples are its parent's, so it cannot be used here. Subscribe (or start the \
-         producer) in this process, after the fork, e.g. in the worker's own start-up"
+         queues and samples are its parent's, so it cannot be used here. Subscribe in this \
+         process, after the fork, e.g. in the worker's own start-up (a process that is to \
+         produce, or to subscribe to its parent's topic, must be started with multiprocessing's \
+         'spawn' or 'forkserver' start method)"
     )]
     Forked {
         /// What was used.

@@ -29,6 +29,7 @@ pub mod error;
 pub mod frame;
 pub mod panics;
 pub mod position;
+pub mod process;
 pub mod rebatch;
 pub mod shaper;
 pub mod shuffle;

@@ -23,6 +23,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
+use sluice_core::process::Owner;
+
 use crate::descriptor::HANDLE_BYTES;
 use crate::error::{CudaError, Result, check};
 use crate::identity::DeviceUuid;
@@ -81,24 +83,22 @@ impl Drop for Context {
 }
 
 /// The process that initialized the driver.
-static INITIALIZED_IN: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+static INITIALIZED_IN: std::sync::OnceLock<Owner> = std::sync::OnceLock::new();
 
 /// Whether this process is a child forked after its parent initialized the driver.
 /// CUDA does not support such a child: its copies of the parent's contexts, streams,
 /// events and mappings are not its own, and a driver call on them fails or worse. The
 /// drops below leave them to the parent (a child's copy is never released), as
-/// `sluice_shm::process::Local` leaves a forked child's copies of iceoryx2 handles.
+/// `sluice_core::process::Local` leaves a forked child's copies of iceoryx2 handles.
 pub fn in_forked_child() -> bool {
-    INITIALIZED_IN
-        .get()
-        .is_some_and(|&pid| pid != std::process::id())
+    INITIALIZED_IN.get().is_some_and(|owner| !owner.is_here())
 }
 
 fn init_and_count() -> Result<i32> {
     if !driver_present() {
         return Err(CudaError::NoDriver);
     }
-    INITIALIZED_IN.get_or_init(std::process::id);
+    INITIALIZED_IN.get_or_init(Owner::this);
     // SAFETY: the driver library is loadable (checked above), so cudarc's lazy loader
     // finds it; cuInit has no other precondition.
     check("cuInit", unsafe { sys::cuInit(0) })?;

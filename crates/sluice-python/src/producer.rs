@@ -16,6 +16,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use sluice::core::TopicName;
+use sluice::shm::process::Owner;
 use sluice::{Namespace, Producer, Progress, RunOptions, RunStats, SluiceError};
 
 use crate::errors::to_py;
@@ -54,7 +55,7 @@ impl Shared {
 }
 
 /// Producers of this process that may still run, for [`shutdown`].
-static LIVE: Mutex<Vec<(u32, Weak<Shared>)>> = Mutex::new(Vec::new());
+static LIVE: Mutex<Vec<(Owner, Weak<Shared>)>> = Mutex::new(Vec::new());
 
 /// What a finished run did.
 #[pyclass(frozen, module = "sluice._sluice", name = "RunStats")]
@@ -140,20 +141,13 @@ pub struct PyProducer {
     /// The process that started the run: in a forked child, the run's thread does not
     /// exist (a fork copies only the forking thread), so the child's copy refuses to wait
     /// for it and never joins it (see `sluice::shm::process`).
-    owner: u32,
+    owner: Owner,
 }
 
 impl PyProducer {
     /// `Ok` in the process that started the run; `TransportError` in a forked child.
     fn here(&self) -> PyResult<()> {
-        if self.owner == sluice::shm::process::id() {
-            Ok(())
-        } else {
-            Err(to_py(&SluiceError::Forked {
-                what: "producer",
-                owner: self.owner,
-            }))
-        }
+        self.owner.check("producer").map_err(|e| to_py(&e))
     }
 
     fn join_thread(&self, py: Python<'_>) {
@@ -314,7 +308,7 @@ impl PyProducer {
         {
             let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
             live.retain(|(_, w)| w.strong_count() > 0);
-            live.push((sluice::shm::process::id(), Arc::downgrade(&shared)));
+            live.push((Owner::this(), Arc::downgrade(&shared)));
         }
         Ok(Self {
             plan_file,
@@ -323,7 +317,7 @@ impl PyProducer {
             shared,
             thread: Mutex::new(Some(thread)),
             stopped: AtomicBool::new(false),
-            owner: sluice::shm::process::id(),
+            owner: Owner::this(),
         })
     }
 
@@ -435,7 +429,7 @@ impl Drop for PyProducer {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        if self.owner != sluice::shm::process::id() {
+        if !self.owner.is_here() {
             // A forked child's copy: the thread is its parent's, and not in this process.
             std::mem::forget(handle);
             return;
@@ -454,12 +448,11 @@ impl Drop for PyProducer {
 #[pyfunction]
 pub fn _shutdown(py: Python<'_>) {
     // A forked child's copies of its parent's producers have no thread to wait for.
-    let here = sluice::shm::process::id();
     let live: Vec<Arc<Shared>> = LIVE
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .drain(..)
-        .filter(|(owner, _)| *owner == here)
+        .filter(|(owner, _)| owner.is_here())
         .filter_map(|(_, w)| w.upgrade())
         .collect();
     for shared in &live {

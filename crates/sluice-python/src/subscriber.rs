@@ -28,7 +28,7 @@ use sluice::{
 use crate::batch::{PyBatch, deep_copy};
 use crate::errors::to_py;
 use crate::gpu::PyDeviceBatch;
-use sluice::shm::process::Local;
+use sluice::shm::process::{Local, Owner};
 
 /// Longest wait without a chance to run Python's signal handlers.
 const SLICE: Duration = Duration::from_millis(50);
@@ -292,20 +292,13 @@ pub struct PySubscriber {
     /// The process that subscribed: a forked child's copy refuses to be used (before it
     /// takes the stream's lock, which a thread of the parent may have held at the fork)
     /// and lets go of nothing of its parent's (see `sluice::shm::process`).
-    owner: u32,
+    owner: Owner,
 }
 
 impl PySubscriber {
     /// `Ok` in the process that subscribed; `TransportError` in a forked child.
     fn here(&self) -> PyResult<()> {
-        if self.owner == sluice::shm::process::id() {
-            Ok(())
-        } else {
-            Err(to_py(&SluiceError::Forked {
-                what: "subscriber",
-                owner: self.owner,
-            }))
-        }
+        self.owner.check("subscriber").map_err(|e| to_py(&e))
     }
 
     /// The next event, waiting (GIL released, Ctrl-C honoured) up to the timeout.
@@ -470,7 +463,7 @@ impl PySubscriber {
                 last_published_ns: None,
             })),
             last_epoch: Mutex::new(None),
-            owner: sluice::shm::process::id(),
+            owner: Owner::this(),
         })
     }
 
@@ -661,18 +654,14 @@ struct StreamReader {
     schema: SchemaRef,
     timeout: Option<Duration>,
     /// The subscriber's process (see `PySubscriber::owner`).
-    owner: u32,
+    owner: Owner,
 }
 
 impl Iterator for StreamReader {
     type Item = Result<RecordBatch, ArrowError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.owner != sluice::shm::process::id() {
-            let forked = SluiceError::Forked {
-                what: "subscriber",
-                owner: self.owner,
-            };
+        if let Err(forked) = self.owner.check("subscriber") {
             return Some(Err(ArrowError::ExternalError(Box::new(forked))));
         }
         let mut stream = lock(&self.stream);

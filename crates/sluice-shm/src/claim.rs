@@ -31,6 +31,7 @@ use sluice_core::{Result, SluiceError, TopicName};
 use crate::Namespace;
 use crate::interest::create_private_dir;
 use crate::lock::registry;
+use crate::process::Owner;
 
 /// How many generations of a topic's services may exist at once: one live producer's,
 /// and those of dead producers that something still holds.
@@ -49,7 +50,7 @@ pub(crate) struct Claim {
     path: PathBuf,
     // The process that holds the lock: a forked child has a copy of this claim, but
     // neither the lock nor the file.
-    owner: u32,
+    owner: Owner,
     // Holds the lock; closing the file releases it. Closed under the registry (see
     // `Drop`), as every descriptor of a claim file is.
     file: Option<File>,
@@ -107,22 +108,20 @@ impl Claim {
             if file.as_ref().is_some_and(|f| same_file(f, &path)) {
                 return Ok(Self {
                     path,
-                    owner: crate::process::id(),
+                    owner: Owner::this(),
                     file,
                 });
             }
-            held.release(crate::process::id(), &path);
+            held.release(&path);
         }
     }
 }
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        // A forked child's copy: the file is its parent's claim. (Asked of the system,
-        // not of `process::id`'s cache: a child forked without the atfork handlers
-        // must not remove its parent's claim. And before the registry, which a thread of
-        // the parent may have held at the fork.)
-        if self.owner != std::process::id() {
+        // A forked child's copy: the file is its parent's claim. (Asked before the
+        // registry, which a thread of the parent may have held at the fork.)
+        if !self.owner.is_here_for_sure() {
             // Left open: closing it could drop a lock this child took on the file
             // meanwhile (a look at it, under this child's registry).
             std::mem::forget(self.file.take());
@@ -132,7 +131,7 @@ impl Drop for Claim {
         // Removed while still locked: a claimant that opened it meanwhile sees that it
         // locked a removed file and looks again.
         let _ = std::fs::remove_file(&self.path);
-        held.release(self.owner, &self.path);
+        held.release(&self.path);
         drop(self.file.take());
     }
 }

@@ -35,6 +35,7 @@ use sluice_core::{Result, SluiceError, TopicName};
 
 use crate::Namespace;
 use crate::lock::registry;
+use crate::process::Owner;
 
 /// A temporary registration older than this whose lock can be taken was left by a
 /// process that died between creating and renaming it.
@@ -49,7 +50,7 @@ pub struct Interest {
     path: PathBuf,
     // The process that holds the lock: a forked child's copy holds neither it nor the
     // file.
-    owner: u32,
+    owner: Owner,
     // Holds the lock; closing the file releases it. Closed under the registry (see
     // `Drop`).
     file: Option<File>,
@@ -103,10 +104,9 @@ impl Interest {
                 return Err(SluiceError::io(format!("cannot lock {}", tmp.display()), e));
             }
         }
-        let owner = crate::process::id();
         if let Err(e) = std::fs::rename(&tmp, &path) {
             let _ = std::fs::remove_file(&tmp);
-            held.release(owner, &path);
+            held.release(&path);
             return Err(SluiceError::io(
                 format!("cannot declare interest in {}", path.display()),
                 e,
@@ -114,7 +114,7 @@ impl Interest {
         }
         Ok(Self {
             path,
-            owner,
+            owner: Owner::this(),
             file: Some(file),
         })
     }
@@ -125,14 +125,14 @@ impl Drop for Interest {
         // A forked child's copy: the registration is its parent's (see `Claim`'s drop);
         // its descriptor stays open, as closing it could drop a lock this child took on
         // the file meanwhile (a look at it, under this child's registry).
-        if self.owner != std::process::id() {
+        if !self.owner.is_here_for_sure() {
             std::mem::forget(self.file.take());
             return;
         }
         let mut held = registry();
         // Removed while still locked, so a producer never mistakes it for a dead one's.
         let _ = std::fs::remove_file(&self.path);
-        held.release(self.owner, &self.path);
+        held.release(&self.path);
         drop(self.file.take());
     }
 }

@@ -85,9 +85,10 @@ impl Registry {
         try_lock(file)
     }
 
-    /// Forgets the lock on `path` of the process `owner`, before its file is closed.
-    pub(crate) fn release(&mut self, owner: u32, path: &Path) {
-        self.held().files.remove(&(owner, path.to_path_buf()));
+    /// Forgets this process's lock on `path`, before its file is closed.
+    pub(crate) fn release(&mut self, path: &Path) {
+        let key = (crate::process::id(), path.to_path_buf());
+        self.held().files.remove(&key);
     }
 }
 

@@ -234,7 +234,6 @@ impl Namespace {
     /// Creates an iceoryx2 node in this namespace, owner-only.
     pub(crate) fn node(&self, role: &str) -> Result<Node<Ipc>> {
         self.prepare_root()?;
-        crate::process::note_identity();
         // The role names the node, so that a reclaimer knows a dead producer's node.
         let name = NodeName::new(role)
             .map_err(|e| SluiceError::Internal(format!("bad node name '{role}': {e:?}")))?;
@@ -703,7 +702,7 @@ pub fn shm_available() -> Result<u64> {
 pub(crate) struct ReclaimAfter {
     pub(crate) namespace: Namespace,
     pub(crate) due: std::sync::atomic::AtomicBool,
-    owner: u32,
+    owner: crate::process::Owner,
 }
 
 impl ReclaimAfter {
@@ -711,7 +710,7 @@ impl ReclaimAfter {
         Self {
             namespace: namespace.clone(),
             due: std::sync::atomic::AtomicBool::new(due),
-            owner: crate::process::id(),
+            owner: crate::process::Owner::this(),
         }
     }
 }
@@ -720,7 +719,7 @@ impl Drop for ReclaimAfter {
     fn drop(&mut self) {
         // Not in a forked child, which drops its copy of its parent's subscriber or
         // publisher: the reclaim was due to the parent (see `crate::process`).
-        if *self.due.get_mut() && self.owner == crate::process::id() {
+        if *self.due.get_mut() && self.owner.is_here() {
             self.namespace.reclaim_dead();
         }
     }

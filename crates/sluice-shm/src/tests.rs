@@ -568,6 +568,19 @@ fn encoded_batches_are_the_producers_bytes_and_hold_their_samples() {
 /// The environment variable that makes [`a_node_of_a_process_to_be_killed`] a helper.
 const NODE_HELPER_NAMESPACE: &str = "SLUICE_TEST_NODE_HELPER_NAMESPACE";
 
+/// This test binary, to run only its ignored helper test `name` (a process of its own,
+/// that the caller may kill), with `var` set to `value` to tell it what to do; its
+/// standard output piped, for what it says.
+fn helper(name: &str, var: &str, value: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--ignored", "--exact", &format!("tests::{name}")])
+        .args(["--nocapture", "--test-threads=1"])
+        .env(var, value)
+        .stdout(std::process::Stdio::piped());
+    command
+}
+
 /// Helper process of the liveness test below, run by it from this test binary: creates a
 /// node in the namespace it is given, says its id, and waits to be killed.
 #[test]
@@ -612,17 +625,13 @@ fn node_liveness_answers_as_iceoryx2s_state_of_does() {
         }
     }
     let mut child = Helper(
-        std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--ignored",
-                "--exact",
-                "tests::a_node_of_a_process_to_be_killed",
-            ])
-            .args(["--nocapture", "--test-threads=1"])
-            .env(NODE_HELPER_NAMESPACE, ns.name())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
+        helper(
+            "a_node_of_a_process_to_be_killed",
+            NODE_HELPER_NAMESPACE,
+            ns.name(),
+        )
+        .spawn()
+        .unwrap(),
     );
     let stdout = std::io::BufReader::new(child.0.stdout.take().unwrap());
     let value: u128 = stdout
@@ -725,13 +734,11 @@ fn a_claimant_to_be_run() {
 
 /// Runs `a_claimant_to_be_run` in `mode` on `ns`.
 fn claimant(mode: &str, ns: &Namespace) -> std::process::Command {
-    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
-    command
-        .args(["--ignored", "--exact", "tests::a_claimant_to_be_run"])
-        .args(["--nocapture", "--test-threads=1"])
-        .env(CLAIM_HELPER, format!("{mode} {}", ns.name()))
-        .stdout(std::process::Stdio::piped());
-    command
+    helper(
+        "a_claimant_to_be_run",
+        CLAIM_HELPER,
+        &format!("{mode} {}", ns.name()),
+    )
 }
 
 /// What a `take` helper said (libtest writes the test's name on the same line first).
@@ -911,16 +918,13 @@ fn a_process_that_forks_while_it_holds_ports() {
 #[test]
 fn a_forked_child_neither_uses_nor_lets_go_of_its_parents_ports() {
     let ns = namespace("frk");
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "tests::a_process_that_forks_while_it_holds_ports",
-        ])
-        .args(["--nocapture", "--test-threads=1"])
-        .env(NODE_HELPER_NAMESPACE, ns.name())
-        .output()
-        .unwrap();
+    let out = helper(
+        "a_process_that_forks_while_it_holds_ports",
+        NODE_HELPER_NAMESPACE,
+        ns.name(),
+    )
+    .output()
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     for expected in [

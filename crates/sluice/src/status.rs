@@ -102,7 +102,7 @@ pub(crate) struct Reporter {
     failed: bool,
     /// The process whose report this is: a forked child's copy neither writes nor
     /// removes it.
-    owner: u32,
+    owner: sluice_core::process::Owner,
 }
 
 impl Reporter {
@@ -119,7 +119,7 @@ impl Reporter {
             tmp: tmp.into(),
             last: None,
             failed: false,
-            owner: std::process::id(),
+            owner: sluice_core::process::Owner::this(),
         }
     }
 
@@ -132,7 +132,7 @@ impl Reporter {
     /// Writes `report`; `rows` feeds the rate, which is returned. Reports are best
     /// effort: a failure is logged once and never disturbs the data path.
     pub(crate) fn write<T: Serialize>(&mut self, rows: u64, fill: impl FnOnce(f64) -> T) {
-        if self.owner != crate::shm::process::id() {
+        if !self.owner.is_here() {
             return;
         }
         let now = Instant::now();
@@ -173,7 +173,7 @@ impl Reporter {
 impl Drop for Reporter {
     fn drop(&mut self) {
         // Not a forked child's copy: the report is its parent's.
-        if self.owner != std::process::id() {
+        if !self.owner.is_here_for_sure() {
             return;
         }
         let _ = std::fs::remove_file(&self.tmp);
