@@ -209,21 +209,48 @@ impl Namespace {
 
     /// What the monitor of every node of this namespace says, as
     /// [`Namespace::node_liveness`] reads one; `None` when the monitors cannot be listed.
-    fn monitor_states(&self) -> Option<Vec<Liveness>> {
+    ///
+    /// The monitors are found by one listing of the node directory, taking the regular
+    /// files named `<prefix><node><monitor suffix>` as iceoryx2's `list_cfg` of its
+    /// file-lock monitoring does, but with the file types the listing gives: `list_cfg`
+    /// reads every entry's metadata and formats its path, half of a reclaim's time with
+    /// 20 nodes (docs/benchmarks.md, "Reclaiming among many nodes").
+    pub(crate) fn monitor_states(&self) -> Option<Vec<Liveness>> {
         let config = self.monitor_config();
-        let names = <NodeMonitor as NamedConceptMgmt>::list_cfg(&config).ok()?;
-        Some(
-            names
-                .iter()
-                .map(|name| monitor_state(&config, name))
-                .collect(),
-        )
+        let global = &self.config.global;
+        let prefix = global.prefix.to_string();
+        let suffix = global.node.monitor_suffix.to_string();
+        let entries = match std::fs::read_dir(global.node_dir().to_string()) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(Vec::new()),
+            Err(_) => return None,
+        };
+        let mut states = Vec::new();
+        for entry in entries {
+            let entry = entry.ok()?;
+            if !entry.file_type().ok()?.is_file() {
+                continue;
+            }
+            let file = entry.file_name();
+            let Some(node) = file
+                .to_str()
+                .and_then(|f| f.strip_prefix(&prefix))
+                .and_then(|f| f.strip_suffix(&suffix))
+            else {
+                continue;
+            };
+            states.push(match FileName::new(node.as_bytes()) {
+                Ok(name) => monitor_state(&config, &name),
+                Err(_) => Liveness::Unknown,
+            });
+        }
+        Some(states)
     }
 
     /// Where this namespace's node monitors are: what iceoryx2's (private)
     /// `node_monitoring_config` derives from the configuration, the namespace's prefix,
     /// the node directory and the monitor suffix.
-    fn monitor_config(&self) -> <NodeMonitor as NamedConceptMgmt>::Configuration {
+    pub(crate) fn monitor_config(&self) -> <NodeMonitor as NamedConceptMgmt>::Configuration {
         let global = &self.config.global;
         <NodeMonitor as NamedConceptMgmt>::Configuration::default()
             .prefix(&global.prefix)
@@ -418,18 +445,38 @@ impl Namespace {
         let prefix = self.shm_prefix();
         let details = self.config.global.node.static_config_suffix.to_string();
         let timeout = self.config.global.creation_timeout;
-        let mut removed = 0;
-        for entry in std::fs::read_dir(&nodes).into_iter().flatten().flatten() {
-            let id = entry.file_name().to_string_lossy().to_string();
-            if !entry.path().is_dir() || !id.bytes().all(|b| b.is_ascii_digit()) {
-                continue;
-            }
-            let stem = format!("{prefix}{id}.");
-            let monitored = std::fs::read_dir(&nodes)
+        // The nodes that have a monitor file (`<prefix><node>.<suffix>`), all found by one
+        // listing: looking for each node's monitor in a listing of its own made a reclaim
+        // quadratic in the nodes (docs/benchmarks.md, "Reclaiming among many nodes").
+        let monitor_of = |e: &std::fs::DirEntry| -> Option<String> {
+            let file = e.file_name();
+            let rest = file.to_str()?.strip_prefix(&prefix)?;
+            Some(rest.split_once('.')?.0.to_string())
+        };
+        let list = || -> Vec<std::fs::DirEntry> {
+            std::fs::read_dir(&nodes)
                 .into_iter()
                 .flatten()
                 .flatten()
-                .any(|e| e.file_name().to_string_lossy().starts_with(&stem));
+                .collect()
+        };
+        let listing = list();
+        let monitored: std::collections::HashSet<String> =
+            listing.iter().filter_map(monitor_of).collect();
+        let mut removed = 0;
+        for entry in &listing {
+            let id = entry.file_name().to_string_lossy().to_string();
+            if monitored.contains(&id)
+                || !id.bytes().all(|b| b.is_ascii_digit())
+                || !entry.file_type().is_ok_and(|t| t.is_dir())
+            {
+                continue;
+            }
+            // A listing taken while another process edits the directory can miss an
+            // entry: a node counts as unmonitored only if a second listing agrees.
+            if list().iter().filter_map(monitor_of).any(|node| node == id) {
+                continue;
+            }
             let only_details = std::fs::read_dir(entry.path())
                 .into_iter()
                 .flatten()
@@ -441,7 +488,7 @@ impl Namespace {
                 .and_then(|m| m.modified().ok())
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|age| age > timeout);
-            if !monitored && only_details && old && std::fs::remove_dir_all(entry.path()).is_ok() {
+            if only_details && old && std::fs::remove_dir_all(entry.path()).is_ok() {
                 tracing::debug!(node = %id, "removed a node directory without a monitor");
                 removed += 1;
             }
@@ -655,12 +702,12 @@ pub(crate) enum Liveness {
 }
 
 /// iceoryx2's node monitors (a file lock each) for the service type Sluice uses.
-type NodeMonitor = <Ipc as iceoryx2::service::Service>::Monitoring;
+pub(crate) type NodeMonitor = <Ipc as iceoryx2::service::Service>::Monitoring;
 
 /// What the monitor `name` says, as `Node::state_of` reads it: a node being created,
 /// removed or never there has no state (`DoesNotExist`: gone); a monitor that cannot be
 /// read (another user's, an interrupted read) tells nothing.
-fn monitor_state(
+pub(crate) fn monitor_state(
     config: &<NodeMonitor as NamedConceptMgmt>::Configuration,
     name: &FileName,
 ) -> Liveness {

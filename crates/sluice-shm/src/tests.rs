@@ -655,6 +655,11 @@ fn node_liveness_answers_as_iceoryx2s_state_of_does() {
 
     assert_eq!(ns.node_liveness(&helper), Liveness::Alive);
     assert_eq!(state_of(helper), Liveness::Alive);
+    assert_eq!(
+        monitor_states_as_iceoryx2_lists_them(&ns),
+        [Liveness::Alive; 4],
+        "the helper's node and this process's three"
+    );
     for node in &others {
         assert_eq!(ns.node_liveness(node.id()), Liveness::Alive);
     }
@@ -663,6 +668,15 @@ fn node_liveness_answers_as_iceoryx2s_state_of_does() {
     child.0.wait().unwrap();
     assert_eq!(state_of(helper), Liveness::Gone);
     assert_eq!(ns.node_liveness(&helper), Liveness::Gone);
+    assert_eq!(
+        monitor_states_as_iceoryx2_lists_them(&ns),
+        [
+            Liveness::Alive,
+            Liveness::Alive,
+            Liveness::Alive,
+            Liveness::Gone
+        ]
+    );
     assert!(
         ns.reclaim_dead() >= 1,
         "the dead helper's node is reclaimed"
@@ -681,6 +695,72 @@ fn node_liveness_answers_as_iceoryx2s_state_of_does() {
         assert_eq!(state_of(id), Liveness::Gone);
         assert_eq!(ns.node_liveness(&id), Liveness::Gone);
     }
+    ns.purge();
+}
+
+/// `Namespace::monitor_states`, sorted, after checking that it finds the monitors that
+/// iceoryx2's own listing (`list_cfg` of the node monitoring) finds, with the same states.
+fn monitor_states_as_iceoryx2_lists_them(ns: &Namespace) -> Vec<crate::namespace::Liveness> {
+    use iceoryx2_cal::named_concept::NamedConceptMgmt;
+
+    use crate::namespace::{Liveness, NodeMonitor, monitor_state};
+
+    let config = ns.monitor_config();
+    let mut listed: Vec<Liveness> = <NodeMonitor as NamedConceptMgmt>::list_cfg(&config)
+        .unwrap()
+        .iter()
+        .map(|name| monitor_state(&config, name))
+        .collect();
+    let mut states = ns.monitor_states().expect("the monitors can be listed");
+    listed.sort_by_key(|s| format!("{s:?}"));
+    states.sort_by_key(|s| format!("{s:?}"));
+    assert_eq!(states, listed);
+    states
+}
+
+/// A node directory without a monitor (a process killed while creating its node) is
+/// removed by a reclaim once it is older than iceoryx2's creation timeout; a younger one,
+/// which may be a node being created, and the directories of live nodes stay.
+#[test]
+fn a_reclaim_removes_an_old_node_directory_without_a_monitor_and_nothing_else() {
+    let ns = namespace("unmon");
+    let nodes: Vec<_> = (0..3).map(|_| ns.node("subscriber").unwrap()).collect();
+    let dir = ns
+        .root()
+        .join(ns.config().global.node.directory.to_string());
+    let details = ns.config().global.node.static_config_suffix.to_string();
+    let orphan = |id: &str, age: Duration| {
+        let path = dir.join(id);
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join(format!("node{details}")), b"").unwrap();
+        std::fs::File::open(&path)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - age)
+            .unwrap();
+        path
+    };
+    let old = orphan("123456789", Duration::from_secs(3600));
+    let young = orphan("987654321", Duration::ZERO);
+    let live: Vec<_> = nodes
+        .iter()
+        .map(|n| dir.join(n.id().value().to_string()))
+        .collect();
+    assert!(
+        live.iter().all(|p| p.is_dir()),
+        "live nodes have directories"
+    );
+
+    assert_eq!(ns.reclaim_dead(), 1, "the old directory, and only it");
+    assert!(!old.exists());
+    assert!(young.exists(), "a node may be being created there");
+    assert!(live.iter().all(|p| p.is_dir()));
+    for node in &nodes {
+        assert_eq!(
+            ns.node_liveness(node.id()),
+            crate::namespace::Liveness::Alive
+        );
+    }
+    drop(nodes);
     ns.purge();
 }
 
