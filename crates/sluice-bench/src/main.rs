@@ -130,7 +130,7 @@ const N4: usize = 2;
 const N8: usize = 3;
 const SMALL_ROWS: [usize; 3] = [1, 16, 64];
 /// Subscribers alive during comparison 4's measurement of a reclaim (with their
-/// producer, 20 processes' nodes).
+/// producer, 20 nodes, all of this one process).
 const RECLAIM_SUBSCRIBERS: usize = 19;
 /// Batch sizes (rows of the dataset) of comparison 2b, total CPU at N = 8 against batch
 /// size: about 13 KiB, 107 KiB and 860 KiB.
@@ -1313,7 +1313,10 @@ impl Report {
              it at the end of every epoch (at most every 250 ms) and every 50 ms while a queue \
              is full: one `Namespace::reclaim_dead` with a producer and {RECLAIM_SUBSCRIBERS} \
              subscribers alive and nothing dead, {} µs, against iceoryx2's own listing of the \
-             same nodes (`Node::list`, the baseline) {} µs: **{}** of the baseline.\n",
+             same nodes (`Node::list`, the baseline) {} µs: **{}** of the baseline. All of \
+             them are threads of this process, whose nodes' states iceoryx2 knows without \
+             reading their monitors' files: another process's node costs both sides a \
+             monitor read more (about 30 µs, docs/benchmarks.md).\n",
             reclaim.show(0),
             listing.show(0),
             reclaim_share.show(2)

@@ -496,13 +496,15 @@ pub fn decode_us(batch: &RecordBatch, times: usize) -> Result<Decoding> {
 }
 
 /// What one [`Namespace::reclaim_dead`] costs in a namespace where a topic's producer
-/// and `subscribers` subscribers are alive, and nothing is dead: what a producer runs at
+/// and `subscribers` subscribers, all threads of this process, are alive, and nothing
+/// is dead (an error otherwise: a dead node would make the reclaim list them all, as
+/// the baseline does): what a producer runs at
 /// the end of every epoch (at most every 250 ms) and every 50 ms on a full queue, on its
 /// publishing thread. Baseline, same namespace: iceoryx2's own listing of the nodes
 /// (`Node::list`, which reads every node's state and details). Microseconds, mean of
 /// `times` each: (reclaim, listing).
 pub fn reclaim_us(ns: &Namespace, subscribers: usize, times: usize) -> Result<(f64, f64)> {
-    use iceoryx2::prelude::{CallbackProgression, Node};
+    use iceoryx2::prelude::{CallbackProgression, Node, NodeState};
     let topic = format!("reclaim{subscribers}");
     let (publisher, _stop) = open_topic(ns, &topic, subscribers, 4, 1024)?;
     let subs = (0..subscribers)
@@ -516,12 +518,18 @@ pub fn reclaim_us(ns: &Namespace, subscribers: usize, times: usize) -> Result<(f
     let reclaim = start.elapsed().as_secs_f64() * 1e6 / times as f64;
     let start = Instant::now();
     for _ in 0..times {
-        let mut nodes = 0usize;
-        Node::<iceoryx2::service::ipc_threadsafe::Service>::list(ns.config(), |_| {
+        let (mut nodes, mut dead) = (0usize, 0usize);
+        Node::<iceoryx2::service::ipc_threadsafe::Service>::list(ns.config(), |state| {
             nodes += 1;
+            dead += usize::from(matches!(state, NodeState::Dead(_)));
             CallbackProgression::Continue
         })
         .map_err(|e| anyhow!("cannot list the namespace's nodes: {e:?}"))?;
+        if dead > 0 {
+            bail!(
+                "{dead} dead node(s) in the namespace: a reclaim would not be the idle one measured"
+            );
+        }
         if nodes < subscribers + 1 {
             bail!(
                 "iceoryx2 listed {nodes} nodes, fewer than the topic's {}",

@@ -228,9 +228,6 @@ impl Namespace {
         let mut states = Vec::new();
         for entry in entries {
             let entry = entry.ok()?;
-            if !entry.file_type().ok()?.is_file() {
-                continue;
-            }
             let file = entry.file_name();
             let Some(node) = file
                 .to_str()
@@ -239,10 +236,20 @@ impl Namespace {
             else {
                 continue;
             };
-            states.push(match FileName::new(node.as_bytes()) {
-                Ok(name) => monitor_state(&config, &name),
-                Err(_) => Liveness::Unknown,
-            });
+            // `list_cfg` takes what `stat` says is a regular file (a link to one too),
+            // and skips a name that is not a valid file name, and an entry gone since
+            // the listing.
+            let is_file = match entry.file_type() {
+                Ok(t) if t.is_symlink() => entry.path().metadata().is_ok_and(|m| m.is_file()),
+                Ok(t) => t.is_file(),
+                Err(_) => false,
+            };
+            let Ok(name) = FileName::new(node.as_bytes()) else {
+                continue;
+            };
+            if is_file {
+                states.push(monitor_state(&config, &name));
+            }
         }
         Some(states)
     }
@@ -449,8 +456,8 @@ impl Namespace {
         // listing: looking for each node's monitor in a listing of its own made a reclaim
         // quadratic in the nodes (docs/benchmarks.md, "Reclaiming among many nodes").
         let monitor_of = |e: &std::fs::DirEntry| -> Option<String> {
-            let file = e.file_name();
-            let rest = file.to_str()?.strip_prefix(&prefix)?;
+            let file = e.file_name().to_string_lossy().to_string();
+            let rest = file.strip_prefix(&prefix)?;
             Some(rest.split_once('.')?.0.to_string())
         };
         let list = || -> Vec<std::fs::DirEntry> {

@@ -729,14 +729,17 @@ fn a_reclaim_removes_an_old_node_directory_without_a_monitor_and_nothing_else() 
         .root()
         .join(ns.config().global.node.directory.to_string());
     let details = ns.config().global.node.static_config_suffix.to_string();
-    let orphan = |id: &str, age: Duration| {
-        let path = dir.join(id);
-        std::fs::create_dir(&path).unwrap();
-        std::fs::write(path.join(format!("node{details}")), b"").unwrap();
-        std::fs::File::open(&path)
+    let age = |path: &std::path::Path, age: Duration| {
+        std::fs::File::open(path)
             .unwrap()
             .set_modified(std::time::SystemTime::now() - age)
             .unwrap();
+    };
+    let orphan = |id: &str, how_old: Duration| {
+        let path = dir.join(id);
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join(format!("node{details}")), b"").unwrap();
+        age(&path, how_old);
         path
     };
     let old = orphan("123456789", Duration::from_secs(3600));
@@ -749,6 +752,10 @@ fn a_reclaim_removes_an_old_node_directory_without_a_monitor_and_nothing_else() 
         live.iter().all(|p| p.is_dir()),
         "live nodes have directories"
     );
+    // As old as the orphan: only their monitors keep them.
+    for path in &live {
+        age(path, Duration::from_secs(3600));
+    }
 
     assert_eq!(ns.reclaim_dead(), 1, "the old directory, and only it");
     assert!(!old.exists());
