@@ -506,8 +506,9 @@ pub fn decode_us(batch: &RecordBatch, times: usize) -> Result<Decoding> {
 pub fn reclaim_us(ns: &Namespace, subscribers: usize, times: usize) -> Result<(f64, f64)> {
     use iceoryx2::prelude::{CallbackProgression, Node, NodeState};
     let topic = format!("reclaim{subscribers}");
-    let (publisher, _stop) = open_topic(ns, &topic, subscribers, 4, 1024)?;
-    let subs = (0..subscribers)
+    let (_publisher, _stop) = open_topic(ns, &topic, subscribers, 4, 1024)?;
+    // Alive until the end; dropped before their publisher, which was declared first.
+    let _subscribers = (0..subscribers)
         .map(|_| subscribe(ns, &topic))
         .collect::<Result<Vec<_>>>()?;
     ns.reclaim_dead();
@@ -538,7 +539,5 @@ pub fn reclaim_us(ns: &Namespace, subscribers: usize, times: usize) -> Result<(f
         }
     }
     let listing = start.elapsed().as_secs_f64() * 1e6 / times as f64;
-    drop(subs);
-    drop(publisher);
     Ok((reclaim, listing))
 }

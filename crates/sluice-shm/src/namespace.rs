@@ -236,16 +236,16 @@ impl Namespace {
             else {
                 continue;
             };
-            // `list_cfg` takes what `stat` says is a regular file (a link to one too),
-            // and skips a name that is not a valid file name, and an entry gone since
-            // the listing.
+            // `list_cfg` skips a name that is not a valid file name, and takes what
+            // `stat` says is a regular file (a link to one too), skipping an entry gone
+            // since the listing.
+            let Ok(name) = FileName::new(node.as_bytes()) else {
+                continue;
+            };
             let is_file = match entry.file_type() {
                 Ok(t) if t.is_symlink() => entry.path().metadata().is_ok_and(|m| m.is_file()),
                 Ok(t) => t.is_file(),
                 Err(_) => false,
-            };
-            let Ok(name) = FileName::new(node.as_bytes()) else {
-                continue;
             };
             if is_file {
                 states.push(monitor_state(&config, &name));
@@ -460,14 +460,8 @@ impl Namespace {
             let rest = file.strip_prefix(&prefix)?;
             Some(rest.split_once('.')?.0.to_string())
         };
-        let list = || -> Vec<std::fs::DirEntry> {
-            std::fs::read_dir(&nodes)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .collect()
-        };
-        let listing = list();
+        let list = || std::fs::read_dir(&nodes).into_iter().flatten().flatten();
+        let listing: Vec<std::fs::DirEntry> = list().collect();
         let monitored: std::collections::HashSet<String> =
             listing.iter().filter_map(monitor_of).collect();
         let mut removed = 0;
@@ -481,7 +475,7 @@ impl Namespace {
             }
             // A listing taken while another process edits the directory can miss an
             // entry: a node counts as unmonitored only if a second listing agrees.
-            if list().iter().filter_map(monitor_of).any(|node| node == id) {
+            if list().any(|e| monitor_of(&e).is_some_and(|node| node == id)) {
                 continue;
             }
             let only_details = std::fs::read_dir(entry.path())
