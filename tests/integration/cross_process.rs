@@ -756,7 +756,8 @@ fn a_restarted_producer_waits_for_a_slow_trainer_to_take_what_was_queued() {
         "p.sql",
         &plan_sql(
             "slow",
-            "SET sluice.batch_rows = 40; SET sluice.window = 64;",
+            // One batch per message: the queue (and `lag`) counts messages.
+            "SET sluice.batch_rows = 40; SET sluice.window = 64; SET sluice.message_batches = 1;",
             QUERY,
         ),
     );

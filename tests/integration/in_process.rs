@@ -112,6 +112,113 @@ fn batches_are_decoded_in_place_and_outlive_their_subscriber() {
     assert_eq!(s, "101");
 }
 
+/// What a topic's messages hold: `(first batch index, batch_rows, rows)` per batch
+/// message, read with the transport's own subscriber (below the delivery protocol).
+fn messages_on(ns: &Namespace, topic: &str, sql: &str) -> Vec<(u64, u64, u64)> {
+    let producer = spawn_producer(ns.clone(), sql.to_string());
+    let topic = sluice::core::TopicName::new(topic).unwrap();
+    let mut sub =
+        sluice::shm::TopicSubscriber::connect(ns, &topic, Some(Duration::from_secs(30)), false)
+            .unwrap();
+    let mut out = Vec::new();
+    loop {
+        match sub.recv(Some(Duration::from_secs(30))).unwrap() {
+            sluice::shm::Frame::Batch {
+                index,
+                batch_rows,
+                batch,
+                ..
+            } => out.push((index, batch_rows, batch.num_rows() as u64)),
+            sluice::shm::Frame::EndOfEpoch { batches, rows, .. } => {
+                assert_eq!((batches, rows), (11, 1050));
+            }
+            sluice::shm::Frame::EndOfStream => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    drop(sub);
+    let stats = producer.join().unwrap().unwrap();
+    assert_eq!((stats.batches, stats.rows), (11, 1050));
+    out
+}
+
+/// Batches ready at once go as one message ('auto'), whose header names its first batch
+/// and the rows of each; the subscriber still receives every batch alone, at its index.
+/// `sluice.message_batches = 1` sends every batch alone.
+#[test]
+fn consecutive_batches_go_as_one_message_and_arrive_one_by_one() {
+    let ns = TestNamespace::new();
+    let sql = |topic: &str, most: &str| {
+        format!(
+            "SET sluice.topic = '{topic}'; SET sluice.batch_rows = 100; \
+             SET sluice.message_batches = {most};\n\
+             SELECT value AS v, CAST(value AS VARCHAR) AS s FROM generate_series(1, 1050)"
+        )
+    };
+    let grouped = messages_on(&ns.0, "grouped", &sql("grouped", "'auto'"));
+    // The first message sizes the topic and is one batch; the rest of that DataFusion
+    // batch follows in fewer messages than batches.
+    assert!(grouped.len() < 11, "{grouped:?}");
+    let mut next = 0;
+    for (i, &(index, batch_rows, rows)) in grouped.iter().enumerate() {
+        assert_eq!(index, next, "{grouped:?}");
+        let last = i + 1 == grouped.len();
+        match batch_rows {
+            0 => assert!(rows == 100 || (last && rows == 50), "{grouped:?}"),
+            100 => assert!(rows > 100 && (rows % 100 == 0 || last), "{grouped:?}"),
+            _ => panic!("{grouped:?}"),
+        }
+        next += rows.div_ceil(100);
+    }
+    assert_eq!(next, 11);
+    let alone = messages_on(&ns.0, "alone", &sql("alone", "1"));
+    let expected: Vec<_> = (0..11u64)
+        .map(|i| (i, 0, if i == 10 { 50 } else { 100 }))
+        .collect();
+    assert_eq!(alone, expected);
+
+    // Through the delivery protocol: batches of 100 at indexes 0 to 10, each in place in
+    // the sample of the message it came in.
+    let producer = spawn_producer(ns.0.clone(), sql("cut", "'auto'"));
+    let mut sub = Subscriber::connect(
+        "cut",
+        SubscribeOptions {
+            timeout: Some(Duration::from_secs(30)),
+            namespace: Some(ns.0.clone()),
+            ..SubscribeOptions::default()
+        },
+    )
+    .unwrap();
+    let mut seen = Vec::new();
+    loop {
+        match sub.next_event().unwrap() {
+            Event::Batch {
+                index,
+                batch,
+                shm_range,
+                ..
+            } => {
+                let range = shm_range.expect("a batch cut from a message is zero-copy");
+                assert!(sluice::lies_within(&batch, &range));
+                let v = batch.column(0).as_primitive::<Int64Type>();
+                seen.push((index, v.len(), v.value(0)));
+            }
+            Event::EpochEnd(summary) => {
+                assert!(summary.complete, "{summary:?}");
+                assert_eq!((summary.batches, summary.received_batches), (11, 11));
+            }
+            Event::DeviceBatch { .. } => panic!("a CPU topic sent a GPU batch"),
+            Event::End => break,
+        }
+    }
+    let expected: Vec<_> = (0..11u64)
+        .map(|i| (i, if i == 10 { 50 } else { 100 }, i as i64 * 100 + 1))
+        .collect();
+    assert_eq!(seen, expected);
+    drop(sub);
+    producer.join().unwrap().unwrap();
+}
+
 /// A subscriber that never finds a producer gives up with a timeout error.
 #[test]
 fn connecting_without_a_producer_times_out() {
@@ -343,7 +450,9 @@ fn read_all(mut sub: Subscriber, pause_after: Option<Pause>) -> Seen {
 #[test]
 fn replay_starts_with_the_messages_the_producer_still_holds() {
     let ns = TestNamespace::new();
+    // One batch per message: the window counts messages, and this test counts batches.
     let sql = "SET sluice.topic = 'replay'; SET sluice.batch_rows = 100; SET sluice.window = 4;\n\
+               SET sluice.message_batches = 1;\n\
                SELECT value AS v FROM generate_series(0, 9999)"
         .to_string();
     let producer = spawn_producer(ns.0.clone(), sql);

@@ -40,8 +40,18 @@ def test_epochs_end_cleanly_with_every_row_once(plans):
     assert seen == [0, 1]
     stats = producer.wait(timeout=30)
     assert (stats.epochs, stats.rows, stats.batches) == (2, 460, 10)
-    # sluice.window = 'auto': these small batches (planned at 4 KiB) get the deepest
+    # sluice.window = 'auto' counts messages, planned here at 64 of these small batches
+    # each (sluice.message_batches = 'auto'): a queue of 4 to 128 of them.
+    assert stats.window in (4, 8, 16, 32, 64, 128), stats
+    # One batch per message: these small batches (planned at 4 KiB) get the deepest
     # queue, 128, unless /dev/shm is nearly full (the topic keeps to an eighth of it).
+    alone = plans.plan(
+        rows=230, batch_rows=50, epochs=1, extra="SET sluice.message_batches = 1;\n"
+    )
+    producer = sluice.Producer(alone, min_subscribers=1)
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        assert [len(b) for b in sub] == [50, 50, 50, 50, 30]
+    stats = producer.wait(timeout=30)
     if shutil.disk_usage("/dev/shm").free > 1 << 30:
         assert stats.window == 128, stats
     else:

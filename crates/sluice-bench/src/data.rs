@@ -82,6 +82,23 @@ pub fn flight_threads() -> Option<std::num::NonZeroUsize> {
     std::num::NonZeroUsize::new(FLIGHT_THREADS.load(std::sync::atomic::Ordering::Relaxed))
 }
 
+/// `sluice.message_batches` of the benchmark's topics (`--message-batches`): the most
+/// consecutive batches one message carries; 0: 'auto', the default.
+pub static MESSAGE_BATCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The benchmark's `sluice.message_batches` (see [`MESSAGE_BATCHES`]): `None` for 'auto'.
+pub fn message_batches() -> Option<usize> {
+    match MESSAGE_BATCHES.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => None,
+        n => Some(n),
+    }
+}
+
+/// `sluice.message_batches` as a plan file sets it.
+pub fn message_batches_option() -> String {
+    message_batches().map_or_else(|| "'auto'".to_string(), |n| n.to_string())
+}
+
 /// `sluice.window` as a plan file sets it.
 pub fn window_option() -> String {
     window().map_or_else(|| "'auto'".to_string(), |n| n.to_string())
@@ -102,9 +119,11 @@ pub fn plan_sql(
          SET sluice.batch_rows = {batch_rows};\n\
          SET sluice.epochs = {epochs};\n\
          SET sluice.window = {window};\n\
+         SET sluice.message_batches = {message_batches};\n\
          SET sluice.max_subscribers = 16;\n\
          CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION '{location}'{options};\n\
          SELECT id, label, text, features FROM train;\n",
-        window = window_option()
+        window = window_option(),
+        message_batches = message_batches_option(),
     )
 }

@@ -135,9 +135,10 @@ pub fn sluice(
     topic: &str,
     reach: Reach,
 ) -> Result<f64> {
-    let encoded = batches
+    let messages = messages(batches)?;
+    let encoded = messages
         .iter()
-        .map(wire::encode)
+        .map(|m| wire::encode(&m.batch))
         .collect::<sluice::Result<Vec<_>>>()?;
     let rows_per_epoch: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
     let stop = Arc::new(AtomicBool::new(false));
@@ -174,12 +175,13 @@ pub fn sluice(
             // The whole epoch is ready, as a producer's re-batched burst is: every batch
             // but the last says another follows (`more`), so idle subscribers are woken
             // once per burst (at most half a window), as `sluice run` wakes them.
-            for (i, (batch, enc)) in batches.iter().zip(&encoded).enumerate() {
-                let more = i + 1 < batches.len();
-                publisher.publish_batch_in_burst(
+            for (i, (message, enc)) in messages.iter().zip(&encoded).enumerate() {
+                let more = i + 1 < messages.len();
+                publisher.publish_batches_in_burst(
                     epoch,
-                    i as u64,
-                    batch.num_rows() as u64,
+                    message.index,
+                    message.batch.num_rows() as u64,
+                    message.batch_rows,
                     enc,
                     more,
                 )?;
@@ -226,6 +228,49 @@ pub fn sluice(
     Ok(median(rates))
 }
 
+/// A message of comparison 3's Sluice side: consecutive batches from batch `index` on.
+struct Message {
+    index: u64,
+    /// Rows of each batch; 0: one batch.
+    batch_rows: u32,
+    batch: RecordBatch,
+}
+
+/// `batches` grouped into messages as `sluice run` sends them (`sluice.message_batches`,
+/// `--message-batches`): consecutive batches of the same size. `sluice run` slices a
+/// message out of one DataFusion batch; here its batches are joined once, before the
+/// clock starts.
+fn messages(batches: &[RecordBatch]) -> Result<Vec<Message>> {
+    let Some(first) = batches.first() else {
+        return Ok(Vec::new());
+    };
+    let batch_rows = first.num_rows();
+    let most = match crate::data::message_batches() {
+        Some(n) => n,
+        None => sluice::auto_message_batches(wire::encode(first)?.len()),
+    };
+    let mut out = Vec::new();
+    let mut index = 0;
+    for group in batches.chunk_by(|a, _| a.num_rows() == batch_rows) {
+        for part in group.chunks(most.max(1)) {
+            let batch = match part {
+                [one] => one.clone(),
+                _ => arrow::compute::concat_batches(&first.schema(), part)?,
+            };
+            out.push(Message {
+                index,
+                batch_rows: match part.len() {
+                    1 => 0,
+                    _ => u32::try_from(batch_rows)?,
+                },
+                batch,
+            });
+            index += part.len() as u64;
+        }
+    }
+    Ok(out)
+}
+
 /// The topic comparison 3 publishes on: sized as a producer plans its topic (and so its
 /// `auto` window).
 fn topic_config(topic: &str, n: usize, encoded: &[wire::Encoded]) -> Result<TopicConfig> {
@@ -252,9 +297,9 @@ fn topic_config(topic: &str, n: usize, encoded: &[wire::Encoded]) -> Result<Topi
 /// laps), `epochs` times over. Returns rows/s (a Sluice subscriber cannot receive faster
 /// than its one publishing thread copies) and the window.
 pub fn copy_floor(batches: &[RecordBatch], epochs: u64) -> Result<(f64, usize)> {
-    let encoded = batches
+    let encoded = messages(batches)?
         .iter()
-        .map(wire::encode)
+        .map(|m| wire::encode(&m.batch))
         .collect::<sluice::Result<Vec<_>>>()?;
     let config = topic_config("floor", 1, &encoded)?;
     let place = config.max_message_bytes;

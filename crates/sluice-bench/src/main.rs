@@ -57,6 +57,11 @@ struct Args {
     /// after half of it.
     #[arg(long, default_value = "auto", value_parser = parse_window)]
     window: WindowArg,
+    /// `sluice.message_batches` of the topics of comparisons 1 to 3: 'auto' (the default,
+    /// as for any topic) or the most consecutive batches one message carries (1: every
+    /// batch alone, as before 2026-11-27's "Several batches per message").
+    #[arg(long, default_value = "auto", value_parser = parse_window)]
+    message_batches: WindowArg,
     /// Worker threads of comparison 3b's `sluice-flight` server (default: the server's
     /// own, one per core), to compare a server's thread counts on one machine.
     #[arg(long, value_name = "N")]
@@ -221,6 +226,10 @@ fn run(args: &Args) -> Result<()> {
     let runs = |part: Part| !args.skip.contains(&part);
     data::WINDOW.store(
         args.window.0.unwrap_or(0),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    data::MESSAGE_BATCHES.store(
+        args.message_batches.0.unwrap_or(0),
         std::sync::atomic::Ordering::Relaxed,
     );
     data::FLIGHT_THREADS.store(
@@ -757,6 +766,16 @@ impl Report {
             match args.window.0 {
                 None => " (the default; comparisons 1 and 2b say what it came to)",
                 Some(_) => " (`--window`; the default is 'auto')",
+            }
+        )?;
+        writeln!(
+            head,
+            "* Messages of comparisons 1 to 3: `sluice.message_batches = {}`{}",
+            data::message_batches_option(),
+            match args.message_batches.0 {
+                None =>
+                    " (the default: consecutive batches ready at once go as one message of about 1 MiB)",
+                Some(_) => " (`--message-batches`; the default is 'auto')",
             }
         )?;
         if let Some(threads) = args.flight_threads {

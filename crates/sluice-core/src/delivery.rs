@@ -113,12 +113,17 @@ pub struct EpochSummary {
 /// A producer's message, as the transport delivers it, in order.
 #[derive(Debug)]
 pub enum Inbound<P> {
-    /// A producer batch: batch `index` of `epoch`.
+    /// A producer batch: batch `index` of `epoch`; or, where `batch_rows` is not zero
+    /// and the payload holds more rows, a message of consecutive producer batches from
+    /// `index` on, each of `batch_rows` rows but the last.
     Batch {
         /// Epoch, from 0.
         epoch: u64,
-        /// Index of the batch within its epoch, in the producer's batches.
+        /// Index of the (first) batch within its epoch, in the producer's batches.
         index: u64,
+        /// Rows of each producer batch in a message of several; 0: the message is one
+        /// batch, whatever its rows.
+        batch_rows: u64,
         /// The rows.
         payload: P,
     },
@@ -151,10 +156,12 @@ impl<P> Inbound<P> {
             Self::Batch {
                 epoch,
                 index,
+                batch_rows,
                 payload,
             } => Inbound::Batch {
                 epoch,
                 index,
+                batch_rows,
                 payload: f(payload)?,
             },
             Self::EndOfEpoch {
@@ -241,9 +248,10 @@ pub struct Receiver<P> {
     rebatcher: Option<Rebatcher<P>>,
     ready: VecDeque<P>,
     pending_end: Option<Outbound<P>>,
-    /// A batch of a new epoch that arrived before the previous epoch's end, which is
-    /// synthesized first.
-    deferred: Option<Inbound<P>>,
+    /// Producer batches taken but not yet judged, in order: a batch of a new epoch that
+    /// arrived before the previous epoch's end (which is synthesized first), and the rest
+    /// of a message of several batches, cut one batch at a time.
+    deferred: VecDeque<Inbound<P>>,
     state: EpochState,
     total_rows: u64,
     total_missed: u64,
@@ -265,7 +273,7 @@ impl<P: Rows> Receiver<P> {
             rebatcher: options.batch_size.map(Rebatcher::new).transpose()?,
             ready: VecDeque::new(),
             pending_end: None,
-            deferred: None,
+            deferred: VecDeque::new(),
             state: EpochState::default(),
             total_rows: 0,
             total_missed: 0,
@@ -283,8 +291,8 @@ impl<P: Rows> Receiver<P> {
             if let Some(end) = self.pending_end.take() {
                 return Ok(Some(end));
             }
-            match self.deferred.take() {
-                Some(message) => self.push(message)?,
+            match self.deferred.pop_front() {
+                Some(message) => self.push_now(message)?,
                 None if self.ended => return Ok(Some(Outbound::End)),
                 None => return Ok(None),
             }
@@ -299,6 +307,15 @@ impl<P: Rows> Receiver<P> {
     /// one), [`SluiceError::Corrupt`] (a message after the end of the stream, a batch
     /// that cannot be cut); after an error the receiver accepts nothing more.
     pub fn push(&mut self, message: Inbound<P>) -> Result<()> {
+        if !self.deferred.is_empty() && !self.closed {
+            // Pushed before `poll` took what was taken before: it waits its turn.
+            self.deferred.push_back(message);
+            return Ok(());
+        }
+        self.push_now(message)
+    }
+
+    fn push_now(&mut self, message: Inbound<P>) -> Result<()> {
         if self.ended {
             return Err(SluiceError::Corrupt(format!(
                 "a message on topic '{}' after the end of its stream",
@@ -334,8 +351,9 @@ impl<P: Rows> Receiver<P> {
             Inbound::Batch {
                 epoch,
                 index,
+                batch_rows,
                 payload,
-            } => self.batch(epoch, index, payload),
+            } => self.message(epoch, index, batch_rows, payload),
             Inbound::EndOfEpoch {
                 epoch,
                 batches,
@@ -350,6 +368,40 @@ impl<P: Rows> Receiver<P> {
                 Ok(())
             }
         }
+    }
+
+    /// A message: one producer batch, or several, which are judged one at a time as if
+    /// they had come one by one (positions, duplicates and gaps count batches, not
+    /// messages). The rest of a message waits in `deferred`, cut lazily, so a message
+    /// costs no more memory however many batches it claims.
+    fn message(&mut self, epoch: u64, index: u64, batch_rows: u64, payload: P) -> Result<()> {
+        let rows = payload.num_rows();
+        let Some(cut) = usize::try_from(batch_rows)
+            .ok()
+            .filter(|&cut| cut > 0 && cut < rows)
+        else {
+            return self.batch(epoch, index, payload);
+        };
+        let next = index.checked_add(1).ok_or_else(|| {
+            SluiceError::Corrupt(format!(
+                "a message on topic '{}' claims batches past index {index}",
+                self.topic
+            ))
+        })?;
+        let rest = Inbound::Batch {
+            epoch,
+            index: next,
+            batch_rows,
+            payload: payload.slice(cut, rows - cut),
+        };
+        // `deferred` holds what came after this message (pushed before a poll), and, if
+        // this first batch opens a new epoch, the batch itself in front: the rest goes
+        // right after the batch.
+        let after = self.deferred.len();
+        self.batch(epoch, index, payload.slice(0, cut))?;
+        let at = self.deferred.len() - after;
+        self.deferred.insert(at, rest);
+        Ok(())
     }
 
     fn batch(&mut self, epoch: u64, index: u64, payload: P) -> Result<()> {
@@ -385,9 +437,10 @@ impl<P: Rows> Receiver<P> {
             self.state.ended = true;
             // Taken again by `poll` once the end is out (judging it again is harmless:
             // the resume filter delivers a position it just delivered).
-            self.deferred = Some(Inbound::Batch {
+            self.deferred.push_front(Inbound::Batch {
                 epoch,
                 index,
+                batch_rows: 0,
                 payload,
             });
             return Ok(());
@@ -682,6 +735,7 @@ pub mod memory {
             self.send(|| Inbound::Batch {
                 epoch,
                 index,
+                batch_rows: 0,
                 payload: payload.clone(),
             })
         }
@@ -762,6 +816,7 @@ mod tests {
                 out.push(Inbound::Batch {
                     epoch: e as u64,
                     index: i as u64,
+                    batch_rows: 0,
                     payload: Ids(ids.collect()),
                 });
                 row += n as u64;
@@ -825,6 +880,55 @@ mod tests {
         prop::collection::vec(prop::collection::vec(1usize..20, 0..8), 1..4)
     }
 
+    /// Epochs of `(batch_rows, rows)`: their batches, as [`stream`] takes them.
+    fn cut(epochs: &[(usize, usize)]) -> Vec<Vec<usize>> {
+        epochs
+            .iter()
+            .map(|&(b, rows)| {
+                let mut sizes = vec![b; rows / b];
+                if rows % b > 0 {
+                    sizes.push(rows % b);
+                }
+                sizes
+            })
+            .collect()
+    }
+
+    /// The stream of [`cut`]`(epochs)`, with consecutive batches of each epoch sent
+    /// together as messages of `groups[k]` batches (cycling; at least one).
+    fn packed(epochs: &[(usize, usize)], groups: &[usize]) -> Vec<Inbound<Ids>> {
+        let mut group = groups.iter().cycle().map(|&g| g.max(1));
+        let mut out = Vec::new();
+        for (e, (&(b, rows), sizes)) in epochs.iter().zip(cut(epochs)).enumerate() {
+            let mut index = 0;
+            while index < sizes.len() {
+                let n = group.next().unwrap_or(1).min(sizes.len() - index);
+                let first = (index * b) as u64;
+                let len: usize = sizes[index..index + n].iter().sum();
+                out.push(Inbound::Batch {
+                    epoch: e as u64,
+                    index: index as u64,
+                    batch_rows: b as u64,
+                    payload: Ids((first..first + len as u64)
+                        .map(|r| e as u64 * 1_000_000 + r)
+                        .collect()),
+                });
+                index += n;
+            }
+            out.push(Inbound::EndOfEpoch {
+                epoch: e as u64,
+                batches: sizes.len() as u64,
+                rows: rows as u64,
+            });
+        }
+        out.push(Inbound::EndOfStream);
+        out
+    }
+
+    fn epochs_of_batches() -> impl Strategy<Value = Vec<(usize, usize)>> {
+        prop::collection::vec((1usize..8, 0usize..60), 1..4)
+    }
+
     proptest! {
         /// Every row of every epoch exactly once, in order, in the subscriber's batch
         /// size (only an epoch's last batch may be shorter), each epoch complete, then
@@ -885,6 +989,57 @@ mod tests {
             prop_assert!(got.1);
         }
 
+        /// Messages of several batches are the batches they hold, sent one by one:
+        /// the subscriber sees the same batches, epochs and summaries, in any batch
+        /// size.
+        #[test]
+        fn a_message_of_several_batches_is_its_batches_one_by_one(
+            epochs in epochs_of_batches(),
+            groups in prop::collection::vec(1usize..6, 1..5),
+            size in prop::option::of(1usize..30),
+        ) {
+            let mut one_by_one = receiver(size, Join::Now, OnLag::Error);
+            let want = by_epoch(&run(&mut one_by_one, stream(&cut(&epochs))).unwrap());
+            let mut r = receiver(size, Join::Now, OnLag::Error);
+            let got = by_epoch(&run(&mut r, packed(&epochs, &groups)).unwrap());
+            prop_assert_eq!(got, want);
+        }
+
+        /// A subscriber reconnects to a successor whose messages group the batches
+        /// otherwise: it takes exactly the batches it lacks, even from the middle of
+        /// one of the successor's messages.
+        #[test]
+        fn a_successor_that_groups_batches_otherwise_continues_exactly(
+            epochs in epochs_of_batches(),
+            before in prop::collection::vec(1usize..6, 1..5),
+            after in prop::collection::vec(1usize..6, 1..5),
+            size in prop::option::of(1usize..30),
+            stop in 0usize..40,
+        ) {
+            let mut whole = receiver(size, Join::Now, OnLag::Error);
+            let want = by_epoch(&run(&mut whole, stream(&cut(&epochs))).unwrap());
+            let first = packed(&epochs, &before);
+            let stop = stop.min(first.len() - 1);
+            let mut r = receiver(size, Join::Now, OnLag::Error);
+            let mut out = Vec::new();
+            for m in first.into_iter().take(stop) {
+                while let Some(o) = r.poll().unwrap() {
+                    out.push(o);
+                }
+                r.push(m).unwrap();
+            }
+            // A transport reports the loss once the subscriber asks for more.
+            while let Some(o) = r.poll().unwrap() {
+                out.push(o);
+            }
+            let mut again = vec![Inbound::Reconnected];
+            again.extend(packed(&epochs, &after));
+            out.extend(run(&mut r, again).unwrap());
+            let got = by_epoch(&out);
+            prop_assert_eq!(got.0.iter().map(|s| &s.0).collect::<Vec<_>>(), want.0.iter().map(|s| &s.0).collect::<Vec<_>>());
+            prop_assert!(got.1);
+        }
+
         /// Whatever arrives — epochs out of order, gaps, ends twice — the receiver never
         /// panics, and counts exactly the rows it hands out.
         #[test]
@@ -900,7 +1055,8 @@ mod tests {
             let mut handed = 0u64;
             for (kind, epoch, index, n) in messages {
                 let m = match kind {
-                    0 | 1 => Inbound::Batch { epoch, index, payload: Ids((0..n as u64).collect()) },
+                    0 => Inbound::Batch { epoch, index, batch_rows: 0, payload: Ids((0..n as u64).collect()) },
+                    1 => Inbound::Batch { epoch, index, batch_rows: (n % 4) as u64, payload: Ids((0..n as u64).collect()) },
                     2 => Inbound::EndOfEpoch { epoch, batches: index, rows: n as u64 },
                     3 => Inbound::Missed { messages: index + 1 },
                     4 => Inbound::EndOfStream,
@@ -987,6 +1143,40 @@ mod tests {
         r.reconnecting().unwrap();
         let err = r.push(all.remove(1)).unwrap_err();
         assert!(matches!(err, SluiceError::ResumeGap { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_message_pushed_before_the_last_was_polled_waits_its_turn() {
+        let mut r = receiver(None, Join::Now, OnLag::Error);
+        for m in packed(&[(2, 6)], &[3]) {
+            r.push(m).unwrap();
+        }
+        let mut out = Vec::new();
+        while let Some(o) = r.poll().unwrap() {
+            let end = matches!(o, Outbound::End);
+            out.push(o);
+            if end {
+                break;
+            }
+        }
+        let (seen, ended) = by_epoch(&out);
+        assert!(ended);
+        assert_eq!(seen[0].0, (0..6).collect::<Vec<u64>>());
+        assert_eq!(seen[0].1, [2, 2, 2]);
+        assert!(seen[0].2.complete, "{:?}", seen[0].2);
+    }
+
+    #[test]
+    fn a_message_claiming_more_batches_than_there_are_positions_is_corrupt() {
+        let mut r = receiver(None, Join::Now, OnLag::Error);
+        r.push(Inbound::Batch {
+            epoch: 0,
+            index: u64::MAX,
+            batch_rows: 1,
+            payload: Ids(vec![1, 2]),
+        })
+        .unwrap_err();
+        assert!(r.is_closed());
     }
 
     fn run_until(r: &mut Receiver<Ids>, messages: impl Iterator<Item = Inbound<Ids>>) {

@@ -57,9 +57,18 @@ impl Rows for RecordBatch {
 }
 
 /// Re-batches a stream to exactly `target_rows` rows per batch.
+///
+/// With [`Rebatcher::set_max_batches`] above one, an output may hold several whole
+/// batches of `target_rows` rows at once (a *message* of consecutive batches), where one
+/// input batch covers them all: such an output is still a zero-copy slice, and cutting it
+/// into `target_rows` again gives exactly the batches a rebatcher of one batch per output
+/// gives. Outputs that span inputs stay one batch, so nothing is copied that was not
+/// copied before.
 #[derive(Debug)]
 pub struct Rebatcher<T = RecordBatch> {
     target_rows: usize,
+    /// Whole batches an output may hold, at least one.
+    max_batches: usize,
     /// Input batches (or their unconsumed tails) and whether they are private copies.
     pending: VecDeque<(T, bool)>,
     pending_rows: usize,
@@ -75,6 +84,7 @@ impl<T: Rows> Rebatcher<T> {
         }
         Ok(Self {
             target_rows,
+            max_batches: 1,
             pending: VecDeque::new(),
             pending_rows: 0,
         })
@@ -90,17 +100,48 @@ impl<T: Rows> Rebatcher<T> {
         self.pending_rows
     }
 
+    /// Lets each output hold up to `max_batches` whole batches of `target_rows` rows
+    /// (at least one) where a single input covers them; see the type's docs.
+    pub fn set_max_batches(&mut self, max_batches: usize) {
+        self.max_batches = max_batches.max(1);
+    }
+
     /// Adds an input batch and returns every output batch that is now complete.
     pub fn push(&mut self, batch: T) -> Result<Vec<T>> {
+        self.add(batch);
+        let mut out = Vec::with_capacity(self.pending_rows / self.target_rows);
+        while let Some(batch) = self.next_ready()? {
+            out.push(batch);
+        }
+        Ok(out)
+    }
+
+    /// Adds an input batch; [`Self::next_ready`] cuts what is complete, one output at a
+    /// time (so that [`Self::set_max_batches`] applies to what is not cut yet).
+    pub fn add(&mut self, batch: T) {
         if batch.num_rows() > 0 {
             self.pending_rows += batch.num_rows();
             self.pending.push_back((batch, false));
         }
-        let mut out = Vec::with_capacity(self.pending_rows / self.target_rows);
-        while self.pending_rows >= self.target_rows {
-            out.push(self.take(self.target_rows)?);
+    }
+
+    /// Whether an output is complete.
+    pub fn has_ready(&self) -> bool {
+        self.pending_rows >= self.target_rows
+    }
+
+    /// The next complete output, if any: as many whole batches as the front input
+    /// covers, up to the limit (a slice), else one batch.
+    pub fn next_ready(&mut self) -> Result<Option<T>> {
+        if !self.has_ready() {
+            return Ok(None);
         }
-        Ok(out)
+        let front_rows = self
+            .pending
+            .front()
+            .map_or(0, |(front, _)| front.num_rows());
+        let whole = (front_rows / self.target_rows).clamp(1, self.max_batches);
+        self.take(whole * self.target_rows).map(Some)
     }
 
     /// Input batches still referenced by pending rows.
@@ -521,6 +562,58 @@ mod tests {
                 b
             }).collect();
             assert_rebatched(target, inputs);
+        }
+
+        #[test]
+        fn messages_of_several_batches_cut_into_the_same_batches_without_more_copies(
+            target in 1usize..100,
+            max_batches in 1usize..10,
+            sizes in proptest::collection::vec(0usize..500, 0..20),
+        ) {
+            let mut start = 0i64;
+            let inputs: Vec<_> = sizes.iter().map(|&n| {
+                let b = ints(start, n);
+                start += n as i64;
+                b
+            }).collect();
+            let input_values: Vec<_> = inputs
+                .iter()
+                .map(|b| {
+                    let data = b.column(0).to_data();
+                    let buffer = &data.buffers()[0];
+                    let start = buffer.as_ptr() as usize;
+                    start..start + buffer.len()
+                })
+                .collect();
+            let single = run(target, inputs.clone());
+            let mut rebatcher = Rebatcher::new(target).unwrap();
+            rebatcher.set_max_batches(max_batches);
+            let mut messages = Vec::new();
+            for b in inputs {
+                messages.extend(rebatcher.push(b).unwrap());
+            }
+            messages.extend(rebatcher.finish().unwrap());
+            let mut cut = Vec::new();
+            for (i, m) in messages.iter().enumerate() {
+                let rows = m.num_rows();
+                prop_assert!(rows > 0);
+                prop_assert!(rows <= max_batches * target);
+                if i + 1 < messages.len() {
+                    prop_assert_eq!(rows % target, 0, "only the last message may be short");
+                }
+                if rows > target {
+                    // Several batches: a slice of one input, never a copy.
+                    let values = m.column(0).to_data().buffers()[0].as_ptr() as usize;
+                    prop_assert!(input_values.iter().any(|r| r.contains(&values)));
+                }
+                let mut offset = 0;
+                while offset < rows {
+                    let len = target.min(rows - offset);
+                    cut.push(m.slice(offset, len));
+                    offset += len;
+                }
+            }
+            prop_assert_eq!(cut, single);
         }
     }
 }

@@ -25,6 +25,36 @@ impl Shaper {
         })
     }
 
+    /// Lets an output hold up to `max_batches` consecutive batches of `batch_rows`, where
+    /// one input covers them (a message of several batches; see [`Rebatcher`]).
+    pub fn set_max_batches(&mut self, max_batches: usize) {
+        self.rebatcher.set_max_batches(max_batches);
+    }
+
+    /// Adds an input batch; [`Self::next_ready`] cuts the outputs now complete, one at a
+    /// time.
+    pub fn add(&mut self, batch: RecordBatch) -> Result<()> {
+        match &mut self.shuffler {
+            None => self.rebatcher.add(batch),
+            Some(shuffler) => {
+                if let Some(out) = shuffler.push(batch)? {
+                    self.rebatcher.add(out);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether an output is complete.
+    pub fn has_ready(&self) -> bool {
+        self.rebatcher.has_ready()
+    }
+
+    /// The next complete output, if any.
+    pub fn next_ready(&mut self) -> Result<Option<RecordBatch>> {
+        self.rebatcher.next_ready()
+    }
+
     /// Adds an input batch; returns the output batches now complete.
     pub fn push(&mut self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
         match &mut self.shuffler {

@@ -370,13 +370,19 @@ impl Inlet<RecordBatch> for FlightInlet {
                 _ => Meta::decode(&data.inner.app_metadata)?,
             };
             return Ok(match (meta, data.payload) {
-                (Meta::Batch { epoch, index }, DecodedPayload::RecordBatch(batch)) => {
-                    Inbound::Batch {
+                (
+                    Meta::Batch {
                         epoch,
                         index,
-                        payload: batch,
-                    }
-                }
+                        batch_rows,
+                    },
+                    DecodedPayload::RecordBatch(batch),
+                ) => Inbound::Batch {
+                    epoch,
+                    index,
+                    batch_rows,
+                    payload: batch,
+                },
                 (
                     Meta::EndOfEpoch {
                         epoch,

@@ -4,7 +4,7 @@
 //!
 //! | kind | message | a | b | c |
 //! |---|---|---|---|---|
-//! | 1 | batch (the message's record batch) | epoch | index | 0 |
+//! | 1 | batch (the message's record batch) | epoch | index | batch rows (0: one batch) |
 //! | 2 | end of epoch | epoch | batches | rows |
 //! | 3 | end of stream | epochs | 0 | 0 |
 //! | 4 | messages missed (lag limit) | messages | 0 | 0 |
@@ -19,12 +19,16 @@ const LEN: usize = 4 + 1 + 3 * 8;
 /// One message's metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Meta {
-    /// The message's record batch is batch `index` of `epoch`.
+    /// The message's record batch is batch `index` of `epoch`, or, where `batch_rows` is
+    /// not zero and it holds more rows, the producer's consecutive batches of
+    /// `batch_rows` rows from `index` on (`sluice_core::Inbound::Batch`).
     Batch {
         /// Epoch.
         epoch: u64,
-        /// Index in the epoch.
+        /// Index in the epoch (of the first batch).
         index: u64,
+        /// Rows of each producer batch in a message of several; 0: one batch.
+        batch_rows: u64,
     },
     /// The end of `epoch`.
     EndOfEpoch {
@@ -53,7 +57,11 @@ impl Meta {
     /// The bytes of `app_metadata`.
     pub fn encode(&self) -> Bytes {
         let (kind, a, b, c) = match *self {
-            Self::Batch { epoch, index } => (1u8, epoch, index, 0),
+            Self::Batch {
+                epoch,
+                index,
+                batch_rows,
+            } => (1u8, epoch, index, batch_rows),
             Self::EndOfEpoch {
                 epoch,
                 batches,
@@ -91,7 +99,11 @@ impl Meta {
         };
         let (a, b, c) = (word(0), word(1), word(2));
         Ok(match bytes[4] {
-            1 => Self::Batch { epoch: a, index: b },
+            1 => Self::Batch {
+                epoch: a,
+                index: b,
+                batch_rows: c,
+            },
             2 => Self::EndOfEpoch {
                 epoch: a,
                 batches: b,

@@ -447,15 +447,25 @@ impl Messages {
             Frame::Batch {
                 epoch,
                 index,
+                batch_rows,
                 batch,
                 ..
             } => self
                 .encoder
-                .messages(&batch, Meta::Batch { epoch, index }, &mut self.pending)
+                .messages(
+                    &batch,
+                    Meta::Batch {
+                        epoch,
+                        index,
+                        batch_rows,
+                    },
+                    &mut self.pending,
+                )
                 .map_err(status)?,
             Frame::Encoded {
                 epoch,
                 index,
+                batch_rows,
                 rows,
                 payload,
             } => self
@@ -464,7 +474,11 @@ impl Messages {
                     payload,
                     borrow.then_some(outbox),
                     rows,
-                    Meta::Batch { epoch, index },
+                    Meta::Batch {
+                        epoch,
+                        index,
+                        batch_rows,
+                    },
                     &mut self.pending,
                 )
                 .map_err(status)?,

@@ -44,7 +44,7 @@ use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 
 pub use engine::{Engine, ExecutorOptions, run_executor, run_scheduler};
-pub use options::{SluiceOptions, Window};
+pub use options::{MessageBatches, SluiceOptions, Window};
 pub use shard::Shard;
 use sluice_core::error::Location;
 use sluice_core::shuffle::{SplitMix64, epoch_seed};

@@ -20,6 +20,8 @@ extensions_options! {
         pub shuffle_buffer: usize, default = 8192
         /// Batches a subscriber may have queued: how far the producer runs ahead of the slowest subscriber. 'auto': about 2 MiB of batches per CPU core (4 to 32 MiB), 4 to 128 batches, within an eighth of the free shared memory; 4 on a 'cuda:N' topic or with a lag limit.
         pub window: String, default = "auto".to_string()
+        /// Consecutive batches the producer may send as one message where they are ready at once (cut from one DataFusion batch, without a copy); subscribers still receive batches of batch_rows, cut from the message. Every cost per message is then paid once for them all. 'auto': up to about 1 MiB per message, 64 batches at most; 1 on a 'cuda:N' topic or with a lag limit. 1: every batch alone (what plain Arrow Flight clients of `sluice serve --flight` then receive).
+        pub message_batches: String, default = "auto".to_string()
         /// Most subscribers that can attach at once; sizes the shared memory.
         pub max_subscribers: usize, default = 16
         /// Subscribers to wait for before publishing the first batch (0: start at once).
@@ -55,6 +57,16 @@ pub enum Window {
     Auto,
     /// This many batches.
     Batches(usize),
+}
+
+/// `sluice.message_batches`: how many consecutive batches one message may carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageBatches {
+    /// Sized by the producer from the first batch's size: about 1 MiB per message, at
+    /// most 64 batches; one on a `cuda:N` topic or with a lag limit.
+    Auto,
+    /// At most this many.
+    Most(usize),
 }
 
 impl ConfigExtension for SluiceOptions {
@@ -97,6 +109,7 @@ impl SluiceOptions {
         self.device_memory()?;
         self.read_ahead()?;
         self.window()?;
+        self.message_batches()?;
         for (name, value) in [
             ("batch_rows", self.batch_rows),
             ("max_subscribers", self.max_subscribers),
@@ -195,6 +208,22 @@ impl SluiceOptions {
         }
     }
 
+    /// The validated `sluice.message_batches`.
+    pub fn message_batches(&self) -> Result<MessageBatches> {
+        let text = self.message_batches.trim();
+        if text.eq_ignore_ascii_case("auto") {
+            return Ok(MessageBatches::Auto);
+        }
+        match text.parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(MessageBatches::Most(n)),
+            _ => Err(SluiceError::Config(format!(
+                "sluice.message_batches must be 'auto' or a number of batches (at least 1), \
+                 not '{}'",
+                self.message_batches
+            ))),
+        }
+    }
+
     /// The validated `sluice.read_ahead`: bytes a remote Parquet scan fetches ahead of
     /// its decoder, per partition (0: none).
     pub fn read_ahead(&self) -> Result<ByteSize> {
@@ -237,6 +266,24 @@ mod tests {
         assert_eq!(o.topic, "train-a");
         let err = o.set_checked("batch_rows", "many").unwrap_err().to_string();
         assert!(err.contains("sluice.batch_rows"), "{err}");
+    }
+
+    #[test]
+    fn message_batches_is_auto_or_a_number_of_batches() {
+        let mut o = SluiceOptions::default();
+        assert_eq!(o.message_batches().unwrap(), MessageBatches::Auto);
+        o.set_checked("message_batches", "1").unwrap();
+        assert_eq!(o.message_batches().unwrap(), MessageBatches::Most(1));
+        for bad in ["0", "-3", "several", ""] {
+            let err = SluiceOptions::default()
+                .set_checked("message_batches", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("sluice.message_batches must be 'auto' or a number"),
+                "{bad:?}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -7,16 +7,19 @@ use iceoryx2::prelude::ZeroCopySend;
 /// It lives in shared memory, so a subscriber copies it out once and validates it before
 /// use.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ZeroCopySend)]
-#[type_name("SluiceFrameHeader2")]
+#[type_name("SluiceFrameHeader3")]
 #[repr(C)]
 pub struct FrameHeader {
     /// A [`sluice_core::FrameKind`] as `u32`.
     pub kind: u32,
-    /// Reserved flags; zero.
-    pub flags: u32,
+    /// Batch: rows of each of the producer's batches where the message carries several
+    /// consecutive ones (it holds `rows` rows in all, `index` is the first's); 0: the
+    /// message is one batch. Zero for every other kind.
+    pub batch_rows: u32,
     /// Epoch number, from 0.
     pub epoch: u64,
-    /// Batch: its index within the epoch. End of epoch: the number of batches.
+    /// Batch: its (first batch's) index within the epoch. End of epoch: the number of
+    /// batches.
     pub index: u64,
     /// Batch: its rows. End of epoch: the rows of the epoch.
     pub rows: u64,

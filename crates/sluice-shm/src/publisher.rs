@@ -535,6 +535,24 @@ impl TopicPublisher {
         encoded: &Encoded,
         more: bool,
     ) -> Result<()> {
+        self.publish_batches_in_burst(epoch, index, rows, 0, encoded, more)
+    }
+
+    /// Publishes a message of consecutive producer batches of `batch_rows` rows (the last
+    /// may be shorter) from batch `index` on, already encoded as one record batch of
+    /// `rows` rows, as [`Self::publish_batch_in_burst`] publishes one. Subscribers cut it
+    /// into its batches (`sluice_core::Receiver`): every cost per message, in the
+    /// publisher and in each subscriber, is paid once for them all. `batch_rows` 0, or
+    /// as many rows as the message, is one batch.
+    pub fn publish_batches_in_burst(
+        &mut self,
+        epoch: u64,
+        index: u64,
+        rows: u64,
+        batch_rows: u32,
+        encoded: &Encoded,
+        more: bool,
+    ) -> Result<()> {
         if encoded.len() > self.config.max_message_bytes {
             let grown = self.config.grown_for(encoded.len(), shm_available()?)?;
             tracing::warn!(
@@ -548,6 +566,7 @@ impl TopicPublisher {
         }
         let header = FrameHeader {
             kind: FrameKind::Batch as u32,
+            batch_rows,
             epoch,
             index,
             rows,

@@ -49,8 +49,11 @@ pub enum Frame {
     Batch {
         /// Epoch, from 0.
         epoch: u64,
-        /// Index of the batch within its epoch.
+        /// Index of the (first) batch within its epoch.
         index: u64,
+        /// Rows of each producer batch where the message carries several (see
+        /// `sluice_core::Inbound::Batch`); 0: one batch.
+        batch_rows: u64,
         /// The batch, decoded in place.
         batch: RecordBatch,
         /// Addresses of the shared-memory sample the batch lives in (for checking that
@@ -75,8 +78,10 @@ pub enum Frame {
     Encoded {
         /// Epoch, from 0.
         epoch: u64,
-        /// Index of the batch within its epoch.
+        /// Index of the (first) batch within its epoch.
         index: u64,
+        /// Rows of each producer batch where the message carries several; 0: one batch.
+        batch_rows: u64,
         /// Rows, as the header says (the record batch message must agree).
         rows: u64,
         /// The encoded batch, still in the shared-memory sample.
@@ -675,6 +680,7 @@ impl TopicSubscriber {
                 let encoded = |payload| Frame::Encoded {
                     epoch: header.epoch,
                     index: header.index,
+                    batch_rows: header.batch_rows.into(),
                     rows: header.rows,
                     payload,
                 };
@@ -704,6 +710,7 @@ impl TopicSubscriber {
                 Ok(Frame::Batch {
                     epoch: header.epoch,
                     index: header.index,
+                    batch_rows: header.batch_rows.into(),
                     batch,
                     shm_range: start..start + len,
                 })
@@ -862,11 +869,13 @@ impl sluice_core::Inlet<RecordBatch> for TopicSubscriber {
             Err(Frame::Batch {
                 epoch,
                 index,
+                batch_rows,
                 batch,
                 ..
             }) => Ok(sluice_core::Inbound::Batch {
                 epoch,
                 index,
+                batch_rows,
                 payload: batch,
             }),
             Err(Frame::Encoded { .. }) => Err(SluiceError::Internal(format!(

@@ -51,7 +51,7 @@ mod subscriber;
 pub use checkpoint::Checkpoint;
 pub use device::{DeviceBatch, DeviceColumn, DevicePart};
 pub use host_copy::HostCopier;
-pub use producer::{Producer, Progress, RunOptions, RunStats};
+pub use producer::{Producer, Progress, RunOptions, RunStats, auto_message_batches};
 pub use sluice_core::{Checksum, Columns, Position, Result, SluiceError};
 pub use sluice_plan::{Plan, Shard, SluiceOptions, StoreStats};
 pub use sluice_shm::Namespace;

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use arrow::record_batch::RecordBatch;
 use futures::StreamExt;
 use sluice_core::{Position, Result, Shaper, SluiceError, wire};
-use sluice_plan::{BatchStream, Plan, SluiceOptions, Window};
+use sluice_plan::{BatchStream, MessageBatches, Plan, SluiceOptions, Window};
 use sluice_shm::{Namespace, TopicConfig, TopicPublisher, message_bytes, planned_message_bytes};
 use tokio::runtime::Handle;
 
@@ -21,6 +21,12 @@ use crate::status::{ProducerReport, Reporter, unix_now};
 /// slots too) and of a topic with a lag limit (whose queues hold the limit), and the
 /// window of the topic `fail_before_start` creates to carry an error.
 const SHORT_WINDOW: usize = 4;
+/// About how large a message of several batches grows under `sluice.message_batches =
+/// 'auto'`: at 853 KiB per message a subscriber's fixed cost per message had become a
+/// small part of its cost per row (docs/benchmarks.md, "Several batches per message").
+const MESSAGE_TARGET_BYTES: usize = 1 << 20;
+/// The most batches a message carries under 'auto' (tiny batches).
+const MAX_MESSAGE_BATCHES: usize = 64;
 
 /// How a run behaves beyond what the plan file says.
 #[derive(Debug, Clone)]
@@ -177,13 +183,13 @@ impl Producer {
             first_error = skipped.err();
             if first_error.is_none() {
                 match source.next(handle) {
-                    Ok(Some((index, batch))) => {
+                    Ok(Some((index, batch, batches))) => {
                         // A device topic carries descriptors, not Arrow IPC.
                         let encoded = match device {
                             None => Some(encoder.encode(&batch)?),
                             Some(_) => None,
                         };
-                        first = Some((index, batch, encoded));
+                        first = Some((index, batch, batches, encoded));
                     }
                     Ok(None) => {}
                     Err(e) => first_error = Some(e),
@@ -191,13 +197,24 @@ impl Producer {
             }
         }
         let sizing = match (&device, &first) {
-            (Some(_), Some((_, batch, _))) => Some(crate::gpu::DeviceSizing::of(batch)?),
+            (Some(_), Some((_, batch, _, _))) => Some(crate::gpu::DeviceSizing::of(batch)?),
             _ => None,
         };
+        // The first message is one batch (a resumed run's first batches are passed over
+        // one at a time); from the next on, a message may carry several.
+        let (max_batches, batch_bytes) = match (&first, device.is_some()) {
+            (Some((_, batch, 1, Some(encoded))), false) => {
+                message_batches(&opts, encoded.len(), batch.num_rows())?
+            }
+            _ => (1, 0),
+        };
+        source.set_max_batches(max_batches);
         let max_message_bytes = match (&first, sizing) {
             // Descriptors have a bound: device messages never grow.
             (_, Some(sizing)) => message_bytes(sizing.footprint.descriptor_bytes),
-            (Some((_, _, Some(encoded))), None) => planned_message_bytes(encoded.len()),
+            (Some((_, _, _, Some(encoded))), None) => {
+                planned_message_bytes(encoded.len().max(batch_bytes.saturating_mul(max_batches)))
+            }
             _ => message_bytes(0),
         };
         let mut config = TopicConfig {
@@ -225,7 +242,7 @@ impl Producer {
         // The device ring is allocated before the topic exists: a ring over
         // sluice.device_memory fails here, with nothing to clean up.
         let mut stager = match (device, &first, sizing) {
-            (Some(device), Some((_, batch, _)), Some(sizing)) => Some(crate::gpu::stager(
+            (Some(device), Some((_, batch, _, _)), Some(sizing)) => Some(crate::gpu::stager(
                 device,
                 batch,
                 sizing,
@@ -237,7 +254,7 @@ impl Producer {
         let mut publisher = TopicPublisher::create(&self.namespace, config, options.stop.clone())?;
         let shm_bytes = publisher.config().shm_bytes();
         let mut checkpoint = CheckpointWriter::new(checkpoint_path, &topic, fingerprint)?;
-        tracing::info!(topic = %topic, shm_bytes, "publishing");
+        tracing::info!(topic = %topic, shm_bytes, max_batches, "publishing");
         let mut reporter = Reporter::new(&self.namespace, &topic, "producer");
         // Reports for `sluice status`: at most every REPORT_INTERVAL unless forced.
         let mut report = |state: &str,
@@ -296,15 +313,15 @@ impl Producer {
                     if options.stop.load(Ordering::Relaxed) {
                         return Err(SluiceError::Execution("the producer was stopped".into()));
                     }
-                    let (index, batch, encoded) = match first.take() {
+                    let (index, batch, batches, encoded) = match first.take() {
                         Some(first) => first,
                         None => match source.next(handle)? {
-                            Some((index, batch)) => {
+                            Some((index, batch, batches)) => {
                                 let encoded = match on_device {
                                     false => Some(encoder.encode(&batch)?),
                                     true => None,
                                 };
-                                (index, batch, encoded)
+                                (index, batch, batches, encoded)
                             }
                             None => break,
                         },
@@ -315,7 +332,21 @@ impl Producer {
                             // Batches already cut from one DataFusion batch follow at
                             // once: subscribers are woken once for them.
                             let more = source.has_ready();
-                            publisher.publish_batch_in_burst(epoch, index, rows, encoded, more)?;
+                            // `message_batches` keeps messages of one batch where the
+                            // size does not fit the header.
+                            let batch_rows = match batches {
+                                1 => 0,
+                                _ => u32::try_from(opts.batch_rows).map_err(|_| {
+                                    SluiceError::Internal(
+                                        "a message of several batches of more than \
+                                         u32::MAX rows each"
+                                            .into(),
+                                    )
+                                })?,
+                            };
+                            publisher.publish_batches_in_burst(
+                                epoch, index, rows, batch_rows, encoded, more,
+                            )?;
                             encoded.len() as u64
                         }
                         (None, Some(stager)) => {
@@ -337,15 +368,15 @@ impl Producer {
                             ));
                         }
                     };
-                    // The batch is in every live subscriber's queue: a restart may begin
-                    // after it.
-                    checkpoint.record(Position::new(epoch, index + 1), false)?;
-                    progress.batches += 1;
+                    // The batches are in every live subscriber's queue: a restart may
+                    // begin after them.
+                    checkpoint.record(Position::new(epoch, index + batches), false)?;
+                    progress.batches += batches;
                     progress.rows += rows;
                     progress.bytes += bytes;
                     progress.subscribers = publisher.subscribers();
                     on_progress(&progress);
-                    report("publishing", &publisher, &progress, index + 1, false);
+                    report("publishing", &publisher, &progress, index + batches, false);
                 }
                 publisher.publish_end_of_epoch(epoch, source.index, source.rows)?;
                 checkpoint.record(Position::new(epoch + 1, 0), true)?;
@@ -399,8 +430,41 @@ impl Producer {
     }
 }
 
-/// One epoch of the plan at a time, shaped into the published batches, with their
-/// index in the epoch.
+/// How many consecutive batches a message may carry (`sluice.message_batches`), and
+/// about how many bytes a full batch encodes to, from the first batch: under 'auto',
+/// about [`MESSAGE_TARGET_BYTES`] of batches, at most [`MAX_MESSAGE_BATCHES`], and one
+/// under a lag limit (which counts messages). A batch size that the frame header cannot
+/// carry (over `u32::MAX` rows) is one.
+fn message_batches(
+    opts: &SluiceOptions,
+    first_bytes: usize,
+    first_rows: usize,
+) -> Result<(usize, usize)> {
+    // A short first batch (a small epoch's only one) stands for a full one.
+    let per_batch = first_bytes
+        .saturating_mul(opts.batch_rows)
+        .checked_div(first_rows)
+        .unwrap_or(first_bytes)
+        .max(1);
+    if u32::try_from(opts.batch_rows).is_err() {
+        return Ok((1, per_batch));
+    }
+    let most = match opts.message_batches()? {
+        MessageBatches::Most(n) => n,
+        MessageBatches::Auto if opts.lag_limit > 0 => 1,
+        MessageBatches::Auto => auto_message_batches(per_batch),
+    };
+    Ok((most, per_batch))
+}
+
+/// The batches a message carries under `sluice.message_batches = 'auto'` (no lag limit,
+/// a host topic) when a batch encodes to `batch_bytes`: about 1 MiB of them, 1 to 64.
+pub fn auto_message_batches(batch_bytes: usize) -> usize {
+    (MESSAGE_TARGET_BYTES / batch_bytes.max(1)).clamp(1, MAX_MESSAGE_BATCHES)
+}
+
+/// One epoch of the plan at a time, shaped into the published messages, with the index
+/// of their first batch in the epoch.
 struct EpochSource<'a> {
     plan: &'a Plan,
     opts: &'a SluiceOptions,
@@ -409,8 +473,10 @@ struct EpochSource<'a> {
     shaper: Option<Shaper>,
     pending: VecDeque<RecordBatch>,
     done: bool,
-    /// Batches of the epoch produced so far (published or skipped).
+    /// Batches of the epoch produced so far (published or skipped), in `batch_rows`.
     index: u64,
+    /// Consecutive batches one message may carry (see [`message_batches`]).
+    max_batches: usize,
     /// Rows of the epoch produced so far (published or skipped).
     rows: u64,
     /// Time spent waiting for the plan (each epoch's stream, and its batches).
@@ -428,8 +494,17 @@ impl<'a> EpochSource<'a> {
             pending: VecDeque::new(),
             done: false,
             index: 0,
+            max_batches: 1,
             rows: 0,
             waited: Duration::ZERO,
+        }
+    }
+
+    /// Lets the messages from now on carry up to `max_batches` consecutive batches.
+    fn set_max_batches(&mut self, max_batches: usize) {
+        self.max_batches = max_batches.max(1);
+        if let Some(shaper) = &mut self.shaper {
+            shaper.set_max_batches(self.max_batches);
         }
     }
 
@@ -442,21 +517,31 @@ impl<'a> EpochSource<'a> {
         self.done = false;
         self.index = 0;
         self.rows = 0;
-        self.shaper = Some(Shaper::new(
-            self.opts.batch_rows,
-            epoch,
-            self.opts.shuffle(),
-        )?);
+        let mut shaper = Shaper::new(self.opts.batch_rows, epoch, self.opts.shuffle())?;
+        shaper.set_max_batches(self.max_batches);
+        self.shaper = Some(shaper);
         let asked = Instant::now();
         let stream = handle.block_on(self.plan.execute_epoch(epoch));
         self.waited += asked.elapsed();
         self.stream = Some(stream?);
         while self.index < skip {
-            if self.next(handle)?.is_none() {
+            let Some((index, message, batches)) = self.next(handle)? else {
                 return Err(SluiceError::Config(format!(
                     "the checkpoint is at batch {skip} of epoch {epoch}, but the epoch has only {} batches: the data changed since it was taken. Run without --resume to start over",
                     self.index
                 )));
+            };
+            if index + batches > skip {
+                // The checkpoint falls inside a message: its batches from there on are
+                // the next to publish.
+                let done = usize::try_from(skip - index)
+                    .unwrap_or(usize::MAX)
+                    .saturating_mul(self.opts.batch_rows)
+                    .min(message.num_rows());
+                let rest = message.slice(done, message.num_rows() - done);
+                self.index = skip;
+                self.rows -= rest.num_rows() as u64;
+                self.pending.push_front(rest);
             }
         }
         Ok(())
@@ -464,17 +549,19 @@ impl<'a> EpochSource<'a> {
 
     /// Whether the next batch is ready without running the plan further.
     fn has_ready(&self) -> bool {
-        !self.pending.is_empty()
+        !self.pending.is_empty() || self.shaper.as_ref().is_some_and(Shaper::has_ready)
     }
 
-    /// The next batch of the epoch, or `None` at its end.
-    fn next(&mut self, handle: &Handle) -> Result<Option<(u64, RecordBatch)>> {
+    /// The next message of the epoch: the index of its first batch, its rows, and how
+    /// many batches of `batch_rows` they are; `None` at the epoch's end.
+    fn next(&mut self, handle: &Handle) -> Result<Option<(u64, RecordBatch, u64)>> {
         loop {
             if let Some(batch) = self.pending.pop_front() {
                 let index = self.index;
-                self.index += 1;
+                let batches = batch.num_rows().div_ceil(self.opts.batch_rows).max(1) as u64;
+                self.index += batches;
                 self.rows += batch.num_rows() as u64;
-                return Ok(Some((index, batch)));
+                return Ok(Some((index, batch, batches)));
             }
             if self.done {
                 return Ok(None);
@@ -484,17 +571,22 @@ impl<'a> EpochSource<'a> {
                     "an epoch was read before it started".into(),
                 ));
             };
+            // Cut one message at a time: the limit on batches per message is set after
+            // the first (which sizes the topic), and applies to what is not cut yet.
+            if let Some(message) = shaper.next_ready()? {
+                self.pending.push_back(message);
+                continue;
+            }
             let asked = Instant::now();
             let next = handle.block_on(stream.next());
             self.waited += asked.elapsed();
-            let next = match next {
-                Some(batch) => shaper.push(batch?)?,
+            match next {
+                Some(batch) => shaper.add(batch?)?,
                 None => {
                     self.done = true;
-                    shaper.finish()?
+                    self.pending.extend(shaper.finish()?);
                 }
-            };
-            self.pending.extend(next);
+            }
         }
     }
 }

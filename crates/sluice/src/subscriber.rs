@@ -349,6 +349,7 @@ impl Subscriber {
             Frame::Batch {
                 epoch,
                 index,
+                batch_rows,
                 batch,
                 shm_range,
             } => {
@@ -367,6 +368,7 @@ impl Subscriber {
                 Inbound::Batch {
                     epoch,
                     index,
+                    batch_rows,
                     payload: Payload::Host(batch),
                 }
             }
@@ -378,6 +380,7 @@ impl Subscriber {
             } => Inbound::Batch {
                 epoch,
                 index,
+                batch_rows: 0,
                 payload: Payload::Device(DeviceBatch::from_sample(
                     payload,
                     rows,
