@@ -922,7 +922,7 @@ impl Report {
         writeln!(
             b,
             "\nPer-subscriber rate at N = 8: **{shown}** of N = 1 (target ≥ 0.90: {}). \
-             The topics' window: {} batches (`sluice.window = {}`).",
+             The topics' window: {} messages (`sluice.window = {}`).",
             verdict(target),
             sl[N8].first().map_or(0, |r| r.window),
             data::window_option(),
@@ -1067,11 +1067,14 @@ impl Report {
         writeln!(
             b,
             "The same batches (the plan's output, computed once, {bytes_per_row:.0} bytes per row as Arrow IPC) \
-             to N consumers. Sluice: a topic publisher encodes each batch and writes it once into shared memory \
-             (an epoch's batches as one burst, as a producer publishes what it has ready: idle subscribers are \
-             woken once per half window, not per batch), N subscribers decode it in place. Flight: an arrow-flight 59 server (tonic, 127.0.0.1, HTTP/2 \
+             to N consumers. Sluice: a topic publisher groups consecutive batches into messages as `sluice run` \
+             does (`sluice.message_batches = {}`), encodes each message and writes it once into shared memory \
+             (an epoch's messages as one burst, as a producer publishes what it has ready: idle subscribers are \
+             woken once per half window, not per message), N subscribers decode it in place and receive its \
+             batches one by one. Flight: an arrow-flight 59 server (tonic, 127.0.0.1, HTTP/2 \
              windows of 8 MiB) answers each client's `do_get` with the batches; N `FlightClient`s decode them. \
-             Baseline: Flight at the same N in the same repetition. Target: ≥ 10×.\n"
+             Baseline: Flight at the same N in the same repetition. Target: ≥ 10×.\n",
+            data::message_batches_option(),
         )?;
         writeln!(
             b,
@@ -1128,8 +1131,8 @@ impl Report {
         );
         writeln!(
             b,
-            "\nThe publisher's floor, same repetitions: one thread copying the same encoded batches, \
-             once each, into a ring as deep as the topic's window ({window} batches), what the publishing thread \
+            "\nThe publisher's floor, same repetitions: one thread copying the same encoded messages, \
+             once each, into a ring as deep as the topic's window ({window} messages), what the publishing thread \
              does at the least for every batch. {} rows/s ({:.2} GB/s). Sluice at N = 1 receives \
              **{}** of it per subscriber; 10× Flight at N = 4 would take **{}** of it per subscriber, \
              which one publishing thread {}.",
@@ -1610,7 +1613,7 @@ impl Report {
         )?;
         writeln!(
             b,
-            "| batch_rows | KiB per batch | window | Sluice CPU-s | independent CPU-s | Sluice / independent | subscribers' CPU µs per batch |"
+            "| batch_rows | KiB per batch | window (messages) | Sluice CPU-s | independent CPU-s | Sluice / independent | subscribers' CPU µs per batch |"
         )?;
         writeln!(b, "|---:|---:|---:|---:|---:|---:|---:|")?;
         let mut points = Vec::new();

@@ -359,7 +359,7 @@ impl<P: Rows> Receiver<P> {
                 batches,
                 rows,
             } => self.end_of_epoch(epoch, batches, rows),
-            Inbound::Reconnected => self.reconnecting(),
+            Inbound::Reconnected => self.reconnect_now(),
             Inbound::EndOfStream => {
                 if let Some(rebatcher) = &mut self.rebatcher {
                     self.ready.extend(rebatcher.finish()?);
@@ -405,6 +405,12 @@ impl<P: Rows> Receiver<P> {
     }
 
     fn batch(&mut self, epoch: u64, index: u64, payload: P) -> Result<()> {
+        if index == u64::MAX {
+            return Err(SluiceError::Corrupt(format!(
+                "a batch on topic '{}' at index {index}, past any epoch's end",
+                self.topic
+            )));
+        }
         if self.waiting_for_boundary {
             if index != 0 {
                 return Ok(());
@@ -474,6 +480,12 @@ impl<P: Rows> Receiver<P> {
     }
 
     fn end_of_epoch(&mut self, epoch: u64, batches: u64, rows: u64) -> Result<()> {
+        if epoch == u64::MAX {
+            return Err(SluiceError::Corrupt(format!(
+                "the end of epoch {epoch} on topic '{}', after which no epoch can follow",
+                self.topic
+            )));
+        }
         if self.waiting_for_boundary {
             self.waiting_for_boundary = false;
             return Ok(());
@@ -573,6 +585,23 @@ impl<P: Rows> Receiver<P> {
     /// messages can go, and the successor's messages are filtered so that this
     /// subscriber sees no duplicate and no gap.
     pub fn reconnecting(&mut self) -> Result<()> {
+        if !self.deferred.is_empty() {
+            // Batches of the old producer's last message are still to be judged: they
+            // go first, in memory of this process's own, then the reconnection.
+            for message in &mut self.deferred {
+                if let Inbound::Batch { payload, .. } = message
+                    && let Some(private) = payload.to_private()?
+                {
+                    *payload = private;
+                }
+            }
+            self.deferred.push_back(Inbound::Reconnected);
+            return Ok(());
+        }
+        self.reconnect_now()
+    }
+
+    fn reconnect_now(&mut self) -> Result<()> {
         if let Some(rebatcher) = &mut self.rebatcher {
             rebatcher.release_inputs(0)?;
         }
@@ -1163,6 +1192,52 @@ mod tests {
         assert!(ended);
         assert_eq!(seen[0].0, (0..6).collect::<Vec<u64>>());
         assert_eq!(seen[0].1, [2, 2, 2]);
+        assert!(seen[0].2.complete, "{:?}", seen[0].2);
+    }
+
+    #[test]
+    fn positions_past_the_last_are_corrupt_not_a_panic() {
+        for message in [
+            Inbound::Batch {
+                epoch: 0,
+                index: u64::MAX,
+                batch_rows: 0,
+                payload: Ids(vec![1]),
+            },
+            Inbound::EndOfEpoch {
+                epoch: u64::MAX,
+                batches: 1,
+                rows: 1,
+            },
+        ] {
+            let mut r = receiver(None, Join::Now, OnLag::Error);
+            r.push(Inbound::Batch {
+                epoch: 0,
+                index: 0,
+                batch_rows: 0,
+                payload: Ids(vec![0]),
+            })
+            .unwrap();
+            while r.poll().unwrap().is_some() {}
+            r.reconnecting().unwrap();
+            let err = r.push(message).unwrap_err();
+            assert!(matches!(err, SluiceError::Corrupt(_)), "{err}");
+        }
+    }
+
+    /// A transport that reports a reconnection while batches of the old producer's last
+    /// message wait: they go first, then the successor's stream, filtered.
+    #[test]
+    fn a_reconnection_waits_for_the_rest_of_the_last_message() {
+        let mut r = receiver(None, Join::Now, OnLag::Error);
+        let all = packed(&[(2, 8)], &[4]);
+        r.push(all.into_iter().next().unwrap()).unwrap();
+        let mut out = vec![r.poll().unwrap().unwrap()];
+        r.reconnecting().unwrap();
+        out.extend(run(&mut r, packed(&[(2, 8)], &[1])).unwrap());
+        let (seen, ended) = by_epoch(&out);
+        assert!(ended);
+        assert_eq!(seen[0].0, (0..8).collect::<Vec<u64>>());
         assert!(seen[0].2.complete, "{:?}", seen[0].2);
     }
 

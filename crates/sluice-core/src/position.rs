@@ -41,12 +41,12 @@ impl Position {
 
     /// The position after the batch at `self`.
     pub const fn next_batch(self) -> Self {
-        Self::new(self.epoch, self.index + 1)
+        Self::new(self.epoch, self.index.saturating_add(1))
     }
 
     /// The position after the end of this epoch.
     pub const fn next_epoch(self) -> Self {
-        Self::new(self.epoch + 1, 0)
+        Self::new(self.epoch.saturating_add(1), 0)
     }
 }
 
@@ -112,7 +112,10 @@ impl Resume {
 
     /// Judges the end of `epoch`, which had `batches` batches.
     pub fn end_of_epoch(&mut self, epoch: u64, batches: u64) -> Verdict {
-        self.judge(Position::new(epoch, batches), Position::new(epoch + 1, 0))
+        self.judge(
+            Position::new(epoch, batches),
+            Position::new(epoch, batches).next_epoch(),
+        )
     }
 
     fn judge(&mut self, at: Position, after: Position) -> Verdict {

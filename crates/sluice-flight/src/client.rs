@@ -244,7 +244,11 @@ async fn open(target: &FlightTarget, options: &ClientOptions) -> Result<FlightDa
             .map_err(|e| SluiceError::Config(format!("unusable token: {e}")))?;
         request.metadata_mut().insert("authorization", value);
     }
+    // A message carries as many bytes as the producer's (a batch, or several batches):
+    // tonic's default limit of 4 MiB would refuse larger ones that local subscribers
+    // take.
     let response = FlightServiceClient::new(channel)
+        .max_decoding_message_size(usize::MAX)
         .do_get(request)
         .await
         .map_err(|status| from_status(&status, target))?;

@@ -18,9 +18,9 @@ extensions_options! {
         pub shuffle_seed: Option<u64>, default = None
         /// Rows held by the shuffle buffer (memory is bounded by it); used with shuffle_seed.
         pub shuffle_buffer: usize, default = 8192
-        /// Batches a subscriber may have queued: how far the producer runs ahead of the slowest subscriber. 'auto': about 2 MiB of batches per CPU core (4 to 32 MiB), 4 to 128 batches, within an eighth of the free shared memory; 4 on a 'cuda:N' topic or with a lag limit.
+        /// Messages a subscriber may have queued: how far the producer runs ahead of the slowest subscriber. 'auto': about 2 MiB of messages per CPU core (4 to 32 MiB), 4 to 128 messages, within an eighth of the free shared memory; 4 on a 'cuda:N' topic or with a lag limit.
         pub window: String, default = "auto".to_string()
-        /// Consecutive batches the producer may send as one message where they are ready at once (cut from one DataFusion batch, without a copy); subscribers still receive batches of batch_rows, cut from the message. Every cost per message is then paid once for them all. 'auto': up to about 1 MiB per message, 64 batches at most; 1 on a 'cuda:N' topic or with a lag limit. 1: every batch alone (what plain Arrow Flight clients of `sluice serve --flight` then receive).
+        /// Consecutive batches the producer may send as one message where they are ready at once (cut from one DataFusion batch, without a copy); subscribers still receive batches of batch_rows, cut from the message. Every cost per message is then paid once for them all. 'auto': up to about 1 MiB per message, 64 batches at most, fewer where the topic would take more shared memory than with one batch per message and more than an eighth of the free /dev/shm; 1 on a 'cuda:N' topic or with a lag limit. 1: every batch alone (what plain Arrow Flight clients of `sluice serve --flight` then receive).
         pub message_batches: String, default = "auto".to_string()
         /// Most subscribers that can attach at once; sizes the shared memory.
         pub max_subscribers: usize, default = 16
@@ -28,9 +28,9 @@ extensions_options! {
         pub min_subscribers: usize, default = 0
         /// Seconds the producer waits, before its first batch, for subscribers that were already waiting for the topic to attach (they declare their interest; dead ones never count).
         pub attach_grace_s: f64, default = 10.0
-        /// Batches a subscriber may hold (borrowed, not yet dropped) at once.
+        /// Messages a subscriber may hold (batches borrowed, not yet dropped) at once; batches cut from one message count once.
         pub max_held: usize, default = 4
-        /// 0: the slowest subscriber sets the pace. Otherwise the producer waits for no one: a subscriber this many batches behind misses batches (and is detached, unless it asked to skip).
+        /// 0: the slowest subscriber sets the pace. Otherwise the producer waits for no one: a subscriber this many messages behind misses messages (and is detached, unless it asked to skip).
         pub lag_limit: usize, default = 0
         /// RANK/WORLD: read only shard RANK of WORLD (files and row groups split deterministically across nodes).
         pub shard: String, default = "0/1".to_string()
@@ -49,13 +49,13 @@ extensions_options! {
     }
 }
 
-/// `sluice.window`: how many batches a subscriber may have queued.
+/// `sluice.window`: how many messages a subscriber may have queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Window {
     /// Sized by the producer from the first batch's size, the machine's cores and the
     /// free shared memory (`sluice_shm::TopicConfig::auto_window`).
     Auto,
-    /// This many batches.
+    /// This many messages.
     Batches(usize),
 }
 

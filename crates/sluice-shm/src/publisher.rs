@@ -125,6 +125,17 @@ impl TopicConfig {
         Ok(grown)
     }
 
+    /// Whether this topic may take its size to carry larger messages than `single`, the
+    /// same topic with one batch per message (`sluice.message_batches`): it may take as
+    /// much as `single` takes, or up to an eighth of the free shared memory (`shm_free`
+    /// bytes), the share [`Self::auto_window`] keeps to. Messages of several batches
+    /// make every chunk larger, including those the subscribers may hold (which do not
+    /// shrink with the window), so where `/dev/shm` is small (a container's 64 MiB) the
+    /// producer keeps the messages of one batch that fitted before.
+    pub fn fits_beside(&self, single: &TopicConfig, shm_free: u64) -> bool {
+        self.shm_bytes() <= single.shm_bytes().max(shm_free / AUTO_SHM_SHARE)
+    }
+
     /// The window `sluice.window = 'auto'` gives this topic (its other fields set) on this
     /// machine: its CPU cores and the bytes free in `/dev/shm` now.
     ///

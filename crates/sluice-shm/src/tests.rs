@@ -189,6 +189,30 @@ fn a_topic_grows_for_a_larger_message_only_if_dev_shm_holds_it() {
     }
 }
 
+/// Messages of several batches may make a topic larger only where `/dev/shm` has room:
+/// up to what one batch per message takes, or an eighth of the free shared memory.
+#[test]
+fn larger_messages_fit_beside_single_batches_only_where_dev_shm_has_room() {
+    const MIB: usize = 1 << 20;
+    // The benchmark's 107 KiB batches, planned with half again; 9 of them per message.
+    let planned = |batches: usize| batches * 160 * 1024;
+    let sized = |batches: usize, shm_free: u64| {
+        let mut topic = config(1, 16, 4, planned(batches));
+        topic.window = topic.auto_window(2, shm_free);
+        topic
+    };
+    let plenty = 24 << 30;
+    let single = sized(1, plenty);
+    assert!(sized(9, plenty).fits_beside(&single, plenty));
+    assert!(sized(9, plenty).shm_bytes() > single.shm_bytes());
+    // A container's 64 MiB: only what fitted with one batch per message.
+    let small = 64 * MIB as u64;
+    let single = sized(1, small);
+    assert!(single.fits_beside(&single, small));
+    assert!(!sized(9, small).fits_beside(&single, small));
+    assert!(!sized(2, small).fits_beside(&single, small));
+}
+
 /// `sluice.window = 'auto'`: about 2 MiB of queue per core (4 to 32 MiB), 4 to 128
 /// messages, a power of two, within an eighth of the free shared memory.
 #[test]

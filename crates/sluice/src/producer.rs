@@ -11,7 +11,9 @@ use arrow::record_batch::RecordBatch;
 use futures::StreamExt;
 use sluice_core::{Position, Result, Shaper, SluiceError, wire};
 use sluice_plan::{BatchStream, MessageBatches, Plan, SluiceOptions, Window};
-use sluice_shm::{Namespace, TopicConfig, TopicPublisher, message_bytes, planned_message_bytes};
+use sluice_shm::{
+    Namespace, TopicConfig, TopicPublisher, message_bytes, planned_message_bytes, shm_available,
+};
 use tokio::runtime::Handle;
 
 use crate::checkpoint::{Checkpoint, CheckpointWriter};
@@ -202,43 +204,58 @@ impl Producer {
         };
         // The first message is one batch (a resumed run's first batches are passed over
         // one at a time); from the next on, a message may carry several.
-        let (max_batches, batch_bytes) = match (&first, device.is_some()) {
+        let (mut max_batches, batch_bytes) = match (&first, device.is_some()) {
             (Some((_, batch, 1, Some(encoded))), false) => {
                 message_batches(&opts, encoded.len(), batch.num_rows())?
             }
             _ => (1, 0),
         };
+        let window = opts.window()?;
+        if window == Window::Auto && device.is_none() && opts.lag_limit == 0 {
+            // A crashed predecessor's segments are not free space for long.
+            self.namespace.reclaim_dead();
+        }
+        // The topic planned for messages of `batches` batches, with its window.
+        let plan_topic = |batches: usize| -> Result<TopicConfig> {
+            let max_message_bytes = match (&first, sizing) {
+                // Descriptors have a bound: device messages never grow.
+                (_, Some(sizing)) => message_bytes(sizing.footprint.descriptor_bytes),
+                (Some((_, _, _, Some(encoded))), None) => {
+                    planned_message_bytes(encoded.len().max(batch_bytes.saturating_mul(batches)))
+                }
+                _ => message_bytes(0),
+            };
+            let mut config = TopicConfig {
+                topic: topic.clone(),
+                window: SHORT_WINDOW,
+                max_subscribers: opts.max_subscribers,
+                max_held: opts.max_held,
+                lag_limit: (opts.lag_limit > 0).then_some(opts.lag_limit),
+                max_message_bytes,
+            };
+            config.window = match window {
+                Window::Batches(n) => n,
+                // A `cuda:N` topic's chunks are also GPU slots (sluice.device_memory): its
+                // queues stay short.
+                Window::Auto if device.is_some() => SHORT_WINDOW,
+                // With a lag limit the queues hold the limit and bursts wake at once: the
+                // window sizes nothing.
+                Window::Auto if config.lag_limit.is_some() => SHORT_WINDOW,
+                Window::Auto => config.auto_window_here()?,
+            };
+            Ok(config)
+        };
+        let mut config = plan_topic(max_batches)?;
+        if max_batches > 1 && opts.message_batches()? == MessageBatches::Auto {
+            // Under 'auto', larger messages only where the shared memory has room.
+            let single = plan_topic(1)?;
+            let free = shm_available()?;
+            while max_batches > 1 && !config.fits_beside(&single, free) {
+                max_batches /= 2;
+                config = plan_topic(max_batches)?;
+            }
+        }
         source.set_max_batches(max_batches);
-        let max_message_bytes = match (&first, sizing) {
-            // Descriptors have a bound: device messages never grow.
-            (_, Some(sizing)) => message_bytes(sizing.footprint.descriptor_bytes),
-            (Some((_, _, _, Some(encoded))), None) => {
-                planned_message_bytes(encoded.len().max(batch_bytes.saturating_mul(max_batches)))
-            }
-            _ => message_bytes(0),
-        };
-        let mut config = TopicConfig {
-            topic: topic.clone(),
-            window: SHORT_WINDOW,
-            max_subscribers: opts.max_subscribers,
-            max_held: opts.max_held,
-            lag_limit: (opts.lag_limit > 0).then_some(opts.lag_limit),
-            max_message_bytes,
-        };
-        config.window = match opts.window()? {
-            Window::Batches(n) => n,
-            // A `cuda:N` topic's chunks are also GPU slots (sluice.device_memory): its
-            // queues stay short.
-            Window::Auto if device.is_some() => SHORT_WINDOW,
-            // With a lag limit the queues hold the limit and bursts wake at once: the
-            // window sizes nothing.
-            Window::Auto if config.lag_limit.is_some() => SHORT_WINDOW,
-            Window::Auto => {
-                // A crashed predecessor's segments are not free space for long.
-                self.namespace.reclaim_dead();
-                config.auto_window_here()?
-            }
-        };
         // The device ring is allocated before the topic exists: a ring over
         // sluice.device_memory fails here, with nothing to clean up.
         let mut stager = match (device, &first, sizing) {
@@ -720,5 +737,91 @@ impl Producer {
         publisher.publish_error(&message)?;
         publisher.drain(options.linger.min(Duration::from_secs(2)));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::AsArray;
+    use arrow::datatypes::Int64Type;
+
+    use super::*;
+
+    async fn plan(sql: &str) -> Plan {
+        Plan::from_sql("t.sql", sql).await.unwrap()
+    }
+
+    /// The first values of each message an epoch's source gives from `skip` on, and its
+    /// `(index, batches)`.
+    fn messages(sql: &str, max_batches: usize, skip: u64) -> Vec<(u64, u64, usize, i64)> {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let plan = rt.block_on(plan(sql));
+        let opts = plan.options().clone();
+        let mut source = EpochSource::new(&plan, &opts);
+        source.set_max_batches(max_batches);
+        source.start(rt.handle(), 0, skip).unwrap();
+        let mut out = Vec::new();
+        while let Some((index, batch, batches)) = source.next(rt.handle()).unwrap() {
+            let first = batch.column(0).as_primitive::<Int64Type>().value(0);
+            out.push((index, batches, batch.num_rows(), first));
+        }
+        assert_eq!(source.index, 10);
+        assert_eq!(source.rows, 95);
+        out
+    }
+
+    const SQL: &str = "SET sluice.batch_rows = 10;\n\
+                       SELECT value AS v FROM generate_series(1, 95)";
+
+    #[test]
+    fn an_epoch_goes_out_in_messages_of_whole_batches() {
+        assert_eq!(
+            messages(SQL, 4, 0),
+            // The short last batch goes alone: a message is whole batches but the last.
+            [(0, 4, 40, 1), (4, 4, 40, 41), (8, 1, 10, 81), (9, 1, 5, 91)]
+        );
+        let alone = messages(SQL, 1, 0);
+        assert_eq!(alone.len(), 10);
+        assert!(
+            alone
+                .iter()
+                .enumerate()
+                .all(|(i, m)| m.0 == i as u64 && m.1 == 1)
+        );
+    }
+
+    /// A checkpoint inside a message: the source resumes at its batch, not the message's.
+    #[test]
+    fn a_resumed_epoch_starts_at_its_checkpoint_inside_a_message() {
+        assert_eq!(
+            messages(SQL, 4, 3),
+            [
+                (3, 1, 10, 31),
+                (4, 4, 40, 41),
+                (8, 1, 10, 81),
+                (9, 1, 5, 91)
+            ]
+        );
+        assert_eq!(messages(SQL, 4, 9), [(9, 1, 5, 91)]);
+    }
+
+    #[test]
+    fn auto_sends_about_a_mebibyte_per_message_and_one_batch_under_a_lag_limit() {
+        let mut opts = SluiceOptions::default();
+        assert_eq!(
+            message_batches(&opts, 100 << 10, 1024).unwrap(),
+            (10, 100 << 10)
+        );
+        // A short first batch stands for a full one.
+        assert_eq!(
+            message_batches(&opts, 50 << 10, 512).unwrap(),
+            (10, 100 << 10)
+        );
+        assert_eq!(message_batches(&opts, 8 << 20, 1024).unwrap().0, 1);
+        assert_eq!(message_batches(&opts, 100, 1024).unwrap().0, 64);
+        opts.lag_limit = 8;
+        assert_eq!(message_batches(&opts, 100 << 10, 1024).unwrap().0, 1);
+        opts.message_batches = "3".into();
+        assert_eq!(message_batches(&opts, 100 << 10, 1024).unwrap().0, 3);
     }
 }
