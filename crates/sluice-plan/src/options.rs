@@ -20,7 +20,7 @@ extensions_options! {
         pub shuffle_buffer: usize, default = 8192
         /// Messages a subscriber may have queued: how far the producer runs ahead of the slowest subscriber. 'auto': about 2 MiB of messages per CPU core (4 to 32 MiB), 4 to 128 messages, within an eighth of the free shared memory; 4 on a 'cuda:N' topic or with a lag limit.
         pub window: String, default = "auto".to_string()
-        /// Consecutive batches the producer may send as one message where they are ready at once (cut from one DataFusion batch, without a copy); subscribers still receive batches of batch_rows, cut from the message. Every cost per message is then paid once for them all. 'auto': up to about 1 MiB per message, 64 batches at most, fewer where the topic would take more shared memory than with one batch per message and more than an eighth of the free /dev/shm; 1 on a 'cuda:N' topic or with a lag limit. 1: every batch alone (what plain Arrow Flight clients of `sluice serve --flight` then receive).
+        /// Consecutive batches the producer may send as one message where they are ready at once (cut from one DataFusion batch, without a copy); subscribers still receive batches of batch_rows, cut from the message. Every cost per message is then paid once for them all. 'auto': up to about 1 MiB per message, 64 batches at most, fewer where the topic would take more shared memory than with one batch per message and more than an eighth of the free /dev/shm; 1 on a 'cuda:N' or 'cuda_host:N' topic or with a lag limit. 1: every batch alone (what plain Arrow Flight clients of `sluice serve --flight` then receive).
         pub message_batches: String, default = "auto".to_string()
         /// Most subscribers that can attach at once; sizes the shared memory.
         pub max_subscribers: usize, default = 16
@@ -63,7 +63,7 @@ pub enum Window {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MessageBatches {
     /// Sized by the producer from the first batch's size: about 1 MiB per message, at
-    /// most 64 batches; one on a `cuda:N` topic or with a lag limit.
+    /// most 64 batches; one on a GPU topic or with a lag limit.
     Auto,
     /// At most this many.
     Most(usize),

@@ -450,7 +450,7 @@ impl Producer {
 /// How many consecutive batches a message may carry (`sluice.message_batches`), and
 /// about how many bytes a full batch encodes to, from the first batch: under 'auto',
 /// about [`MESSAGE_TARGET_BYTES`] of batches, at most [`MAX_MESSAGE_BATCHES`], and one
-/// under a lag limit (which counts messages). A batch size that the frame header cannot
+/// under a lag limit (which counts messages) or on a GPU topic. A batch size that the frame header cannot
 /// carry (over `u32::MAX` rows) is one.
 fn message_batches(
     opts: &SluiceOptions,
@@ -469,6 +469,10 @@ fn message_batches(
     let most = match opts.message_batches()? {
         MessageBatches::Most(n) => n,
         MessageBatches::Auto if opts.lag_limit > 0 => 1,
+        // A `cuda_host:N` topic's batches are copied to the GPU one by one: its messages
+        // stay one batch each until batches cut from one pinned sample have run on a
+        // device (docs/gpu.md).
+        MessageBatches::Auto if opts.device()? != sluice_core::DeviceSpec::Cpu => 1,
         MessageBatches::Auto => auto_message_batches(per_batch),
     };
     Ok((most, per_batch))
@@ -806,7 +810,7 @@ mod tests {
     }
 
     #[test]
-    fn auto_sends_about_a_mebibyte_per_message_and_one_batch_under_a_lag_limit() {
+    fn auto_sends_about_a_mebibyte_per_message_and_one_batch_on_a_gpu_or_under_a_lag_limit() {
         let mut opts = SluiceOptions::default();
         assert_eq!(
             message_batches(&opts, 100 << 10, 1024).unwrap(),
@@ -819,6 +823,9 @@ mod tests {
         );
         assert_eq!(message_batches(&opts, 8 << 20, 1024).unwrap().0, 1);
         assert_eq!(message_batches(&opts, 100, 1024).unwrap().0, 64);
+        opts.device = "cuda_host:0".into();
+        assert_eq!(message_batches(&opts, 100 << 10, 1024).unwrap().0, 1);
+        opts.device = "cpu".into();
         opts.lag_limit = 8;
         assert_eq!(message_batches(&opts, 100 << 10, 1024).unwrap().0, 1);
         opts.message_batches = "3".into();
