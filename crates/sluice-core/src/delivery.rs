@@ -248,9 +248,10 @@ pub struct Receiver<P> {
     rebatcher: Option<Rebatcher<P>>,
     ready: VecDeque<P>,
     pending_end: Option<Outbound<P>>,
-    /// Producer batches taken but not yet judged, in order: a batch of a new epoch that
-    /// arrived before the previous epoch's end (which is synthesized first), and the rest
-    /// of a message of several batches, cut one batch at a time.
+    /// Messages taken but not yet judged, in order: a batch of a new epoch that arrived
+    /// before the previous epoch's end (which is synthesized first), the rest of a
+    /// message of several batches (cut one batch at a time), and whatever was pushed or
+    /// reported (a reconnection) before a poll took those.
     deferred: VecDeque<Inbound<P>>,
     state: EpochState,
     total_rows: u64,
@@ -585,20 +586,41 @@ impl<P: Rows> Receiver<P> {
     /// messages can go, and the successor's messages are filtered so that this
     /// subscriber sees no duplicate and no gap.
     pub fn reconnecting(&mut self) -> Result<()> {
-        if !self.deferred.is_empty() {
-            // Batches of the old producer's last message are still to be judged: they
-            // go first, in memory of this process's own, then the reconnection.
-            for message in &mut self.deferred {
-                if let Inbound::Batch { payload, .. } = message
-                    && let Some(private) = payload.to_private()?
-                {
-                    *payload = private;
-                }
-            }
-            self.deferred.push_back(Inbound::Reconnected);
-            return Ok(());
+        let copied = self.copy_held();
+        if copied.is_err() {
+            self.closed = true;
+            return copied;
         }
-        self.reconnect_now()
+        if self.deferred.is_empty() {
+            self.resume.reconnecting();
+        } else {
+            // Batches of the old producer's last message are still to be judged (a push
+            // before the poll that would have taken them): they go first, then the
+            // successor's stream is filtered.
+            self.deferred.push_back(Inbound::Reconnected);
+        }
+        Ok(())
+    }
+
+    /// Copies every row this receiver still holds in a transport's memory, wherever it
+    /// waits: in the re-batcher, ready to hand out, or in a message not yet cut.
+    fn copy_held(&mut self) -> Result<()> {
+        if let Some(rebatcher) = &mut self.rebatcher {
+            rebatcher.release_inputs(0)?;
+        }
+        let deferred = self
+            .deferred
+            .iter_mut()
+            .filter_map(|message| match message {
+                Inbound::Batch { payload, .. } => Some(payload),
+                _ => None,
+            });
+        for payload in self.ready.iter_mut().chain(deferred) {
+            if let Some(private) = payload.to_private()? {
+                *payload = private;
+            }
+        }
+        Ok(())
     }
 
     fn reconnect_now(&mut self) -> Result<()> {
@@ -1239,6 +1261,81 @@ mod tests {
         assert!(ended);
         assert_eq!(seen[0].0, (0..8).collect::<Vec<u64>>());
         assert!(seen[0].2.complete, "{:?}", seen[0].2);
+    }
+
+    /// Rows that know whether they were copied out of the transport's memory.
+    #[derive(Debug, Clone)]
+    struct Held {
+        rows: usize,
+        private: bool,
+    }
+
+    impl Rows for Held {
+        fn num_rows(&self) -> usize {
+            self.rows
+        }
+        fn slice(&self, _offset: usize, len: usize) -> Self {
+            Self { rows: len, ..*self }
+        }
+        fn concat(parts: Vec<Self>) -> Result<Self> {
+            Ok(Self {
+                rows: parts.iter().map(|p| p.rows).sum(),
+                private: true,
+            })
+        }
+        fn to_private(&self) -> Result<Option<Self>> {
+            Ok(Some(Self {
+                private: true,
+                ..*self
+            }))
+        }
+    }
+
+    /// A reconnection copies out every row still held in the old producer's memory at
+    /// once, wherever it waits (the old topic must be let go before the successor can
+    /// create it), even while batches of its last message wait to be judged.
+    #[test]
+    fn a_reconnection_copies_out_what_waits_anywhere() {
+        let mut r = Receiver::new(ReceiverOptions {
+            topic: "t".into(),
+            batch_size: Some(3),
+            join: Join::Now,
+            on_lag: OnLag::Error,
+            max_held: 4,
+        })
+        .unwrap();
+        let message = |index| Inbound::Batch {
+            epoch: 0,
+            index,
+            batch_rows: 2,
+            payload: Held {
+                rows: 8,
+                private: false,
+            },
+        };
+        // Two messages pushed without polling: the second waits whole in `deferred`.
+        r.push(message(0)).unwrap();
+        r.push(message(4)).unwrap();
+        assert!(matches!(r.poll().unwrap(), Some(Outbound::Batch { .. })));
+        r.reconnecting().unwrap();
+        for message in &r.deferred {
+            if let Inbound::Batch { payload, .. } = message {
+                assert!(payload.private, "{message:?}");
+            }
+        }
+        assert!(r.ready.iter().all(|p| p.private));
+        let rebatcher = r.rebatcher.as_ref().unwrap();
+        assert!(rebatcher.pending_rows() > 0 && rebatcher.pending_inputs() == 0);
+        assert!(matches!(r.deferred.back(), Some(Inbound::Reconnected)));
+        // Everything still comes out, in 3-row batches (one row left for the epoch's end).
+        let mut rows = 3;
+        while let Some(out) = r.poll().unwrap() {
+            if let Outbound::Batch { payload, .. } = out {
+                assert_eq!(payload.rows, 3);
+                rows += payload.rows;
+            }
+        }
+        assert_eq!(rows + r.rebatcher.as_ref().unwrap().pending_rows(), 16);
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub struct TopicConfig {
     pub max_message_bytes: usize,
     /// `None`: the slowest subscriber sets the pace (queues hold `window` messages).
     /// `Some(n)`: queues hold `n` messages and the producer waits for no one: a
-    /// subscriber `n` batches behind misses the next batch. End-of-epoch, end-of-stream
+    /// subscriber `n` messages behind misses the next message. End-of-epoch, end-of-stream
     /// and error messages are always delivered.
     pub lag_limit: Option<usize>,
 }

@@ -211,8 +211,9 @@ impl Producer {
             _ => (1, 0),
         };
         let window = opts.window()?;
-        if window == Window::Auto && device.is_none() && opts.lag_limit == 0 {
-            // A crashed predecessor's segments are not free space for long.
+        if (window == Window::Auto || max_batches > 1) && device.is_none() && opts.lag_limit == 0 {
+            // A crashed predecessor's segments are not free space for long (the window
+            // and the size of messages are planned against what is free).
             self.namespace.reclaim_dead();
         }
         // The topic planned for messages of `batches` batches, with its window.

@@ -21,8 +21,9 @@ Producing from Python (a background thread of this process)::
 
 Batches stay valid for as long as anything refers to them (a pyarrow array, a numpy
 array): the shared-memory sample goes back to the producer when the last view is gone.
-A subscriber may hold at most ``sluice.max_held`` producer batches at once (a plan
-option, default 4); receiving more raises :class:`TransportError` and loses nothing.
+A subscriber may hold batches of at most ``sluice.max_held`` producer messages at once
+(a plan option, default 4; batches cut from one message count once); receiving more
+raises :class:`TransportError` and loses nothing.
 Keep longer-lived data as copies: ``batch.copy()``, or ``np.array(batch["x"])`` (while
 ``np.asarray(batch["x"])`` is a zero-copy view).
 Iterating a subscriber through the Arrow stream interface
