@@ -126,8 +126,10 @@ class PlanFactory:
 
     def plan(self, *, rows: int = 200, batch_rows: int = 50, epochs: int = 1,
              select: str = "SELECT id, x, vec, label, text FROM t", with_nulls: bool = False,
-             extra: str = "", name: str = "plan.sql") -> Path:
-        data = self.data(rows, with_nulls=with_nulls)
+             extra: str = "", name: str = "plan.sql", row_group_size: int = 50) -> Path:
+        # Row groups at least as long as several batches make DataFusion batches that the
+        # producer sends as messages of several batches (sluice.message_batches).
+        data = self.data(rows, with_nulls=with_nulls, row_group_size=row_group_size)
         text = (
             f"SET sluice.topic = '{self.topic}';\n"
             f"SET sluice.batch_rows = {batch_rows};\n"

@@ -131,12 +131,14 @@ def test_producer_wait_times_out_while_the_run_goes_on(plans):
     producer.close()
 
 
-def test_subscribers_waiting_in_threads_get_a_producer_started_after_them_whole(plans, ns):
+@pytest.mark.parametrize("row_group_size", [50, 20_011], ids=["one-batch-messages", "messages"])
+def test_subscribers_waiting_in_threads_get_a_producer_started_after_them_whole(
+        plans, ns, row_group_size):
     """Three threads wait in ``sluice.subscribe`` before a ``Producer`` of the same
     process starts, with no ``min_subscribers``: each gets every row (issue 13: the run
     used to finish before any of them attached)."""
     rows = 20_011
-    plan = plans.plan(rows=rows, batch_rows=500)
+    plan = plans.plan(rows=rows, batch_rows=500, row_group_size=row_group_size)
     received: dict[int, list[int]] = {}
     errors: list[BaseException] = []
 
@@ -184,9 +186,10 @@ print("done", flush=True)
 """
 
 
+@pytest.mark.parametrize("row_group_size", [50, 30_011], ids=["one-batch-messages", "messages"])
 @pytest.mark.parametrize("producer", ["python", "cli"])
 def test_subscriber_processes_started_before_a_producer_process_get_every_epoch_whole(
-        plans, ns, run_python, producer):
+        plans, ns, run_python, producer, row_group_size):
     """Two Python processes wait in ``sluice.subscribe`` (it waits in slices, to answer
     Ctrl-C) before a producer process starts (``sluice.Producer``, or ``sluice run``),
     with no ``min_subscribers``: both get every row of every epoch, the first included
@@ -196,7 +199,7 @@ def test_subscriber_processes_started_before_a_producer_process_get_every_epoch_
     if producer == "cli" and not cli:
         pytest.skip("SLUICE_CLI (the sluice binary, set by scripts/test-python.sh) is needed")
     rows = 30_011
-    plan = plans.plan(rows=rows, batch_rows=101, epochs=2)
+    plan = plans.plan(rows=rows, batch_rows=101, epochs=2, row_group_size=row_group_size)
     subs = [run_python(EPOCH_ROWS, plans.topic) for _ in range(2)]
     deadline = time.monotonic() + 20
     while waiting_subscribers(ns, plans.topic) < 2:

@@ -25,8 +25,18 @@ plan, topic = sys.argv[1], sys.argv[2]
 producer = sluice.Producer(plan, min_subscribers=2)
 a = sluice.subscribe(topic, timeout=30)
 b = sluice.subscribe(topic, timeout=30)
+# Skip batches to reach one cut from a message of several batches (the first message
+# of a run is always one batch alone).
+for _ in range(int(sys.argv[3])):
+    next(a), next(b)
 batch_a, batch_b = next(a), next(b)
 assert batch_a.shm_range is not None, "the batch must be zero-copy for this test"
+# The next batch of the same message shares its sample; a write to batch_a's values must
+# not show in it either.
+neighbour = next(a)
+if int(sys.argv[3]):
+    assert neighbour.shm_range == batch_a.shm_range, "not cut from one message"
+neighbour_before = pa.record_batch(neighbour).column("x").to_pylist()
 api = ctypes.pythonapi
 api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
@@ -45,18 +55,22 @@ for legacy in (True, False):
     assert list(values) == [-1.0] * len(batch_a), "the writer sees its own write"
     assert pa.record_batch(batch_a).column("x").to_pylist() == before, "its other views do not"
     assert pa.record_batch(batch_b).column("x").to_pylist() == before, "other subscribers do not"
+    assert pa.record_batch(neighbour).column("x").to_pylist() == neighbour_before, "nor its neighbour"
     del values, capsule
 print("ok", flush=True)
-del batch_a, batch_b
+del batch_a, batch_b, neighbour
 a.close()
 b.close()
 producer.close()
 """
 
 
-def test_a_write_through_a_dlpack_pointer_changes_a_private_copy_only(plans, run_python):
-    plan = plans.plan(rows=400, batch_rows=100)
-    child = run_python(WRITE_THROUGH_DLPACK, str(plan), plans.topic)
+@pytest.mark.parametrize("row_group_size, skip", [(50, 0), (400, 1)],
+                         ids=["one-batch-messages", "cut-from-a-message"])
+def test_a_write_through_a_dlpack_pointer_changes_a_private_copy_only(
+        plans, run_python, row_group_size, skip):
+    plan = plans.plan(rows=400, batch_rows=100, row_group_size=row_group_size)
+    child = run_python(WRITE_THROUGH_DLPACK, str(plan), plans.topic, str(skip))
     out, err = child.communicate(timeout=60)
     assert child.returncode == 0, f"exit {child.returncode} (-11 is SIGSEGV): {err}"
     assert out.strip() == "ok", err

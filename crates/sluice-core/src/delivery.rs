@@ -236,6 +236,22 @@ pub struct ReceiverOptions {
     pub max_held: usize,
 }
 
+/// What waits in a [`Receiver`] to be judged.
+#[derive(Debug)]
+enum Deferred<P> {
+    /// A message, as it came.
+    Message(Inbound<P>),
+    /// The batches of a message of several from row `offset` on, the first of them
+    /// batch `index`: the whole message stays, so that each batch is one slice of it.
+    Rest {
+        epoch: u64,
+        index: u64,
+        batch_rows: usize,
+        payload: P,
+        offset: usize,
+    },
+}
+
 /// The subscriber's state machine (see the module docs): push what arrived, poll what to
 /// show. Pure: it never blocks and does no I/O.
 #[derive(Debug)]
@@ -252,7 +268,7 @@ pub struct Receiver<P> {
     /// before the previous epoch's end (which is synthesized first), the rest of a
     /// message of several batches (cut one batch at a time), and whatever was pushed or
     /// reported (a reconnection) before a poll took those.
-    deferred: VecDeque<Inbound<P>>,
+    deferred: VecDeque<Deferred<P>>,
     state: EpochState,
     total_rows: u64,
     total_missed: u64,
@@ -293,7 +309,7 @@ impl<P: Rows> Receiver<P> {
                 return Ok(Some(end));
             }
             match self.deferred.pop_front() {
-                Some(message) => self.push_now(message)?,
+                Some(deferred) => self.push_now(deferred)?,
                 None if self.ended => return Ok(Some(Outbound::End)),
                 None => return Ok(None),
             }
@@ -310,13 +326,13 @@ impl<P: Rows> Receiver<P> {
     pub fn push(&mut self, message: Inbound<P>) -> Result<()> {
         if !self.deferred.is_empty() && !self.closed {
             // Pushed before `poll` took what was taken before: it waits its turn.
-            self.deferred.push_back(message);
+            self.deferred.push_back(Deferred::Message(message));
             return Ok(());
         }
-        self.push_now(message)
+        self.push_now(Deferred::Message(message))
     }
 
-    fn push_now(&mut self, message: Inbound<P>) -> Result<()> {
+    fn push_now(&mut self, deferred: Deferred<P>) -> Result<()> {
         if self.ended {
             return Err(SluiceError::Corrupt(format!(
                 "a message on topic '{}' after the end of its stream",
@@ -329,7 +345,16 @@ impl<P: Rows> Receiver<P> {
                 self.topic
             )));
         }
-        let result = self.take(message);
+        let result = match deferred {
+            Deferred::Message(message) => self.take(message),
+            Deferred::Rest {
+                epoch,
+                index,
+                batch_rows,
+                payload,
+                offset,
+            } => self.cut(epoch, index, batch_rows, payload, offset),
+        };
         if result.is_err() {
             self.closed = true;
         }
@@ -383,25 +408,47 @@ impl<P: Rows> Receiver<P> {
         else {
             return self.batch(epoch, index, payload);
         };
-        let next = index.checked_add(1).ok_or_else(|| {
-            SluiceError::Corrupt(format!(
-                "a message on topic '{}' claims batches past index {index}",
-                self.topic
-            ))
-        })?;
-        let rest = Inbound::Batch {
-            epoch,
-            index: next,
-            batch_rows,
-            payload: payload.slice(cut, rows - cut),
+        self.cut(epoch, index, cut, payload, 0)
+    }
+
+    /// Judges batch `index` of a message of several, the `batch_rows` rows of `payload`
+    /// from `offset` on (fewer if they are its last); what follows waits in `deferred`,
+    /// the whole message and where to go on, so that each batch is one slice of it.
+    fn cut(
+        &mut self,
+        epoch: u64,
+        index: u64,
+        batch_rows: usize,
+        payload: P,
+        offset: usize,
+    ) -> Result<()> {
+        let rows = payload.num_rows();
+        let len = batch_rows.min(rows.saturating_sub(offset));
+        let batch = payload.slice(offset, len);
+        let rest = match offset + len < rows {
+            false => None,
+            true => Some(Deferred::Rest {
+                epoch,
+                index: index.checked_add(1).ok_or_else(|| {
+                    SluiceError::Corrupt(format!(
+                        "a message on topic '{}' claims batches past index {index}",
+                        self.topic
+                    ))
+                })?,
+                batch_rows,
+                payload,
+                offset: offset + len,
+            }),
         };
         // `deferred` holds what came after this message (pushed before a poll), and, if
-        // this first batch opens a new epoch, the batch itself in front: the rest goes
-        // right after the batch.
+        // this batch opens a new epoch, the batch itself in front: the rest goes right
+        // after the batch.
         let after = self.deferred.len();
-        self.batch(epoch, index, payload.slice(0, cut))?;
-        let at = self.deferred.len() - after;
-        self.deferred.insert(at, rest);
+        self.batch(epoch, index, batch)?;
+        if let Some(rest) = rest {
+            let at = self.deferred.len() - after;
+            self.deferred.insert(at, rest);
+        }
         Ok(())
     }
 
@@ -444,12 +491,12 @@ impl<P: Rows> Receiver<P> {
             self.state.ended = true;
             // Taken again by `poll` once the end is out (judging it again is harmless:
             // the resume filter delivers a position it just delivered).
-            self.deferred.push_front(Inbound::Batch {
+            self.deferred.push_front(Deferred::Message(Inbound::Batch {
                 epoch,
                 index,
                 batch_rows: 0,
                 payload,
-            });
+            }));
             return Ok(());
         }
         if self.state.epoch != Some(epoch) || self.state.ended {
@@ -597,7 +644,8 @@ impl<P: Rows> Receiver<P> {
             // Batches of the old producer's last message are still to be judged (a push
             // before the poll that would have taken them): they go first, then the
             // successor's stream is filtered.
-            self.deferred.push_back(Inbound::Reconnected);
+            self.deferred
+                .push_back(Deferred::Message(Inbound::Reconnected));
         }
         Ok(())
     }
@@ -608,12 +656,23 @@ impl<P: Rows> Receiver<P> {
         if let Some(rebatcher) = &mut self.rebatcher {
             rebatcher.release_inputs(0)?;
         }
+        for deferred in &mut self.deferred {
+            if let Deferred::Rest {
+                payload, offset, ..
+            } = deferred
+            {
+                // Only the rows still to come are copied.
+                *payload = payload.slice(*offset, payload.num_rows() - *offset);
+                *offset = 0;
+            }
+        }
         let deferred = self
             .deferred
             .iter_mut()
-            .filter_map(|message| match message {
-                Inbound::Batch { payload, .. } => Some(payload),
-                _ => None,
+            .filter_map(|deferred| match deferred {
+                Deferred::Message(Inbound::Batch { payload, .. })
+                | Deferred::Rest { payload, .. } => Some(payload),
+                Deferred::Message(_) => None,
             });
         for payload in self.ready.iter_mut().chain(deferred) {
             if let Some(private) = payload.to_private()? {
@@ -1318,15 +1377,20 @@ mod tests {
         r.push(message(4)).unwrap();
         assert!(matches!(r.poll().unwrap(), Some(Outbound::Batch { .. })));
         r.reconnecting().unwrap();
-        for message in &r.deferred {
-            if let Inbound::Batch { payload, .. } = message {
-                assert!(payload.private, "{message:?}");
+        for deferred in &r.deferred {
+            if let Deferred::Message(Inbound::Batch { payload, .. })
+            | Deferred::Rest { payload, .. } = deferred
+            {
+                assert!(payload.private, "{deferred:?}");
             }
         }
         assert!(r.ready.iter().all(|p| p.private));
         let rebatcher = r.rebatcher.as_ref().unwrap();
         assert!(rebatcher.pending_rows() > 0 && rebatcher.pending_inputs() == 0);
-        assert!(matches!(r.deferred.back(), Some(Inbound::Reconnected)));
+        assert!(matches!(
+            r.deferred.back(),
+            Some(Deferred::Message(Inbound::Reconnected))
+        ));
         // Everything still comes out, in 3-row batches (one row left for the epoch's end).
         let mut rows = 3;
         while let Some(out) = r.poll().unwrap() {

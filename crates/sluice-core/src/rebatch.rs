@@ -548,6 +548,19 @@ mod tests {
         assert!(Rebatcher::<RecordBatch>::new(0).is_err());
     }
 
+    /// Input batches of `sizes` rows whose ids follow on from one another.
+    fn consecutive(sizes: &[usize], make: fn(i64, usize) -> RecordBatch) -> Vec<RecordBatch> {
+        let mut start = 0i64;
+        sizes
+            .iter()
+            .map(|&n| {
+                let b = make(start, n);
+                start += n as i64;
+                b
+            })
+            .collect()
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
         #[test]
@@ -555,13 +568,7 @@ mod tests {
             target in 1usize..300,
             sizes in proptest::collection::vec(0usize..500, 0..20),
         ) {
-            let mut start = 0i64;
-            let inputs: Vec<_> = sizes.iter().map(|&n| {
-                let b = rich(start, n);
-                start += n as i64;
-                b
-            }).collect();
-            assert_rebatched(target, inputs);
+            assert_rebatched(target, consecutive(&sizes, rich));
         }
 
         #[test]
@@ -570,12 +577,7 @@ mod tests {
             max_batches in 1usize..10,
             sizes in proptest::collection::vec(0usize..500, 0..20),
         ) {
-            let mut start = 0i64;
-            let inputs: Vec<_> = sizes.iter().map(|&n| {
-                let b = ints(start, n);
-                start += n as i64;
-                b
-            }).collect();
+            let inputs = consecutive(&sizes, ints);
             let input_values: Vec<_> = inputs
                 .iter()
                 .map(|b| {

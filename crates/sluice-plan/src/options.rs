@@ -69,6 +69,20 @@ pub enum MessageBatches {
     Most(usize),
 }
 
+/// `sluice.<key>` given as 'auto' (`None`) or a positive count.
+fn auto_or_count(key: &str, value: &str) -> Result<Option<usize>> {
+    let text = value.trim();
+    if text.eq_ignore_ascii_case("auto") {
+        return Ok(None);
+    }
+    match text.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(Some(n)),
+        _ => Err(SluiceError::Config(format!(
+            "sluice.{key} must be 'auto' or a number of batches (at least 1), not '{value}'"
+        ))),
+    }
+}
+
 impl ConfigExtension for SluiceOptions {
     const PREFIX: &'static str = "sluice";
 }
@@ -195,33 +209,13 @@ impl SluiceOptions {
 
     /// The validated `sluice.window`.
     pub fn window(&self) -> Result<Window> {
-        let text = self.window.trim();
-        if text.eq_ignore_ascii_case("auto") {
-            return Ok(Window::Auto);
-        }
-        match text.parse::<usize>() {
-            Ok(n) if n >= 1 => Ok(Window::Batches(n)),
-            _ => Err(SluiceError::Config(format!(
-                "sluice.window must be 'auto' or a number of batches (at least 1), not '{}'",
-                self.window
-            ))),
-        }
+        Ok(auto_or_count("window", &self.window)?.map_or(Window::Auto, Window::Batches))
     }
 
     /// The validated `sluice.message_batches`.
     pub fn message_batches(&self) -> Result<MessageBatches> {
-        let text = self.message_batches.trim();
-        if text.eq_ignore_ascii_case("auto") {
-            return Ok(MessageBatches::Auto);
-        }
-        match text.parse::<usize>() {
-            Ok(n) if n >= 1 => Ok(MessageBatches::Most(n)),
-            _ => Err(SluiceError::Config(format!(
-                "sluice.message_batches must be 'auto' or a number of batches (at least 1), \
-                 not '{}'",
-                self.message_batches
-            ))),
-        }
+        Ok(auto_or_count("message_batches", &self.message_batches)?
+            .map_or(MessageBatches::Auto, MessageBatches::Most))
     }
 
     /// The validated `sluice.read_ahead`: bytes a remote Parquet scan fetches ahead of

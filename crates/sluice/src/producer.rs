@@ -257,6 +257,9 @@ impl Producer {
             }
         }
         source.set_max_batches(max_batches);
+        // The header's `batch_rows` of a message of several batches (`message_batches`
+        // keeps one batch per message where the size does not fit it).
+        let header_batch_rows = u32::try_from(opts.batch_rows).unwrap_or(0);
         // The device ring is allocated before the topic exists: a ring over
         // sluice.device_memory fails here, with nothing to clean up.
         let mut stager = match (device, &first, sizing) {
@@ -350,18 +353,7 @@ impl Producer {
                             // Batches already cut from one DataFusion batch follow at
                             // once: subscribers are woken once for them.
                             let more = source.has_ready();
-                            // `message_batches` keeps messages of one batch where the
-                            // size does not fit the header.
-                            let batch_rows = match batches {
-                                1 => 0,
-                                _ => u32::try_from(opts.batch_rows).map_err(|_| {
-                                    SluiceError::Internal(
-                                        "a message of several batches of more than \
-                                         u32::MAX rows each"
-                                            .into(),
-                                    )
-                                })?,
-                            };
+                            let batch_rows = if batches > 1 { header_batch_rows } else { 0 };
                             publisher.publish_batches_in_burst(
                                 epoch, index, rows, batch_rows, encoded, more,
                             )?;
