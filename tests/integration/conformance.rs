@@ -62,6 +62,30 @@ fn topic(n: usize) -> (TestNamespace, TopicName, TopicPublisher) {
     (guard, topic, publisher)
 }
 
+/// A topic's publisher that, after the end of the stream, waits until every subscriber
+/// has taken everything, as a producer does before it lets go (`Producer::run` drains
+/// for its `linger`). iceoryx2 maps a publisher's segment on a subscriber's first
+/// receive from it, so a publisher dropped before then takes what it queued with it: a
+/// stream of empty epochs is only end-of-epoch messages, which the producer can send
+/// and let go of before the subscriber's first receive.
+struct Draining(TopicPublisher);
+
+impl Outlet<RecordBatch> for Draining {
+    fn batch(&mut self, epoch: u64, index: u64, payload: &RecordBatch) -> sluice::core::Result<()> {
+        self.0.batch(epoch, index, payload)
+    }
+
+    fn end_of_epoch(&mut self, epoch: u64, batches: u64, rows: u64) -> sluice::core::Result<()> {
+        self.0.end_of_epoch(epoch, batches, rows)
+    }
+
+    fn end_of_stream(&mut self, epochs: u64) -> sluice::core::Result<()> {
+        self.0.end_of_stream(epochs)?;
+        self.0.drain(Duration::from_secs(30));
+        Ok(())
+    }
+}
+
 /// Waits until `n` subscribers are attached, as a producer does before its first batch.
 fn attached(publisher: &TopicPublisher, n: usize) {
     publisher
@@ -80,7 +104,7 @@ fn shared_memory(n: usize) -> (Outlets, Inlets, Keep) {
         })
         .collect();
     attached(&publisher, n);
-    (Box::new(publisher), inlets, Box::new(ns))
+    (Box::new(Draining(publisher)), inlets, Box::new(ns))
 }
 
 /// Shared memory on this node, read through `sluice serve --flight`'s server by remote
@@ -118,7 +142,11 @@ fn arrow_flight(n: usize) -> (Outlets, Inlets, Keep) {
         })
         .collect();
     attached(&publisher, n);
-    (Box::new(publisher), inlets, Box::new((server, ns)))
+    (
+        Box::new(Draining(publisher)),
+        inlets,
+        Box::new((server, ns)),
+    )
 }
 
 /// Rows `first..first + n` as one column of ids.
