@@ -777,7 +777,10 @@ impl TopicPublisher {
     }
 
     /// Waits (bounded by `timeout`) until every subscriber has read everything, so that a
-    /// clean exit does not cut off the end of the stream.
+    /// clean exit does not cut off the end of the stream. Call it before dropping the
+    /// publisher: what it queued for a subscriber that has not received from it yet goes
+    /// with it (iceoryx2 maps a publisher's segment on a subscriber's first receive from
+    /// it), and that subscriber gets [`SluiceError::ProducerLost`](sluice_core::SluiceError::ProducerLost).
     pub fn drain(&self, timeout: Duration) {
         let start = Instant::now();
         // Subscribers detach after the end of the stream; dead ones are reclaimed (every

@@ -1047,3 +1047,27 @@ fn a_forked_child_neither_uses_nor_lets_go_of_its_parents_ports() {
     }
     ns.purge();
 }
+
+/// What a publisher queued for a subscriber that has not received from it yet goes with
+/// the publisher (iceoryx2 maps a publisher's segment on a subscriber's first receive
+/// from it), so a publisher drains before it lets go: then nothing is lost.
+#[test]
+fn a_publisher_that_drains_loses_nothing_a_subscriber_has_not_received_yet() {
+    let ns = namespace("drain");
+    let (mut publisher, mut sub) = pair(&ns, "drain");
+    publisher.publish_end_of_epoch(0, 0, 0).unwrap();
+    publisher.publish_end_of_stream(1).unwrap();
+    let subscriber = std::thread::spawn(move || {
+        // Its first receive comes after the publisher has published everything.
+        std::thread::sleep(Duration::from_millis(200));
+        (recv(&mut sub), recv(&mut sub))
+    });
+    publisher.drain(Duration::from_secs(30));
+    drop(publisher);
+    let (first, second) = subscriber.join().unwrap();
+    assert!(
+        matches!(first, Ok(Frame::EndOfEpoch { epoch: 0, .. })),
+        "{first:?}"
+    );
+    assert!(matches!(second, Ok(Frame::EndOfStream)), "{second:?}");
+}
