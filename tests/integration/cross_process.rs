@@ -806,6 +806,74 @@ fn a_restarted_producer_waits_for_a_slow_trainer_to_take_what_was_queued() {
     );
 }
 
+/// A checkpoint resumed with settings that order the batches differently is refused with
+/// what to set, instead of publishing other batches at the positions subscribers already
+/// have: here `datafusion.execution.target_partitions`, which defaults to the machine's
+/// cores (a producer restarted in a container with other cores, or under `taskset`,
+/// splits the files into other partitions). With the setting pinned in the plan, the
+/// resume delivers every row exactly once.
+#[test]
+fn a_resume_with_other_partitions_is_refused_and_says_what_to_set() {
+    let mut h = Harness::new();
+    h.dataset(4_000);
+    let sql = |partitions: usize| {
+        plan_sql(
+            "pinned",
+            &format!(
+                "SET sluice.batch_rows = 40; SET sluice.epochs = 2; SET sluice.window = 4; \
+                 SET sluice.message_batches = 1; \
+                 SET datafusion.execution.target_partitions = {partitions};"
+            ),
+            QUERY,
+        )
+    };
+    let plan = h.plan("p.sql", &sql(2));
+    let (rows, sum) = h.source_checksum(&plan);
+    let trainer = h.spawn(&[
+        "subscribe",
+        "pinned",
+        "--json",
+        "--timeout",
+        "60",
+        "--reconnect",
+        "60",
+        "--delay-ms",
+        "20",
+    ]);
+    let first = h.spawn_producer(1, &[]);
+    // Killed in the middle of the stream, held back by the slow trainer's short queue
+    // (a run that has published everything removes its checkpoint).
+    let start = Instant::now();
+    let checkpoint = h.ns.state_dir().join("pinned.checkpoint.json");
+    while !checkpoint.exists() {
+        assert!(start.elapsed() < LIMIT, "no checkpoint was written");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    first.kill9();
+    first.wait(LIMIT);
+
+    h.plan("p.sql", &sql(3));
+    let refused = h.run(&["run", "p.sql", "--quiet", "--resume"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", refused.stderr);
+    assert!(
+        refused
+            .stderr
+            .contains("datafusion.execution.target_partitions was '2' and is now '3'")
+            && refused
+                .stderr
+                .contains("SET datafusion.execution.target_partitions = '2';"),
+        "{}",
+        refused.stderr
+    );
+
+    h.plan("p.sql", &sql(2));
+    let second = h.spawn(&["run", "p.sql", "--quiet", "--resume"]);
+    assert_exactly_once(&trainer.wait(LIMIT), 2, rows, &sum);
+    let out = second.wait(LIMIT);
+    assert!(out.status.success(), "{}", out.stderr);
+}
+
 /// Subscribers killed with SIGKILL at random moments never hold the others hostage:
 /// the survivors receive every epoch exactly once, and the longest wait between two of
 /// their batches (the stall a death causes) is reported. Repeated with a fixed seed.

@@ -365,16 +365,53 @@ impl Plan {
         &mut self.options
     }
 
-    /// What decides the sequence of batches the plan produces: the query, the batch size
-    /// and the shuffle. Two plans with the same fingerprint over the same data publish
-    /// the same batches, so a checkpoint taken by one can be resumed by the other.
+    /// What decides the sequence of batches the plan produces: the query, the batch size,
+    /// the shuffle and the [`Plan::sequence_settings`]. Two plans with the same
+    /// fingerprint over the same data publish the same batches, so a checkpoint taken by
+    /// one can be resumed by the other.
     pub fn fingerprint(&self) -> String {
-        format!(
+        use std::fmt::Write;
+        let mut out = format!(
             "{}\nbatch_rows={} shuffle={:?}",
             self.query.display_indent_schema(),
             self.options.batch_rows,
             self.options.shuffle()
-        )
+        );
+        for (key, value) in self.sequence_settings() {
+            let _ = write!(out, "\n{key}={value}");
+        }
+        out
+    }
+
+    /// The settings beyond the query that decide the order of its batches, as this run
+    /// has them, by name: DataFusion's execution and optimizer options, and
+    /// `sluice.shard`.
+    ///
+    /// Batches are taken round-robin from the partitions ([`Plan::execute_epoch`]), so
+    /// the order of rows depends on how the files are split into partitions
+    /// (`datafusion.execution.target_partitions`, which defaults to this machine's
+    /// cores, and the optimizer's repartitioning options) and on the rows of each
+    /// DataFusion batch (`datafusion.execution.batch_size`). A producer that resumes a
+    /// checkpoint with any of them changed would publish different batches at the
+    /// positions its subscribers already have. `planning_concurrency` is left out: it
+    /// also defaults to the cores, but only says how many files are planned at once.
+    pub fn sequence_settings(&self) -> Vec<(String, String)> {
+        let mut settings: Vec<(String, String)> = self
+            .ctx
+            .state()
+            .config_options()
+            .entries()
+            .into_iter()
+            .filter(|e| {
+                (e.key.starts_with("datafusion.execution.")
+                    || e.key.starts_with("datafusion.optimizer."))
+                    && e.key != "datafusion.execution.planning_concurrency"
+            })
+            .map(|e| (e.key, e.value.unwrap_or_default()))
+            .collect();
+        settings.push(("sluice.shard".into(), self.options.shard.clone()));
+        settings.sort();
+        settings
     }
 
     /// The Arrow schema of the stream.

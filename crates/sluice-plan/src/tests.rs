@@ -155,6 +155,52 @@ async fn execution_order_is_the_same_on_every_run() {
     assert!(orders.windows(2).all(|w| w[0] == w[1]));
 }
 
+/// The ids of one epoch, in the order the plan yields them.
+async fn order(plan: &Plan) -> Vec<i64> {
+    let mut s = plan.execute_epoch(0).await.unwrap();
+    let mut ids = Vec::new();
+    while let Some(b) = s.next().await {
+        let b = b.unwrap();
+        let col = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+        ids.extend(col.values().iter().copied());
+    }
+    ids
+}
+
+/// The same query orders its rows differently with other partitions or another DataFusion
+/// batch size (batches are taken round-robin from the partitions), so both are part of
+/// the fingerprint that a resumed checkpoint must match, and are named among the
+/// settings that order the batches.
+#[tokio::test]
+async fn settings_that_order_the_rows_are_in_the_fingerprint() {
+    let dir = dataset();
+    let plan = |partitions: usize, batch: usize| {
+        let sql = format!(
+            "SET datafusion.execution.target_partitions = {partitions};\n\
+             SET datafusion.execution.batch_size = {batch};\n\
+             CREATE EXTERNAL TABLE src STORED AS PARQUET LOCATION '{}/pq/';\nSELECT id FROM src",
+            dir.path().display()
+        );
+        async move { Plan::from_sql("p.sql", &sql).await.unwrap() }
+    };
+    // Below the files' row groups of 77 rows, which end a DataFusion batch anyway.
+    let base = plan(2, 10).await;
+    let (partitions, batch) = (plan(1, 10).await, plan(2, 30).await);
+    // Each change is one that matters: the rows come in another order.
+    assert_ne!(order(&base).await, order(&partitions).await);
+    assert_ne!(order(&base).await, order(&batch).await);
+    assert_eq!(base.fingerprint(), plan(2, 10).await.fingerprint());
+    assert_ne!(base.fingerprint(), partitions.fingerprint());
+    assert_ne!(base.fingerprint(), batch.fingerprint());
+
+    let settings: std::collections::BTreeMap<_, _> = base.sequence_settings().into_iter().collect();
+    assert_eq!(settings["datafusion.execution.target_partitions"], "2");
+    assert_eq!(settings["datafusion.execution.batch_size"], "10");
+    assert_eq!(settings["sluice.shard"], "0/1");
+    // Planning concurrency also follows the cores, but orders nothing.
+    assert!(!settings.contains_key("datafusion.execution.planning_concurrency"));
+}
+
 #[tokio::test]
 async fn syntax_errors_name_line_and_column() {
     let (line, col, msg) =

@@ -9,6 +9,7 @@
 //! ([`sluice_core::position::Resume`]). A run that ends, fails or is stopped removes its
 //! checkpoint: only a crash leaves one behind.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,8 @@ use sluice_shm::Namespace;
 /// How often, at most, a checkpoint is written while batches flow.
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 
-const VERSION: u32 = 1;
+/// Version 2 added `settings`, and the settings to the plan's fingerprint.
+const VERSION: u32 = 2;
 
 /// The saved state of a run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,6 +32,12 @@ pub struct Checkpoint {
     pub topic: String,
     /// Hash of the plan's fingerprint ([`sluice_plan::Plan::fingerprint`]).
     pub plan: String,
+    /// The settings beyond the query that decide the order of batches, as the run that
+    /// took it had them ([`sluice_plan::Plan::sequence_settings`]): a resume that differs
+    /// is told which to set. (Absent from version 1, which `load` then refuses by its
+    /// version.)
+    #[serde(default)]
+    pub settings: BTreeMap<String, String>,
     /// The next epoch to publish.
     pub epoch: u64,
     /// The next batch of that epoch to publish.
@@ -77,14 +85,63 @@ impl Checkpoint {
         Ok(Some(checkpoint))
     }
 
-    /// Checks that this checkpoint was taken by the same plan on the same topic.
-    pub fn check(&self, path: &Path, topic: &TopicName, plan: &str) -> Result<()> {
-        if self.topic != topic.as_str() || self.plan != plan {
+    /// Checks that this checkpoint was taken by the same plan, with the same
+    /// [`sluice_plan::Plan::sequence_settings`] (`settings`), on the same topic.
+    pub fn check(
+        &self,
+        path: &Path,
+        topic: &TopicName,
+        plan: &str,
+        settings: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        if self.topic != topic.as_str() {
             return Err(SluiceError::Config(format!(
-                "checkpoint {} was taken by another plan or topic ('{}'); resuming it would publish \
-                 different batches. Run without --resume to start over, or pass the plan that took it",
+                "checkpoint {} was taken on topic '{}', not '{topic}'. Run without --resume to \
+                 start over, or pass the plan that took it",
                 path.display(),
                 self.topic
+            )));
+        }
+        // Settings of one run and not the other count as changed too.
+        let changed: Vec<String> = self
+            .settings
+            .keys()
+            .chain(settings.keys())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .filter(|key| self.settings.get(*key) != settings.get(*key))
+            .map(|key| {
+                let show =
+                    |v: Option<&String>| v.map_or("(none)".to_string(), |v| format!("'{v}'"));
+                format!(
+                    "{key} was {} and is now {}",
+                    show(self.settings.get(key)),
+                    show(settings.get(key))
+                )
+            })
+            .collect();
+        if !changed.is_empty() {
+            let pins: Vec<String> = self
+                .settings
+                .iter()
+                .filter(|(key, value)| settings.get(*key) != Some(value))
+                .map(|(key, value)| format!("SET {key} = '{value}';"))
+                .collect();
+            return Err(SluiceError::Config(format!(
+                "checkpoint {} was taken with other settings, which order the batches \
+                 differently: {}. Resuming would publish different batches at the positions \
+                 subscribers already have. To resume, put `{}` in the plan (target_partitions \
+                 defaults to this machine's cores); or run without --resume to start over",
+                path.display(),
+                changed.join("; "),
+                pins.join(" ")
+            )));
+        }
+        if self.plan != plan {
+            return Err(SluiceError::Config(format!(
+                "checkpoint {} was taken by another plan; resuming it would publish different \
+                 batches. Run without --resume to start over, or pass the plan that took it",
+                path.display()
             )));
         }
         Ok(())
@@ -98,11 +155,17 @@ pub(crate) struct CheckpointWriter {
     tmp: PathBuf,
     topic: String,
     plan: String,
+    settings: BTreeMap<String, String>,
     last: Option<Instant>,
 }
 
 impl CheckpointWriter {
-    pub(crate) fn new(path: PathBuf, topic: &TopicName, plan: String) -> Result<Self> {
+    pub(crate) fn new(
+        path: PathBuf,
+        topic: &TopicName,
+        plan: String,
+        settings: BTreeMap<String, String>,
+    ) -> Result<Self> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             use std::os::unix::fs::DirBuilderExt;
             // Owner-only, like everything else of a namespace.
@@ -124,6 +187,7 @@ impl CheckpointWriter {
             path,
             topic: topic.to_string(),
             plan,
+            settings,
             last: None,
         })
     }
@@ -137,6 +201,7 @@ impl CheckpointWriter {
             version: VERSION,
             topic: self.topic.clone(),
             plan: self.plan.clone(),
+            settings: self.settings.clone(),
             epoch: at.epoch,
             batch: at.index,
         };
@@ -162,5 +227,87 @@ impl CheckpointWriter {
         {
             tracing::warn!("cannot remove checkpoint {}: {e}", self.path.display());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn checkpoint() -> Checkpoint {
+        Checkpoint {
+            version: VERSION,
+            topic: "t".into(),
+            plan: "abc".into(),
+            settings: settings(&[
+                ("datafusion.execution.batch_size", "8192"),
+                ("datafusion.execution.target_partitions", "2"),
+            ]),
+            epoch: 1,
+            batch: 7,
+        }
+    }
+
+    #[test]
+    fn a_resume_with_other_settings_is_told_what_to_set() {
+        let c = checkpoint();
+        let path = Path::new("/x/t.checkpoint.json");
+        let topic = TopicName::new("t").unwrap();
+        c.check(path, &topic, "abc", &c.settings).unwrap();
+
+        let now = settings(&[
+            ("datafusion.execution.batch_size", "8192"),
+            ("datafusion.execution.target_partitions", "16"),
+            ("datafusion.execution.new_option", "x"),
+        ]);
+        let Err(SluiceError::Config(m)) = c.check(path, &topic, "abd", &now) else {
+            panic!("resumed with other settings");
+        };
+        assert!(
+            m.contains("datafusion.execution.target_partitions was '2' and is now '16'")
+                && m.contains("datafusion.execution.new_option was (none) and is now 'x'")
+                && m.contains("`SET datafusion.execution.target_partitions = '2';`")
+                && !m.contains("batch_size"),
+            "{m}"
+        );
+
+        let Err(SluiceError::Config(m)) = c.check(path, &topic, "abd", &c.settings) else {
+            panic!("resumed with another plan");
+        };
+        assert!(m.contains("another plan"), "{m}");
+        let other = TopicName::new("u").unwrap();
+        let Err(SluiceError::Config(m)) = c.check(path, &other, "abc", &c.settings) else {
+            panic!("resumed on another topic");
+        };
+        assert!(m.contains("taken on topic 't', not 'u'"), "{m}");
+    }
+
+    #[test]
+    fn a_checkpoint_of_an_older_version_is_refused_with_what_to_do() {
+        let path = std::env::temp_dir().join(format!(
+            "sluice-checkpoint-test-{}.checkpoint.json",
+            std::process::id()
+        ));
+        std::fs::write(
+            &path,
+            r#"{"version":1,"topic":"t","plan":"abc","epoch":0,"batch":3}"#,
+        )
+        .unwrap();
+        let Err(SluiceError::Config(m)) = Checkpoint::load(&path) else {
+            panic!("an old checkpoint loaded");
+        };
+        assert!(m.contains("version 1") && m.contains("remove it"), "{m}");
+        let c = checkpoint();
+        std::fs::write(&path, serde_json::to_string(&c).unwrap()).unwrap();
+        let loaded = Checkpoint::load(&path);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(loaded.unwrap(), Some(c));
     }
 }

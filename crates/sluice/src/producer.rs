@@ -147,6 +147,8 @@ impl Producer {
             "{:016x}",
             xxhash_rust::xxh3::xxh3_64(self.plan.fingerprint().as_bytes())
         );
+        let settings: std::collections::BTreeMap<_, _> =
+            self.plan.sequence_settings().into_iter().collect();
         let checkpoint_path = options
             .checkpoint
             .clone()
@@ -154,7 +156,7 @@ impl Producer {
         let start_at = if options.resume {
             match Checkpoint::load(&checkpoint_path)? {
                 Some(c) => {
-                    c.check(&checkpoint_path, &topic, &fingerprint)?;
+                    c.check(&checkpoint_path, &topic, &fingerprint, &settings)?;
                     tracing::info!(topic = %topic, "resuming from {}", c.position());
                     c.position()
                 }
@@ -274,7 +276,7 @@ impl Producer {
         };
         let mut publisher = TopicPublisher::create(&self.namespace, config, options.stop.clone())?;
         let shm_bytes = publisher.config().shm_bytes();
-        let mut checkpoint = CheckpointWriter::new(checkpoint_path, &topic, fingerprint)?;
+        let mut checkpoint = CheckpointWriter::new(checkpoint_path, &topic, fingerprint, settings)?;
         tracing::info!(topic = %topic, shm_bytes, max_batches, "publishing");
         let mut reporter = Reporter::new(&self.namespace, &topic, "producer");
         // Reports for `sluice status`: at most every REPORT_INTERVAL unless forced.
