@@ -99,6 +99,21 @@ pub fn message_batches_option() -> String {
     message_batches().map_or_else(|| "'auto'".to_string(), |n| n.to_string())
 }
 
+/// `datafusion.execution.batch_size` of the plans of comparisons 1, 2 and 2b
+/// (`--datafusion-batch-size`): the rows of each batch DataFusion's scan yields, and so
+/// the most rows one message can carry (a message is cut from one DataFusion batch); 0:
+/// DataFusion's default (8 192).
+pub static DATAFUSION_BATCH_SIZE: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// The `SET` line of [`DATAFUSION_BATCH_SIZE`], or nothing for DataFusion's default.
+pub fn datafusion_batch_size_option() -> String {
+    match DATAFUSION_BATCH_SIZE.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => String::new(),
+        n => format!("SET datafusion.execution.batch_size = {n};\n"),
+    }
+}
+
 /// `sluice.window` as a plan file sets it.
 pub fn window_option() -> String {
     window().map_or_else(|| "'auto'".to_string(), |n| n.to_string())

@@ -69,6 +69,23 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get((v.len().max(1) - 1) / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// The plan of comparisons 1, 2 and 2b ([`plan_sql`]), with DataFusion's batch size
+/// when `--datafusion-batch-size` sets it: the producer's and every independent
+/// pipeline's alike.
+fn fanout_plan(topic: &str, data: &Dataset, batch_rows: usize, epochs: u64) -> String {
+    format!(
+        "{}{}",
+        crate::data::datafusion_batch_size_option(),
+        plan_sql(
+            topic,
+            &format!("{}/", data.dir.display()),
+            "",
+            batch_rows,
+            epochs
+        )
+    )
+}
+
 /// Receives everything `sub` delivers until the end of the stream: the rows, and when the
 /// first batch came.
 pub fn receive_all(sub: &mut Subscriber) -> Result<(u64, Option<Instant>)> {
@@ -117,13 +134,7 @@ pub fn sluice(
         })
         .collect::<Result<Vec<_>>>()?;
     let rt = runtime(&format!("df{n}/{batch_rows}"))?;
-    let sql = plan_sql(
-        topic,
-        &format!("{}/", data.dir.display()),
-        "",
-        batch_rows,
-        epochs,
-    );
+    let sql = fanout_plan(topic, data, batch_rows, epochs);
     let plan = rt.block_on(Plan::from_sql("bench.sql", &sql))?;
     let producer = Producer::new(plan, ns.clone());
     let options = RunOptions {
@@ -191,13 +202,7 @@ pub fn independent(data: &Dataset, n: usize, epochs: u64, batch_rows: usize) -> 
     let start = Instant::now();
     let trainers = (0..n)
         .map(|i| {
-            let sql = plan_sql(
-                "unused",
-                &format!("{}/", data.dir.display()),
-                "",
-                batch_rows,
-                epochs,
-            );
+            let sql = fanout_plan("unused", data, batch_rows, epochs);
             spawn_named(
                 format!("ind{n}.{i}/{batch_rows}"),
                 move || -> Result<(u64, f64)> {

@@ -62,6 +62,13 @@ struct Args {
     /// batch alone, as before 2026-11-27's "Several batches per message").
     #[arg(long, default_value = "auto", value_parser = parse_window)]
     message_batches: WindowArg,
+    /// `datafusion.execution.batch_size` of the plans of comparisons 1, 2 and 2b, Sluice's
+    /// and the independent pipelines' alike (default: DataFusion's, 8 192 rows). Messages
+    /// are cut from one DataFusion batch at a time, so this bounds the batches one message
+    /// carries (with `--message-batches` above 'auto''s) and those a burst publishes at
+    /// once (docs/benchmarks.md, "DataFusion's batch size").
+    #[arg(long, value_name = "ROWS")]
+    datafusion_batch_size: Option<std::num::NonZeroUsize>,
     /// Worker threads of comparison 3b's `sluice-flight` server (default: the server's
     /// own, one per core), to compare a server's thread counts on one machine.
     #[arg(long, value_name = "N")]
@@ -230,6 +237,11 @@ fn run(args: &Args) -> Result<()> {
     );
     data::MESSAGE_BATCHES.store(
         args.message_batches.0.unwrap_or(0),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    data::DATAFUSION_BATCH_SIZE.store(
+        args.datafusion_batch_size
+            .map_or(0, std::num::NonZeroUsize::get),
         std::sync::atomic::Ordering::Relaxed,
     );
     data::FLIGHT_THREADS.store(
@@ -778,6 +790,14 @@ impl Report {
                 Some(_) => " (`--message-batches`; the default is 'auto')",
             }
         )?;
+        if let Some(rows) = args.datafusion_batch_size {
+            writeln!(
+                head,
+                "* Plans of comparisons 1, 2 and 2b (Sluice's and the independent pipelines'): \
+                 `datafusion.execution.batch_size = {rows}` (`--datafusion-batch-size`; the \
+                 default is DataFusion's, 8 192 rows)"
+            )?;
+        }
         if let Some(threads) = args.flight_threads {
             writeln!(
                 head,
