@@ -102,14 +102,7 @@ impl Checkpoint {
                 self.topic
             )));
         }
-        // Settings of one run and not the other count as changed too.
-        let changed: Vec<String> = self
-            .settings
-            .keys()
-            .chain(settings.keys())
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .filter(|key| self.settings.get(*key) != settings.get(*key))
+        let changed: Vec<String> = changed_keys(&self.settings, settings)
             .map(|key| {
                 let show =
                     |v: Option<&String>| v.map_or("(none)".to_string(), |v| format!("'{v}'"));
@@ -121,20 +114,30 @@ impl Checkpoint {
             })
             .collect();
         if !changed.is_empty() {
-            let pins: Vec<String> = self
-                .settings
-                .iter()
-                .filter(|(key, value)| settings.get(*key) != Some(value))
-                .map(|(key, value)| format!("SET {key} = '{value}';"))
+            // The old values, as SET lines; an option only one of the two runs knows (their
+            // DataFusions differ) or one left unset cannot be set back that way.
+            let pins: Option<Vec<String>> = changed_keys(&self.settings, settings)
+                .map(|key| match self.settings.get(key) {
+                    Some(v) if !v.is_empty() && settings.contains_key(key) => {
+                        Some(format!("SET {key} = '{v}';"))
+                    }
+                    _ => None,
+                })
                 .collect();
+            let what_to_do = match pins {
+                Some(pins) => format!(
+                    "To resume, put `{}` in the plan (target_partitions defaults to this \
+                     machine's cores); or run without --resume to start over",
+                    pins.join(" ")
+                ),
+                None => "Run without --resume to start over".to_string(),
+            };
             return Err(SluiceError::Config(format!(
                 "checkpoint {} was taken with other settings, which order the batches \
                  differently: {}. Resuming would publish different batches at the positions \
-                 subscribers already have. To resume, put `{}` in the plan (target_partitions \
-                 defaults to this machine's cores); or run without --resume to start over",
+                 subscribers already have. {what_to_do}",
                 path.display(),
                 changed.join("; "),
-                pins.join(" ")
             )));
         }
         if self.plan != plan {
@@ -146,6 +149,19 @@ impl Checkpoint {
         }
         Ok(())
     }
+}
+
+/// The keys whose values differ between `a` and `b`, in order; a key of one and not the
+/// other counts as changed.
+fn changed_keys<'a>(
+    a: &'a BTreeMap<String, String>,
+    b: &'a BTreeMap<String, String>,
+) -> impl Iterator<Item = &'a String> {
+    a.keys()
+        .chain(b.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|key| a.get(*key) != b.get(*key))
 }
 
 /// Writes a run's checkpoints to one file.
@@ -273,8 +289,22 @@ mod tests {
         assert!(
             m.contains("datafusion.execution.target_partitions was '2' and is now '16'")
                 && m.contains("datafusion.execution.new_option was (none) and is now 'x'")
-                && m.contains("`SET datafusion.execution.target_partitions = '2';`")
-                && !m.contains("batch_size"),
+                && !m.contains("batch_size")
+                && m.contains("Run without --resume"),
+            "{m}"
+        );
+        // An option this run has and the checkpoint's did not cannot be pinned back.
+        assert!(!m.contains("SET "), "{m}");
+
+        let now = settings(&[
+            ("datafusion.execution.batch_size", "8192"),
+            ("datafusion.execution.target_partitions", "16"),
+        ]);
+        let Err(SluiceError::Config(m)) = c.check(path, &topic, "abd", &now) else {
+            panic!("resumed with other settings");
+        };
+        assert!(
+            m.contains("To resume, put `SET datafusion.execution.target_partitions = '2';`"),
             "{m}"
         );
 
