@@ -850,6 +850,11 @@ fn a_resume_with_other_partitions_is_refused_and_says_what_to_set() {
         std::thread::sleep(Duration::from_millis(5));
     }
     std::thread::sleep(Duration::from_millis(300));
+    // Still in the middle (a run that ended would have removed its checkpoint).
+    assert!(
+        first.running(),
+        "the producer ended before it could be killed"
+    );
     first.kill9();
     first.wait(LIMIT);
 

@@ -384,8 +384,8 @@ impl Plan {
     }
 
     /// The settings beyond the query that decide the order of its batches, as this run
-    /// has them, by name: DataFusion's execution and optimizer options, and
-    /// `sluice.shard`.
+    /// has them, by name: DataFusion's execution and optimizer options that are set, and
+    /// `sluice.shard` (as parsed: `RANK/WORLD`).
     ///
     /// Batches are taken round-robin from the partitions ([`Plan::execute_epoch`]), so
     /// the order of rows depends on how the files are split into partitions
@@ -393,9 +393,15 @@ impl Plan {
     /// cores, and the optimizer's repartitioning options) and on the rows of each
     /// DataFusion batch (`datafusion.execution.batch_size`). A producer that resumes a
     /// checkpoint with any of them changed would publish different batches at the
-    /// positions its subscribers already have. `planning_concurrency` is left out: it
-    /// also defaults to the cores, but only says how many files are planned at once.
+    /// positions its subscribers already have. Left out: `planning_concurrency`, which
+    /// also defaults to the cores but only says how many files are planned at once, and
+    /// the Parquet writer's `created_by`, which names DataFusion's version (Sluice writes
+    /// no Parquet).
     pub fn sequence_settings(&self) -> Vec<(String, String)> {
+        const UNORDERING: [&str; 2] = [
+            "datafusion.execution.planning_concurrency",
+            "datafusion.execution.parquet.created_by",
+        ];
         let mut settings: Vec<(String, String)> = self
             .ctx
             .state()
@@ -405,11 +411,16 @@ impl Plan {
             .filter(|e| {
                 (e.key.starts_with("datafusion.execution.")
                     || e.key.starts_with("datafusion.optimizer."))
-                    && e.key != "datafusion.execution.planning_concurrency"
+                    && !UNORDERING.contains(&e.key.as_str())
             })
-            .map(|e| (e.key, e.value.unwrap_or_default()))
+            .filter_map(|e| Some((e.key, e.value?)))
             .collect();
-        settings.push(("sluice.shard".into(), self.options.shard.clone()));
+        // An invalid shard fails the run before any checkpoint matters.
+        let shard = self
+            .options
+            .shard()
+            .map_or_else(|_| self.options.shard.clone(), |s| s.to_string());
+        settings.push(("sluice.shard".into(), shard));
         settings.sort();
         settings
     }

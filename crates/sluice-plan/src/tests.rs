@@ -197,8 +197,11 @@ async fn settings_that_order_the_rows_are_in_the_fingerprint() {
     assert_eq!(settings["datafusion.execution.target_partitions"], "2");
     assert_eq!(settings["datafusion.execution.batch_size"], "10");
     assert_eq!(settings["sluice.shard"], "0/1");
-    // Planning concurrency also follows the cores, but orders nothing.
+    // Planning concurrency also follows the cores, and the Parquet writer's `created_by`
+    // names DataFusion's version; neither orders anything.
     assert!(!settings.contains_key("datafusion.execution.planning_concurrency"));
+    assert!(!settings.contains_key("datafusion.execution.parquet.created_by"));
+    assert!(settings.contains_key("datafusion.optimizer.repartition_file_scans"));
 }
 
 #[tokio::test]

@@ -114,20 +114,26 @@ impl Checkpoint {
             })
             .collect();
         if !changed.is_empty() {
-            // The old values, as SET lines; an option only one of the two runs knows (their
-            // DataFusions differ) or one left unset cannot be set back that way.
+            // The old values, as SET lines (the shard also as `--shard`, which overrides
+            // the plan's); an option only one of the two runs knows (their DataFusions
+            // differ) or one left unset cannot be set back that way.
             let pins: Option<Vec<String>> = changed_keys(&self.settings, settings)
                 .map(|key| match self.settings.get(key) {
-                    Some(v) if !v.is_empty() && settings.contains_key(key) => {
-                        Some(format!("SET {key} = '{v}';"))
+                    Some(v) if key == "sluice.shard" => {
+                        Some(format!("`SET sluice.shard = '{v}';` (or `--shard {v}`)"))
                     }
+                    Some(v) if settings.contains_key(key) => Some(format!("`SET {key} = '{v}';`")),
                     _ => None,
                 })
                 .collect();
+            let cores = if self.settings.get(CORES_KEY) != settings.get(CORES_KEY) {
+                " (target_partitions defaults to this machine's cores)"
+            } else {
+                ""
+            };
             let what_to_do = match pins {
                 Some(pins) => format!(
-                    "To resume, put `{}` in the plan (target_partitions defaults to this \
-                     machine's cores); or run without --resume to start over",
+                    "To resume, put {} in the plan{cores}; or run without --resume to start over",
                     pins.join(" ")
                 ),
                 None => "Run without --resume to start over".to_string(),
@@ -150,6 +156,9 @@ impl Checkpoint {
         Ok(())
     }
 }
+
+/// The setting whose default is the machine's cores.
+const CORES_KEY: &str = "datafusion.execution.target_partitions";
 
 /// The keys whose values differ between `a` and `b`, in order; a key of one and not the
 /// other counts as changed.
@@ -304,7 +313,22 @@ mod tests {
             panic!("resumed with other settings");
         };
         assert!(
-            m.contains("To resume, put `SET datafusion.execution.target_partitions = '2';`"),
+            m.contains("To resume, put `SET datafusion.execution.target_partitions = '2';` in the plan (target_partitions defaults"),
+            "{m}"
+        );
+
+        // The shard, which `--shard` may also have set, without a word on cores.
+        let mut sharded = c.clone();
+        sharded.settings.insert("sluice.shard".into(), "0/4".into());
+        let mut now = sharded.settings.clone();
+        now.insert("sluice.shard".into(), "1/4".into());
+        let Err(SluiceError::Config(m)) = sharded.check(path, &topic, "abd", &now) else {
+            panic!("resumed with another shard");
+        };
+        assert!(
+            m.contains("sluice.shard was '0/4' and is now '1/4'")
+                && m.contains("`SET sluice.shard = '0/4';` (or `--shard 0/4`) in the plan;")
+                && !m.contains("cores"),
             "{m}"
         );
 
