@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{CpuHogs, Harness, assert_exactly_once, exclusive, parquet_oracle};
+use crate::common::{CpuHogs, Harness, Proc, assert_exactly_once, exclusive, parquet_oracle};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -744,6 +744,23 @@ fn a_producer_killed_at_random_moments_resumes_without_duplicates_or_gaps() {
     }
 }
 
+/// A trainer that takes `delay_ms` per batch and, when its producer is lost, waits up to
+/// a minute for a restarted one (`--reconnect`), reporting each epoch as JSON.
+fn slow_trainer(h: &mut Harness, topic: &str, delay_ms: u64) -> Proc {
+    let delay = delay_ms.to_string();
+    h.spawn(&[
+        "subscribe",
+        topic,
+        "--json",
+        "--timeout",
+        "60",
+        "--reconnect",
+        "60",
+        "--delay-ms",
+        &delay,
+    ])
+}
+
 /// A producer killed while a slow trainer has a deep queue of its batches: the trainer
 /// keeps the dead topic until it has taken them (here 64 batches at 150 ms each, longer
 /// than the 5 s after which a restarted producer used to give up), and the restarted
@@ -762,17 +779,7 @@ fn a_restarted_producer_waits_for_a_slow_trainer_to_take_what_was_queued() {
         ),
     );
     let (rows, sum) = h.source_checksum(&plan);
-    let trainer = h.spawn(&[
-        "subscribe",
-        "slow",
-        "--json",
-        "--timeout",
-        "60",
-        "--reconnect",
-        "60",
-        "--delay-ms",
-        "150",
-    ]);
+    let trainer = slow_trainer(&mut h, "slow", 150);
     let first = h.spawn_producer(1, &[]);
     // Kill once the trainer's queue is (nearly) full.
     let start = Instant::now();
@@ -829,17 +836,7 @@ fn a_resume_with_other_partitions_is_refused_and_says_what_to_set() {
     };
     let plan = h.plan("p.sql", &sql(2));
     let (rows, sum) = h.source_checksum(&plan);
-    let trainer = h.spawn(&[
-        "subscribe",
-        "pinned",
-        "--json",
-        "--timeout",
-        "60",
-        "--reconnect",
-        "60",
-        "--delay-ms",
-        "20",
-    ]);
+    let trainer = slow_trainer(&mut h, "pinned", 20);
     let first = h.spawn_producer(1, &[]);
     // Killed in the middle of the stream, held back by the slow trainer's short queue
     // (a run that has published everything removes its checkpoint).

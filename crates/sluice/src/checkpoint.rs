@@ -102,31 +102,41 @@ impl Checkpoint {
                 self.topic
             )));
         }
-        let changed: Vec<String> = changed_keys(&self.settings, settings)
-            .map(|key| {
-                let show =
-                    |v: Option<&String>| v.map_or("(none)".to_string(), |v| format!("'{v}'"));
-                format!(
-                    "{key} was {} and is now {}",
-                    show(self.settings.get(key)),
-                    show(settings.get(key))
-                )
-            })
+        // Settings of one run and not the other count as changed too.
+        let changed: Vec<&String> = self
+            .settings
+            .keys()
+            .chain(settings.keys())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .filter(|key| self.settings.get(*key) != settings.get(*key))
             .collect();
         if !changed.is_empty() {
+            let show = |v: Option<&String>| v.map_or("(none)".to_string(), |v| format!("'{v}'"));
+            let what: Vec<String> = changed
+                .iter()
+                .map(|key| {
+                    format!(
+                        "{key} was {} and is now {}",
+                        show(self.settings.get(*key)),
+                        show(settings.get(*key))
+                    )
+                })
+                .collect();
             // The old values, as SET lines (the shard also as `--shard`, which overrides
             // the plan's); an option only one of the two runs knows (their DataFusions
             // differ) or one left unset cannot be set back that way.
-            let pins: Option<Vec<String>> = changed_keys(&self.settings, settings)
-                .map(|key| match self.settings.get(key) {
-                    Some(v) if key == "sluice.shard" => {
+            let pins: Option<Vec<String>> = changed
+                .iter()
+                .map(|key| match self.settings.get(*key) {
+                    Some(v) if *key == "sluice.shard" => {
                         Some(format!("`SET sluice.shard = '{v}';` (or `--shard {v}`)"))
                     }
-                    Some(v) if settings.contains_key(key) => Some(format!("`SET {key} = '{v}';`")),
+                    Some(v) if settings.contains_key(*key) => Some(format!("`SET {key} = '{v}';`")),
                     _ => None,
                 })
                 .collect();
-            let cores = if self.settings.get(CORES_KEY) != settings.get(CORES_KEY) {
+            let cores = if changed.iter().any(|key| *key == CORES_KEY) {
                 " (target_partitions defaults to this machine's cores)"
             } else {
                 ""
@@ -143,7 +153,7 @@ impl Checkpoint {
                  differently: {}. Resuming would publish different batches at the positions \
                  subscribers already have. {what_to_do}",
                 path.display(),
-                changed.join("; "),
+                what.join("; "),
             )));
         }
         if self.plan != plan {
@@ -159,19 +169,6 @@ impl Checkpoint {
 
 /// The setting whose default is the machine's cores.
 const CORES_KEY: &str = "datafusion.execution.target_partitions";
-
-/// The keys whose values differ between `a` and `b`, in order; a key of one and not the
-/// other counts as changed.
-fn changed_keys<'a>(
-    a: &'a BTreeMap<String, String>,
-    b: &'a BTreeMap<String, String>,
-) -> impl Iterator<Item = &'a String> {
-    a.keys()
-        .chain(b.keys())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .filter(|key| a.get(*key) != b.get(*key))
-}
 
 /// Writes a run's checkpoints to one file.
 #[derive(Debug)]
