@@ -113,8 +113,9 @@ fn batches_are_decoded_in_place_and_outlive_their_subscriber() {
 }
 
 /// What a topic's messages hold: `(first batch index, batch_rows, rows)` per batch
-/// message, read with the transport's own subscriber (below the delivery protocol).
-fn messages_on(ns: &Namespace, topic: &str, sql: &str) -> Vec<(u64, u64, u64)> {
+/// message, read with the transport's own subscriber (below the delivery protocol), and
+/// the producer's wake-ups of its subscribers.
+fn messages_on(ns: &Namespace, topic: &str, sql: &str) -> (Vec<(u64, u64, u64)>, u64) {
     let producer = spawn_producer(ns.clone(), sql.to_string());
     let topic = sluice::core::TopicName::new(topic).unwrap();
     let mut sub =
@@ -139,7 +140,8 @@ fn messages_on(ns: &Namespace, topic: &str, sql: &str) -> Vec<(u64, u64, u64)> {
     drop(sub);
     let stats = producer.join().unwrap().unwrap();
     assert_eq!((stats.batches, stats.rows), (11, 1050));
-    out
+    assert_eq!(stats.messages, out.len() as u64);
+    (out, stats.wakeups)
 }
 
 /// Batches ready at once go as one message ('auto'), whose header names its first batch
@@ -155,7 +157,7 @@ fn consecutive_batches_go_as_one_message_and_arrive_one_by_one() {
              SELECT value AS v, CAST(value AS VARCHAR) AS s FROM generate_series(1, 1050)"
         )
     };
-    let grouped = messages_on(&ns.0, "grouped", &sql("grouped", "'auto'"));
+    let (grouped, _) = messages_on(&ns.0, "grouped", &sql("grouped", "'auto'"));
     // The first message sizes the topic and is one batch; the rest of that DataFusion
     // batch follows in fewer messages than batches.
     assert!(grouped.len() < 11, "{grouped:?}");
@@ -171,11 +173,18 @@ fn consecutive_batches_go_as_one_message_and_arrive_one_by_one() {
         next += rows.div_ceil(100);
     }
     assert_eq!(next, 11);
-    let alone = messages_on(&ns.0, "alone", &sql("alone", "1"));
+    let (alone, wakeups) = messages_on(&ns.0, "alone", &sql("alone", "1"));
     let expected: Vec<_> = (0..11u64)
         .map(|i| (i, 0, if i == 10 { 50 } else { 100 }))
         .collect();
     assert_eq!(alone, expected);
+    // The 11 messages were cut from one DataFusion batch, ready at once: they went out
+    // as bursts, each waking the subscriber once (the epoch's end and the stream's wake
+    // it too).
+    assert!(
+        (1..11).contains(&wakeups),
+        "{wakeups} wake-ups for 11 messages"
+    );
 
     // Through the delivery protocol: batches of 100 at indexes 0 to 10, each in place in
     // the sample of the message it came in.

@@ -71,6 +71,10 @@ def test_run_stats_say_what_paced_the_producer(plans):
     assert rows == 400
     stats = producer.wait(timeout=30)
     assert (stats.batches, stats.window) == (8, 1)
+    # A window of one message leaves no room for a burst: every message wakes, and so
+    # do the epoch's end and the stream's.
+    assert 1 <= stats.messages <= stats.batches
+    assert stats.wakeups == stats.messages + 2
     assert 0 < stats.waited_for_subscribers <= stats.elapsed
     assert 0 <= stats.waited_for_pipeline <= stats.elapsed
 

@@ -26,14 +26,21 @@ pub struct Dataset {
     pub bytes: u64,
 }
 
+/// Rows per Parquet row group of the benchmark's dataset, unless `--row-group-rows` says
+/// otherwise.
+pub const ROW_GROUP_ROWS: usize = 10_000;
+
 /// Writes `rows` deterministic rows (`id`, `label`, `text`, 16 float32 `features`) as four
-/// Snappy Parquet files with 10 000-row row groups.
-pub fn write(dir: &Path, rows: usize) -> Result<Dataset> {
+/// Snappy Parquet files with row groups of `row_group_rows` rows.
+///
+/// DataFusion reads a row group in batches of its `batch_size` (8 192 rows), the last one
+/// shorter: a 10 000-row row group is two batches, 8 192 rows and 1 808.
+pub fn write(dir: &Path, rows: usize, row_group_rows: usize) -> Result<Dataset> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let per_file = rows.div_ceil(FILES);
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
-        .set_max_row_group_row_count(Some(10_000))
+        .set_max_row_group_row_count(Some(row_group_rows))
         .build();
     let mut files = Vec::new();
     for f in 0..FILES {

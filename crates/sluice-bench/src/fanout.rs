@@ -41,6 +41,10 @@ pub struct Run {
     pub waits: (f64, f64),
     /// The topic's window (as `sluice.window` sized it); 0 for independent pipelines.
     pub window: usize,
+    /// Batches published per message and per wake-up of the subscribers
+    /// (`RunStats::batches` over `RunStats::messages` and `RunStats::wakeups`); 0 for
+    /// independent pipelines.
+    pub batches_per: (f64, f64),
 }
 
 /// A multi-threaded tokio runtime whose workers are named `name` (so that a per-thread
@@ -192,6 +196,10 @@ pub fn sluice(
             stats.waited_for_subscribers.as_secs_f64(),
         ),
         window: stats.window,
+        batches_per: (
+            stats.batches as f64 / stats.messages.max(1) as f64,
+            stats.batches as f64 / stats.wakeups.max(1) as f64,
+        ),
     })
 }
 
@@ -255,6 +263,7 @@ pub fn independent(data: &Dataset, n: usize, epochs: u64, batch_rows: usize) -> 
         consumer_cpu: 0.0,
         waits: (0.0, 0.0),
         window: 0,
+        batches_per: (0.0, 0.0),
         rows: data.rows * epochs,
         publisher: (0.0, 0.0),
     })

@@ -69,6 +69,12 @@ struct Args {
     /// once (docs/benchmarks.md, "DataFusion's batch size").
     #[arg(long, value_name = "ROWS")]
     datafusion_batch_size: Option<std::num::NonZeroUsize>,
+    /// Rows per Parquet row group of the benchmark's dataset (default 10 000). DataFusion
+    /// reads a row group in batches of 8 192 rows and a shorter last one, and each of its
+    /// batches is at least one wake-up of the subscribers: a multiple of 8 192 leaves no
+    /// short batches (docs/benchmarks.md, "Wake-ups per DataFusion batch").
+    #[arg(long, value_name = "ROWS")]
+    row_group_rows: Option<std::num::NonZeroUsize>,
     /// Worker threads of comparison 3b's `sluice-flight` server (default: the server's
     /// own, one per core), to compare a server's thread counts on one machine.
     #[arg(long, value_name = "N")]
@@ -263,7 +269,12 @@ fn run(args: &Args) -> Result<()> {
     }
 
     step(start, "writing the dataset");
-    let data = data::write(&tmp.path().join("data"), scale.rows)?;
+    let data = data::write(
+        &tmp.path().join("data"),
+        scale.rows,
+        args.row_group_rows
+            .map_or(data::ROW_GROUP_ROWS, std::num::NonZeroUsize::get),
+    )?;
     report.dataset = format!(
         "the demo dataset of `sluice demo` (id, label, a short string, 16 float32 features): {} rows in {} Parquet files ({:.1} MiB), `batch_rows = {BATCH_ROWS}`",
         data.rows,
@@ -798,6 +809,14 @@ impl Report {
                  default is DataFusion's, 8 192 rows)"
             )?;
         }
+        if let Some(rows) = args.row_group_rows {
+            writeln!(
+                head,
+                "* The dataset's Parquet row groups: {rows} rows (`--row-group-rows`; the default \
+                 is {})",
+                data::ROW_GROUP_ROWS
+            )?;
+        }
         if let Some(threads) = args.flight_threads {
             writeln!(
                 head,
@@ -869,13 +888,15 @@ impl Report {
              given; where it is near 1, that one thread is what paces every subscriber. The last two \
              columns are shares of the same wall time: the thread waiting for the plan's next batch \
              (DataFusion decoding on its own threads: the pipeline paces the run) and asleep on a \
-             subscriber's full queue (the slowest subscriber paces it).\n"
+             subscriber's full queue (the slowest subscriber paces it). The last columns are how many \
+             batches one message carried, and one wake-up of the subscribers covered, on average (a \
+             burst of messages ready at once, cut from one DataFusion batch, shares a wake-up).\n"
         )?;
         writeln!(
             b,
-            "| N | per-subscriber rows/s | vs N=1 | aggregate rows/s | producer CPU-s / epoch | publishing thread busy | waits for the pipeline | waits for a full queue |"
+            "| N | per-subscriber rows/s | vs N=1 | aggregate rows/s | producer CPU-s / epoch | publishing thread busy | waits for the pipeline | waits for a full queue | batches per message | batches per wake-up |"
         )?;
-        writeln!(b, "|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+        writeln!(b, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
         let mut per_sub = Vec::new();
         let mut ratio_at_8 = f64::NAN;
         for (i, &n) in NS.iter().enumerate() {
@@ -915,7 +936,7 @@ impl Report {
             };
             writeln!(
                 b,
-                "| {n} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {n} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 rates.show_count(),
                 ratio.show(2),
                 agg.show_count(),
@@ -923,6 +944,8 @@ impl Report {
                 busy.show(2),
                 share(|r| r.waits.0).show(2),
                 share(|r| r.waits.1).show(2),
+                Summary::of(&sl[i].iter().map(|r| r.batches_per.0).collect::<Vec<_>>()).show(1),
+                Summary::of(&sl[i].iter().map(|r| r.batches_per.1).collect::<Vec<_>>()).show(1),
             )?;
             per_sub.push((
                 n as f64,

@@ -112,9 +112,22 @@ impl PyRunStats {
     fn waited_for_subscribers(&self) -> f64 {
         self.0.waited_for_subscribers.as_secs_f64()
     }
+    /// Messages of batches published (several batches to a message where
+    /// `sluice.message_batches` lets them).
+    #[getter]
+    fn messages(&self) -> u64 {
+        self.0.messages
+    }
+    /// Times idle subscribers were woken, for messages of batches and for each epoch's
+    /// end and the stream's: fewer than `messages` where a burst of messages ready at
+    /// once shared one.
+    #[getter]
+    fn wakeups(&self) -> u64 {
+        self.0.wakeups
+    }
     fn __repr__(&self) -> String {
         format!(
-            "sluice.RunStats(epochs={}, batches={}, rows={}, bytes={}, elapsed={:.3}, shm_bytes={}, window={}, waited_for_pipeline={:.3}, waited_for_subscribers={:.3})",
+            "sluice.RunStats(epochs={}, batches={}, rows={}, bytes={}, elapsed={:.3}, shm_bytes={}, window={}, waited_for_pipeline={:.3}, waited_for_subscribers={:.3}, messages={}, wakeups={})",
             self.0.epochs,
             self.0.batches,
             self.0.rows,
@@ -124,6 +137,8 @@ impl PyRunStats {
             self.0.window,
             self.0.waited_for_pipeline.as_secs_f64(),
             self.0.waited_for_subscribers.as_secs_f64(),
+            self.0.messages,
+            self.0.wakeups,
         )
     }
 }

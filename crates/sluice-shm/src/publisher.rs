@@ -224,6 +224,8 @@ pub struct TopicPublisher {
     full_queue_ns: Arc<AtomicU64>,
     /// Messages sent since the last wake-up.
     unwoken: usize,
+    /// Wake-ups of subscribers for messages ([`TopicPublisher::wakeups`]).
+    wakeups: Arc<AtomicU64>,
     seq: u64,
     /// Encodes the batches given as Arrow (the delivery protocol's [`Outlet`]), keeping
     /// their schema message from one to the next.
@@ -352,6 +354,7 @@ impl TopicPublisher {
                 .map_err(transport("cannot create ready notifier"))?,
         );
         let wake_owed = Arc::new(AtomicBool::new(false));
+        let wakeups = Arc::new(AtomicU64::new(0));
         let released = Arc::new(
             released_service
                 .listener_builder()
@@ -377,6 +380,7 @@ impl TopicPublisher {
             sending_batch: sending_batch.clone(),
             ready: ready.clone(),
             wake_owed: wake_owed.clone(),
+            wakeups: wakeups.clone(),
             waited_ns: full_queue_ns.clone(),
         };
         let publisher = data
@@ -413,6 +417,7 @@ impl TopicPublisher {
             wake_owed,
             full_queue_ns,
             unwoken: 0,
+            wakeups,
             seq: 0,
             encoder: sluice_core::wire::Encoder::new(),
             _node: Local::new(node),
@@ -617,11 +622,19 @@ impl TopicPublisher {
     pub fn flush(&mut self) -> Result<()> {
         self.unwoken = 0;
         if self.wake_owed.swap(false, Ordering::Relaxed) {
+            self.wakeups.fetch_add(1, Ordering::Relaxed);
             self.ready
                 .notify()
                 .map_err(transport("cannot wake subscribers"))?;
         }
         Ok(())
+    }
+
+    /// How many times subscribers were woken since the topic was created (one
+    /// notification of every subscriber each), for messages of batches and control
+    /// messages alike, with those the wait on a full queue pays for a burst.
+    pub fn wakeups(&self) -> u64 {
+        self.wakeups.load(Ordering::Relaxed)
     }
 
     /// Publishes the end of `epoch`, with its totals.
@@ -1034,6 +1047,7 @@ struct BackpressureWaiter {
     /// The topic's wake-ups, and whether one is owed for a burst.
     ready: Arc<Notifier<Ipc>>,
     wake_owed: Arc<AtomicBool>,
+    wakeups: Arc<AtomicU64>,
     /// Nanoseconds spent on full queues (see [`TopicPublisher::full_queue_wait`]).
     waited_ns: Arc<AtomicU64>,
 }
@@ -1053,6 +1067,7 @@ impl BackpressureWaiter {
         // A subscriber whose queue is full may be asleep, waiting for the wake-up of a
         // burst: pay it before waiting for (or skipping) that subscriber.
         if self.wake_owed.swap(false, Ordering::Relaxed) {
+            self.wakeups.fetch_add(1, Ordering::Relaxed);
             let _ = self.ready.notify();
         }
         if self.stop.load(Ordering::Relaxed) {

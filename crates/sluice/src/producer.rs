@@ -103,6 +103,13 @@ pub struct RunStats {
     /// Time the publishing thread spent on subscribers' full queues, within `elapsed`:
     /// where it is a large share of it, the slowest subscriber paces the producer.
     pub waited_for_subscribers: Duration,
+    /// Messages of batches published (several batches to a message where
+    /// `sluice.message_batches` lets them); control messages are not counted.
+    pub messages: u64,
+    /// Times idle subscribers were woken (each wake-up notifies every subscriber), for
+    /// messages of batches and for control messages (each epoch's end, the stream's):
+    /// fewer than `messages` where a burst of messages ready at once shares one.
+    pub wakeups: u64,
 }
 
 /// Runs a plan and publishes its output on the plan's topic.
@@ -327,6 +334,7 @@ impl Producer {
             // The first batch was read (and a resumed run's first batches passed over)
             // before the topic existed: `elapsed` and the waits count from here.
             let waited_before_start = source.waited;
+            let mut messages = 0;
             for epoch in start_at.epoch..opts.epochs {
                 progress.epoch = epoch;
                 if source.epoch != Some(epoch) {
@@ -384,6 +392,7 @@ impl Producer {
                     // begin after them.
                     checkpoint.record(Position::new(epoch, index + batches), false)?;
                     progress.batches += batches;
+                    messages += 1;
                     progress.rows += rows;
                     progress.bytes += bytes;
                     progress.subscribers = publisher.subscribers();
@@ -408,6 +417,8 @@ impl Producer {
                 resumed_from: start_at,
                 waited_for_pipeline: source.waited - waited_before_start,
                 waited_for_subscribers: publisher.full_queue_wait(),
+                messages,
+                wakeups: publisher.wakeups(),
             })
         })();
         // Whatever happens next, this run will not be resumed: it ended, or it told its

@@ -378,6 +378,12 @@ class RunStats:
     @property
     def waited_for_subscribers(self) -> float:
         """Seconds of ``elapsed`` the producer spent on subscribers' full queues (the slowest one's)."""
+    @property
+    def messages(self) -> int:
+        """Messages of batches published (several batches to a message where ``sluice.message_batches`` lets them)."""
+    @property
+    def wakeups(self) -> int:
+        """Times idle subscribers were woken, for messages of batches and for each epoch's end and the stream's: fewer than ``messages`` where a burst of messages ready at once shared one."""
 
 class Producer:
     """Runs a plan file on a background thread of this process and publishes its batches.
