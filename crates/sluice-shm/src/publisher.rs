@@ -224,7 +224,8 @@ pub struct TopicPublisher {
     full_queue_ns: Arc<AtomicU64>,
     /// Messages sent since the last wake-up.
     unwoken: usize,
-    /// Wake-ups of subscribers for messages ([`TopicPublisher::wakeups`]).
+    /// Times subscribers were woken, by this thread or the backpressure handler
+    /// ([`TopicPublisher::wakeups`]).
     wakeups: Arc<AtomicU64>,
     seq: u64,
     /// Encodes the batches given as Arrow (the delivery protocol's [`Outlet`]), keeping
