@@ -196,9 +196,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let stats = run_producer(&rt, plan, &options, quiet)?;
             if !quiet {
                 eprintln!(
-                    "published {} rows in {} batches over {} epoch(s) in {:.2}s ({:.0} rows/s, {} of shared memory)",
+                    "published {} rows in {} batches ({} messages, {} wake-ups of the subscribers) over {} epoch(s) in {:.2}s ({:.0} rows/s, {} of shared memory)",
                     stats.rows,
                     stats.batches,
+                    stats.messages,
+                    stats.wakeups,
                     stats.epochs,
                     stats.elapsed.as_secs_f64(),
                     stats.rows as f64 / stats.elapsed.as_secs_f64().max(1e-9),
