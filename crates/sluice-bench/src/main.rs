@@ -66,7 +66,8 @@ struct Args {
     /// and the independent pipelines' alike (default: DataFusion's, 8 192 rows). Messages
     /// are cut from one DataFusion batch at a time, so this bounds the batches one message
     /// carries (with `--message-batches` above 'auto''s) and those a burst publishes at
-    /// once (docs/benchmarks.md, "DataFusion's batch size").
+    /// once (docs/benchmarks.md, "Fan-out on 2 cores in a longer run, and DataFusion's batch
+    /// size").
     #[arg(long, value_name = "ROWS")]
     datafusion_batch_size: Option<std::num::NonZeroUsize>,
     /// Rows per Parquet row group of the benchmark's dataset (default 10 000). DataFusion
@@ -885,10 +886,10 @@ impl Report {
              minus the subscribers' threads. The publishing thread (the producer's loop: it takes each \
              batch from DataFusion's threads, encodes it, copies it into shared memory, delivers it to \
              every subscriber's queue and wakes them) is busy for the share of the run's wall time \
-             given; where it is near 1, that one thread is what paces every subscriber. The last two \
+             given; where it is near 1, that one thread is what paces every subscriber. The next two \
              columns are shares of the same wall time: the thread waiting for the plan's next batch \
              (DataFusion decoding on its own threads: the pipeline paces the run) and asleep on a \
-             subscriber's full queue (the slowest subscriber paces it). The last columns are how many \
+             subscriber's full queue (the slowest subscriber paces it). The last two are how many \
              batches one message carried, and one wake-up of the subscribers covered, on average (a \
              burst of messages ready at once, cut from one DataFusion batch, shares a wake-up).\n"
         )?;
