@@ -7,7 +7,7 @@ Usage (needs a `sluice` binary and a Python with the Sluice wheel, pyarrow, nump
 Pillow; `sluice-bench` runs it as comparison 8):
 
     cargo build --release -p sluice-cli
-    .venv/bin/python benches/image_pipeline.py [--images 3000] [--trainers 4] [--epochs 2] [--json OUT]
+    .venv/bin/python benches/image_pipeline.py [--images 3000] [--trainers 4] [--epochs 2] [--reps 1] [--json OUT]
 
 1. Images/s per core: `sluice checksum` runs the plan once with one DataFusion partition
    (its CPU-seconds include reading Parquet); one Python process does the same with
@@ -16,6 +16,9 @@ Pillow; `sluice-bench` runs it as comparison 8):
    (`sluice.subscribe`, each sums every pixel and target of every batch through
    `np.from_dlpack`) against N independent Python loaders that decode and augment for
    themselves and sum the same arrays. Wall seconds and CPU-seconds of all processes.
+   `--reps R` repeats this comparison R times, Sluice and the loaders alternated, and
+   reports each repetition and the median of the ratio: on the 2-vCPU development machine
+   one run's producer took from 1.3 to 1.8 CPU-s for the same work.
 """
 
 from __future__ import annotations
@@ -136,10 +139,14 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=3000)
     parser.add_argument("--trainers", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=1,
+                        help="repetitions of the N-trainer comparison, Sluice and the loaders alternated")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--producer-partitions", type=int,
                         help="DataFusion partitions of the N-trainer producer (default: DataFusion's, one per core)")
     args = parser.parse_args()
+    if args.reps < 1:
+        parser.error("--reps must be at least 1")
     sluice = str(args.sluice)
     if not args.sluice.exists():
         sys.exit(f"{sluice} is missing: run `cargo build --release -p sluice-cli` first")
@@ -166,41 +173,57 @@ def main() -> None:
             print(f"| Pillow + numpy (one Python process) | {p_cpu:.2f} | {p_rate:.0f} | 1.00 |")
             print(f"| Sluice (`sluice checksum`, 1 partition) | {s_cpu:.2f} | {s_rate:.0f} | {s_rate / p_rate:.2f} |")
             print()
-            # 2. N trainers.
+            # 2. N trainers, `reps` times, alternated.
             n, epochs = args.trainers, args.epochs
             plan = plan_file(workdir, data, "fanout", epochs, args.producer_partitions, n)
             trainers = [[sys.executable, "-c", TRAINER, "fanout"] for _ in range(n)]
             producer = [sluice, "run", str(plan), "--quiet", "--min-subscribers", str(n), "--wait-timeout", "300"]
-            f_wall, f_cpu, outs, f_cpus = timed(trainers + [producer], env)
-            assert {int(o.split()[0]) for o in outs[:n]} == {args.images * epochs}, outs
-            l_wall, l_cpu, louts, _ = timed([[sys.executable, "-c", LOADER, str(data), str(epochs)] for _ in range(n)], env)
-            assert {int(o.split()[0]) for o in louts} == {args.images * epochs}, louts
-            print(f"{n} Python trainers, {epochs} epochs of {args.images} images each\n")
-            print("| set-up | wall s | CPU-s (all processes) | wall vs loaders | CPU vs loaders |")
-            print("|---|---:|---:|---:|---:|")
-            print(f"| {n} independent Python loaders (Pillow + numpy) | {l_wall:.2f} | {l_cpu:.2f} | 1.00 | 1.00 |")
-            print(f"| Sluice: 1 producer + {n} Python trainers | {f_wall:.2f} | {f_cpu:.2f} | {f_wall / l_wall:.2f} | {f_cpu / l_cpu:.2f} |")
-            # Every Python process pays its interpreter's and numpy's start-up once, whatever it
-            # then does (with OpenBLAS, one spinning thread per core: most of a trainer's CPU on
-            # 16 cores); a run of hours amortises it. The same ratio without it, on both sides:
-            loader_startup = sum(float(o.split()[2]) for o in louts)
-            producer_cpu, trainer_cpus = f_cpus[n], f_cpus[:n]
-            startup = [float(o.split()[2]) for o in outs[:n]]
-            steady = (f_cpu - sum(startup)) / (l_cpu - loader_startup)
-            print(f"\nOf Sluice's CPU-s ({os.cpu_count()} cores): the producer {producer_cpu:.2f}; the trainers "
-                  f"{' '.join(f'{c:.2f}' for c in trainer_cpus)}, of which Python's start-up (to the end of "
-                  f"its imports) {' '.join(f'{c:.2f}' for c in startup)}; the loaders' start-up {loader_startup:.2f} in all.\n"
-                  f"CPU vs loaders without the Python processes' start-up, on both sides: {steady:.2f}")
+            runs = []
+            for _ in range(args.reps):
+                f_wall, f_cpu, outs, f_cpus = timed(trainers + [producer], env)
+                assert {int(o.split()[0]) for o in outs[:n]} == {args.images * epochs}, outs
+                l_wall, l_cpu, louts, _ = timed([[sys.executable, "-c", LOADER, str(data), str(epochs)] for _ in range(n)], env)
+                assert {int(o.split()[0]) for o in louts} == {args.images * epochs}, louts
+                # Every Python process pays its interpreter's and numpy's start-up once, whatever
+                # it then does (with OpenBLAS, one spinning thread per core: most of a trainer's
+                # CPU on 16 cores); a run of hours amortises it. The same ratio without it, on
+                # both sides:
+                loader_startup = sum(float(o.split()[2]) for o in louts)
+                startup = [float(o.split()[2]) for o in outs[:n]]
+                runs.append({
+                    "sluice": {"wall": f_wall, "cpu": f_cpu, "producer_cpu": f_cpus[n], "trainer_cpu": f_cpus[:n],
+                               "trainer_startup_cpu": startup},
+                    "loaders": {"wall": l_wall, "cpu": l_cpu, "startup_cpu": loader_startup},
+                    "cpu_ratio": f_cpu / l_cpu,
+                    "cpu_ratio_without_startup": (f_cpu - sum(startup)) / (l_cpu - loader_startup),
+                })
+            print(f"{n} Python trainers, {epochs} epochs of {args.images} images each, {args.reps} repetition(s), "
+                  f"{os.cpu_count()} cores\n")
+            print("| repetition | loaders wall s | loaders CPU-s | Sluice wall s | Sluice CPU-s (all processes) "
+                  "| of which the producer | CPU vs loaders |")
+            print("|---:|---:|---:|---:|---:|---:|---:|")
+            for i, r in enumerate(runs, 1):
+                print(f"| {i} | {r['loaders']['wall']:.2f} | {r['loaders']['cpu']:.2f} | {r['sluice']['wall']:.2f} | "
+                      f"{r['sluice']['cpu']:.2f} | {r['sluice']['producer_cpu']:.2f} | {r['cpu_ratio']:.2f} |")
+            # The median repetition by the ratio (the lower middle one of an even count).
+            mid = sorted(runs, key=lambda r: r["cpu_ratio"])[(len(runs) - 1) // 2]
+            print(f"\nMedian repetition: the trainers {' '.join(f'{c:.2f}' for c in mid['sluice']['trainer_cpu'])} "
+                  f"CPU-s, of which Python's start-up (to the end of its imports) "
+                  f"{' '.join(f'{c:.2f}' for c in mid['sluice']['trainer_startup_cpu'])}; the loaders' start-up "
+                  f"{mid['loaders']['startup_cpu']:.2f} in all. CPU vs loaders without the Python processes' "
+                  f"start-up, on both sides: {mid['cpu_ratio_without_startup']:.2f}")
             if args.json:
+                # The median repetition's figures at the top level (as before repetitions), every
+                # repetition's under "runs".
                 args.json.write_text(json.dumps({
                     "images": args.images,
                     "epochs": epochs,
                     "trainers": n,
                     "per_core": {"sluice_cpu": s_cpu, "pillow_cpu": p_cpu},
-                    "sluice": {"wall": f_wall, "cpu": f_cpu, "producer_cpu": producer_cpu, "trainer_cpu": trainer_cpus,
-                               "trainer_startup_cpu": startup},
-                    "loaders": {"wall": l_wall, "cpu": l_cpu, "startup_cpu": loader_startup},
-                    "cpu_ratio_without_startup": steady,
+                    "sluice": mid["sluice"],
+                    "loaders": mid["loaders"],
+                    "cpu_ratio_without_startup": mid["cpu_ratio_without_startup"],
+                    "runs": runs,
                 }))
     finally:
         for f in os.listdir("/dev/shm"):

@@ -479,7 +479,7 @@ fn run(args: &Args) -> Result<()> {
         let found = python::Python::find(&repo, "sluice, numpy, pyarrow, PIL").and_then(|py| {
             py.sluice_optimized()?;
             let sluice = python::sluice_binary()?;
-            python::run(&repo, &py, &sluice, args.quick).map_err(|e| format!("{e:#}"))
+            python::run(&repo, &py, &sluice, args.quick, scale.reps).map_err(|e| format!("{e:#}"))
         });
         match found {
             Ok(trainers) => report.python(&trainers)?,
@@ -1438,7 +1438,7 @@ impl Report {
         ));
         self.goals.push((
             "publish → receive, 64-row batches, p99".into(),
-            format!("{} µs", p99_64.show(0)),
+            format!("{} µs", p99_64.show_against(50.0, 0)),
             "< 50 µs",
             Some(p99_64.median < 50.0),
         ));
@@ -1847,8 +1847,8 @@ impl Report {
         writeln!(b, "\n## 8. Python trainers against Python loaders\n")?;
         writeln!(
             b,
-            "Separate processes, CPU-seconds of all of them (their rusage), one run each. \
-             `benches/python_loaders.py`: {} rows of the demo dataset, {} epochs; each trainer sums \
+            "Separate processes, CPU-seconds of all of them (their rusage). \
+             `benches/python_loaders.py`, one run: {} rows of the demo dataset, {} epochs; each trainer sums \
              `(x - 0.5) / 0.25` over the 16 float32 features of every row; Sluice: `sluice run` and N \
              Python subscribers (`np.from_dlpack`), loaders: N Python processes reading the Parquet \
              files with pyarrow. One subscriber that only counts rows: Python {} rows/s, Rust {} \
@@ -1876,32 +1876,56 @@ impl Report {
             )?;
         }
         let i = &t.images;
-        let (sc, lc) = (f(i, &["sluice", "cpu"]), f(i, &["loaders", "cpu"]));
+        let runs: Vec<&serde_json::Value> = i["runs"].as_array().into_iter().flatten().collect();
+        if runs.is_empty() {
+            anyhow::bail!("benches/image_pipeline.py reported no repetitions (\"runs\")");
+        }
         writeln!(
             b,
             "\n`benches/image_pipeline.py`: pipelines/images.sql on {} generated JPEGs, {} epochs, {} \
              trainers. Sluice: `sluice run` and Python trainers that sum every pixel and target \
              (`np.from_dlpack`); loaders: Python processes doing the same augmentation with Pillow + \
-             numpy. One core, one pass: Sluice {:.2} CPU-s, Pillow + numpy {:.2} CPU-s.\n",
+             numpy. One core, one pass: Sluice {:.2} CPU-s, Pillow + numpy {:.2} CPU-s. {} \
+             repetitions, Sluice and the loaders alternated (one run's producer has taken from 1.3 \
+             to 1.8 CPU-s for the same work on 2 vCPUs); the goal is judged on the median.\n",
             i["images"],
             i["epochs"],
             i["trainers"],
             f(i, &["per_core", "sluice_cpu"]),
             f(i, &["per_core", "pillow_cpu"]),
-        )?;
-        writeln!(b, "| set-up | CPU-s | wall s | CPU vs loaders |")?;
-        writeln!(b, "|---|---:|---:|---:|")?;
-        writeln!(
-            b,
-            "| independent loaders | {lc:.2} | {:.2} | 1.00 |",
-            f(i, &["loaders", "wall"])
+            runs.len(),
         )?;
         writeln!(
             b,
-            "| Sluice: 1 producer + trainers | {sc:.2} | {:.2} | **{:.2}** |",
-            f(i, &["sluice", "wall"]),
-            sc / lc
+            "| repetition | loaders CPU-s | loaders wall s | Sluice CPU-s | of which the producer | Sluice wall s | CPU vs loaders |"
         )?;
+        writeln!(b, "|---:|---:|---:|---:|---:|---:|---:|")?;
+        for (k, r) in runs.iter().enumerate() {
+            writeln!(
+                b,
+                "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                k + 1,
+                f(r, &["loaders", "cpu"]),
+                f(r, &["loaders", "wall"]),
+                f(r, &["sluice", "cpu"]),
+                f(r, &["sluice", "producer_cpu"]),
+                f(r, &["sluice", "wall"]),
+                f(r, &["cpu_ratio"]),
+            )?;
+        }
+        let ratio = Summary::of(
+            &runs
+                .iter()
+                .map(|r| f(r, &["cpu_ratio"]))
+                .collect::<Vec<_>>(),
+        );
+        let steady = Summary::of(
+            &runs
+                .iter()
+                .map(|r| f(r, &["cpu_ratio_without_startup"]))
+                .collect::<Vec<_>>(),
+        );
+        // The top level holds the median repetition's figures.
         let list = |key: &str| -> Vec<f64> {
             i["sluice"][key]
                 .as_array()
@@ -1913,21 +1937,23 @@ impl Report {
         let (trainers, startup) = (list("trainer_cpu"), list("trainer_startup_cpu"));
         writeln!(
             b,
-            "\nOf Sluice's CPU-s: the producer {:.2}, the trainers {:.2} in all, of which {:.2} is \
-             their Python start-up (CPU to the end of their imports: the interpreter and numpy, \
-             whose OpenBLAS starts a thread per core); the loaders' start-up: {:.2}. Without the \
-             Python processes' start-up on both sides (a long run amortises it): **{:.2}**.",
+            "\nCPU vs loaders: **{}**. In the median repetition, of Sluice's CPU-s: the producer \
+             {:.2}, the trainers {:.2} in all, of which {:.2} is their Python start-up (CPU to the \
+             end of their imports: the interpreter and numpy, whose OpenBLAS starts a thread per \
+             core); the loaders' start-up: {:.2}. Without the Python processes' start-up on both \
+             sides (a long run amortises it): **{}**.",
+            ratio.show(2),
             f(i, &["sluice", "producer_cpu"]),
             trainers.iter().sum::<f64>(),
             startup.iter().sum::<f64>(),
             f(i, &["loaders", "startup_cpu"]),
-            f(i, &["cpu_ratio_without_startup"]),
+            steady.show(2),
         )?;
         self.goals.push((
             IMAGE_GOAL.into(),
-            against(sc / lc, 0.35, 2),
+            ratio.show_against(0.35, 2),
             "≤ 0.35",
-            Some(sc / lc <= 0.35),
+            Some(ratio.median <= 0.35),
         ));
         Ok(())
     }

@@ -123,8 +123,15 @@ pub struct Trainers {
     pub images: serde_json::Value,
 }
 
-/// Runs `benches/python_loaders.py` and `benches/image_pipeline.py`.
-pub fn run(repo: &Path, python: &Python, sluice: &Path, quick: bool) -> Result<Trainers> {
+/// Runs `benches/python_loaders.py` once and `benches/image_pipeline.py` with its
+/// N-trainer comparison repeated `reps` times (its goal is judged on the median).
+pub fn run(
+    repo: &Path,
+    python: &Python,
+    sluice: &Path,
+    quick: bool,
+    reps: usize,
+) -> Result<Trainers> {
     let dir = tempfile::tempdir()?;
     let loaders = dir.path().join("loaders.json");
     let images = dir.path().join("images.json");
@@ -148,6 +155,7 @@ pub fn run(repo: &Path, python: &Python, sluice: &Path, quick: bool) -> Result<T
         Duration::from_secs(900),
     )?;
     let count = if quick { "600" } else { "3000" };
+    let reps = reps.max(1).to_string();
     python.run(
         repo,
         &[
@@ -158,6 +166,8 @@ pub fn run(repo: &Path, python: &Python, sluice: &Path, quick: bool) -> Result<T
             count,
             "--trainers",
             "4",
+            "--reps",
+            &reps,
             "--json",
             &images.to_string_lossy(),
         ],

@@ -73,6 +73,19 @@ impl Summary {
         )
     }
 
+    /// Like [`Summary::show`], for a figure shown beside a goal of `threshold`: a median
+    /// that would read as the threshold itself shows a decimal more (see [`against`]).
+    pub fn show_against(&self, threshold: f64, decimals: usize) -> String {
+        let median = against(self.median, threshold, decimals);
+        if self.n <= 1 {
+            return median;
+        }
+        format!(
+            "{median} ({:.*}–{:.*})",
+            decimals, self.min, decimals, self.max
+        )
+    }
+
     /// Like [`Summary::show`] for large counts: with a metric suffix.
     pub fn show_count(&self) -> String {
         if self.n <= 1 {
@@ -244,5 +257,8 @@ mod tests {
         assert_eq!(against(9.96, 10.0, 1), "9.96");
         assert_eq!(against(79.6, 80.0, 0), "79.6");
         assert_eq!(against(9.4, 10.0, 1), "9.4");
+        let p99 = Summary::of(&[49.0, 50.4, 54.2]);
+        assert_eq!(p99.show_against(50.0, 0), "50.4 (49–54)");
+        assert_eq!(Summary::of(&[0.331]).show_against(0.35, 2), "0.33");
     }
 }
