@@ -1070,4 +1070,5 @@ fn a_publisher_that_drains_loses_nothing_a_subscriber_has_not_received_yet() {
         "{first:?}"
     );
     assert!(matches!(second, Ok(Frame::EndOfStream)), "{second:?}");
+    ns.purge();
 }
