@@ -2,6 +2,7 @@
 
 mod ballista;
 mod demo;
+mod malloc;
 mod serve;
 mod status;
 mod subscribe;
@@ -89,6 +90,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Before any thread: a producer's batches reuse memory instead of faulting it in anew.
+    malloc::tune();
     sluice::core::panics::install_quiet_hook();
     // The topic's shared-memory footprint is worth seeing by default.
     sluice::logging::log_to_stderr("warn,sluice_shm::publisher=info");
