@@ -1,13 +1,13 @@
 //! glibc's allocator settings for the `sluice` process.
 //!
-//! A producer allocates every batch afresh: with `pipelines/images.sql`, about 25 MB of
+//! A plan allocates every batch afresh: with `pipelines/images.sql`, about 25 MB of
 //! decoded, resized, cropped, normalised and transposed buffers per 128-row batch,
 //! megabytes per allocation. glibc serves allocations over its mmap threshold with a
 //! fresh `mmap`, and it gives back to the kernel whatever is free at the top of a thread's
 //! heap past its trim threshold (128 KiB). Either way the next batch faults its pages in
 //! again and the kernel zeroes them. That was a third of `sluice checksum`'s CPU on that
-//! plan (system time 0.34–0.41 s of 0.97–1.13 s; docs/benchmarks.md, "The producer's
-//! allocator").
+//! plan (system time 0.34–0.41 s of 0.97–1.13 s). A `sluice run` producer of the same plan
+//! gains less, about 5 % (docs/benchmarks.md, "The producer's allocator").
 //!
 //! The `sluice` binary therefore keeps allocations up to 32 MiB (glibc's most) in its
 //! heaps and keeps up to 128 MiB free at a heap's top. This is more than a thread's
