@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use iceoryx2::port::listener::Listener;
-use iceoryx2::port::notifier::Notifier;
+use iceoryx2::port::notifier::{Notifier, NotifierNotifyError};
 use iceoryx2::port::publisher::Publisher;
 use iceoryx2::port::{BackpressureAction, BackpressureInfo};
 use iceoryx2::prelude::*;
@@ -213,20 +213,14 @@ pub struct TopicPublisher {
     // uses nor drops them (see `crate::process`).
     data: Local<DataService>,
     publisher: Local<Publisher<Ipc, [u8], FrameHeader>>,
-    ready: Local<Arc<Notifier<Ipc>>>,
+    /// Wakes subscribers, with the backpressure handler (see [`Wakeups`]).
+    wakeups: Local<Arc<Wakeups>>,
     released: Local<Arc<Listener<Ipc>>>,
     sending_batch: Arc<AtomicBool>,
-    /// Messages sent whose wake-up is still owed to subscribers (see
-    /// [`TopicPublisher::publish_batch_in_burst`]); the backpressure handler pays it
-    /// before it waits.
-    wake_owed: Arc<AtomicBool>,
     /// Nanoseconds the backpressure handler spent on full queues.
     full_queue_ns: Arc<AtomicU64>,
     /// Messages sent since the last wake-up.
     unwoken: usize,
-    /// Times subscribers were woken, by this thread or the backpressure handler
-    /// ([`TopicPublisher::wakeups`]).
-    wakeups: Arc<AtomicU64>,
     seq: u64,
     /// Encodes the batches given as Arrow (the delivery protocol's [`Outlet`]), keeping
     /// their schema message from one to the next.
@@ -348,14 +342,14 @@ impl TopicPublisher {
             },
         )?;
 
-        let ready = Arc::new(
-            ready_service
+        let wakeups = Arc::new(Wakeups {
+            ready: ready_service
                 .notifier_builder()
                 .create()
                 .map_err(transport("cannot create ready notifier"))?,
-        );
-        let wake_owed = Arc::new(AtomicBool::new(false));
-        let wakeups = Arc::new(AtomicU64::new(0));
+            owed: AtomicBool::new(false),
+            count: AtomicU64::new(0),
+        });
         let released = Arc::new(
             released_service
                 .listener_builder()
@@ -379,8 +373,6 @@ impl TopicPublisher {
             last_check: std::sync::Mutex::new(Instant::now()),
             lag_limit: config.lag_limit.is_some(),
             sending_batch: sending_batch.clone(),
-            ready: ready.clone(),
-            wake_owed: wake_owed.clone(),
             wakeups: wakeups.clone(),
             waited_ns: full_queue_ns.clone(),
         };
@@ -412,13 +404,11 @@ impl TopicPublisher {
             config,
             data: Local::new(data),
             publisher: Local::new(publisher),
-            ready: Local::new(ready),
+            wakeups: Local::new(wakeups),
             released: Local::new(released),
             sending_batch,
-            wake_owed,
             full_queue_ns,
             unwoken: 0,
-            wakeups,
             seq: 0,
             encoder: sluice_core::wire::Encoder::new(),
             _node: Local::new(node),
@@ -622,20 +612,16 @@ impl TopicPublisher {
     /// Wakes subscribers for messages sent in a burst whose wake-up is still owed.
     pub fn flush(&mut self) -> Result<()> {
         self.unwoken = 0;
-        if self.wake_owed.swap(false, Ordering::Relaxed) {
-            self.wakeups.fetch_add(1, Ordering::Relaxed);
-            self.ready
-                .notify()
-                .map_err(transport("cannot wake subscribers"))?;
-        }
-        Ok(())
+        self.wakeups
+            .pay()
+            .map_err(transport("cannot wake subscribers"))
     }
 
     /// How many times subscribers were woken since the topic was created (one
     /// notification of every subscriber each), for messages of batches and control
     /// messages alike, with those the wait on a full queue pays for a burst.
     pub fn wakeups(&self) -> u64 {
-        self.wakeups.load(Ordering::Relaxed)
+        self.wakeups.count.load(Ordering::Relaxed)
     }
 
     /// Publishes the end of `epoch`, with its totals.
@@ -783,7 +769,7 @@ impl TopicPublisher {
         self.unwoken += 1;
         // (The backpressure handler runs on this thread, inside `send`: the flag needs
         // no ordering, only sharing with the handler's closure.)
-        self.wake_owed.store(true, Ordering::Relaxed);
+        self.wakeups.owed.store(true, Ordering::Relaxed);
         if defer_wake && self.unwoken < self.burst_limit() {
             return Ok(());
         }
@@ -1034,6 +1020,30 @@ fn busy_or(namespace: &Namespace, topic: &TopicName, e: impl CreateFailure) -> S
     }
 }
 
+/// A topic's wake-ups of its subscribers, shared by the publishing thread and its
+/// backpressure handler (which runs on that thread, inside `send`: the atomics need no
+/// ordering, only sharing with the handler's closure).
+struct Wakeups {
+    /// Notifies every subscriber's `ready` listener.
+    ready: Notifier<Ipc>,
+    /// Messages were sent whose wake-up is still owed (see
+    /// [`TopicPublisher::publish_batch_in_burst`]).
+    owed: AtomicBool,
+    /// Wake-ups paid so far ([`TopicPublisher::wakeups`]).
+    count: AtomicU64,
+}
+
+impl Wakeups {
+    /// Wakes the subscribers if a wake-up is owed, and counts it.
+    fn pay(&self) -> std::result::Result<(), NotifierNotifyError> {
+        if self.owed.swap(false, Ordering::Relaxed) {
+            self.count.fetch_add(1, Ordering::Relaxed);
+            self.ready.notify()?;
+        }
+        Ok(())
+    }
+}
+
 /// Decides what the producer does when a subscriber's queue is full.
 struct BackpressureWaiter {
     released: Arc<Listener<Ipc>>,
@@ -1046,9 +1056,7 @@ struct BackpressureWaiter {
     /// Set while a batch (not a control message) is being sent.
     sending_batch: Arc<AtomicBool>,
     /// The topic's wake-ups, and whether one is owed for a burst.
-    ready: Arc<Notifier<Ipc>>,
-    wake_owed: Arc<AtomicBool>,
-    wakeups: Arc<AtomicU64>,
+    wakeups: Arc<Wakeups>,
     /// Nanoseconds spent on full queues (see [`TopicPublisher::full_queue_wait`]).
     waited_ns: Arc<AtomicU64>,
 }
@@ -1067,10 +1075,7 @@ impl BackpressureWaiter {
     fn decide(&self, info: &BackpressureInfo) -> BackpressureAction {
         // A subscriber whose queue is full may be asleep, waiting for the wake-up of a
         // burst: pay it before waiting for (or skipping) that subscriber.
-        if self.wake_owed.swap(false, Ordering::Relaxed) {
-            self.wakeups.fetch_add(1, Ordering::Relaxed);
-            let _ = self.ready.notify();
-        }
+        let _ = self.wakeups.pay();
         if self.stop.load(Ordering::Relaxed) {
             return BackpressureAction::DiscardData;
         }
