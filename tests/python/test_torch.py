@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 torch = pytest.importorskip(
@@ -29,3 +32,174 @@ def test_the_dataset_yields_one_epoch_per_pass_as_tensors(plans):
     assert ds.last_epoch.epoch == 1 and ds.last_epoch.complete
     ds.close()
     producer.wait(timeout=30)
+
+
+# A trainer script with a DataLoader worker: argv = topic, start method, persistent
+# workers (0/1), passes; prints the sorted ids of each pass (or the error).
+DATALOADER_TRAINER = """
+import json, sys, torch, sluice.torch
+topic, method, persistent, passes = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
+workers = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+ds = sluice.torch.IterableDataset(topic, timeout=60, columns=["id"])
+loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers,
+                                     persistent_workers=persistent,
+                                     multiprocessing_context=method)
+try:
+    for _ in range(passes):
+        ids = sorted(i for batch in loader for i in batch["id"].tolist())
+        print(json.dumps(ids), flush=True)
+except Exception as e:
+    print("error", json.dumps(str(e)), flush=True)
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_a_persistent_dataloader_worker_gets_every_epoch_whole_on_each_pass(
+        plans, run_python, method):
+    """With ``num_workers=1, persistent_workers=True`` every pass of the loader gets the
+    next epoch whole, whatever the start method, and the pass after the end of the stream
+    is empty; the worker leaves nothing in /dev/shm when the script ends (the producer
+    finished first, so nobody else would reclaim it)."""
+    producer = sluice.Producer(plans.plan(rows=300, batch_rows=40, epochs=3),
+                               min_subscribers=1)
+    child = run_python(DATALOADER_TRAINER, plans.topic, method, "1", "4")
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    passes = [json.loads(line) for line in out.splitlines()]
+    assert passes == [list(range(300))] * 3 + [[]], err
+    producer.wait(timeout=30)
+
+
+@pytest.mark.parametrize("method, persistent, workers", [
+    ("fork", "0", "1"), ("spawn", "0", "1"), ("forkserver", "0", "1"), ("fork", "1", "2"),
+])
+def test_dataloader_workers_that_would_lose_data_are_refused(
+        plans, run_python, method, persistent, workers):
+    """Without ``persistent_workers`` torch starts a new worker for every pass, whose new
+    subscription would miss what was published in between; with two workers each would
+    get every row: both are refused with an error that says what to set, rather than
+    passes that silently lose (or repeat) epochs."""
+    producer = sluice.Producer(plans.plan(rows=300, batch_rows=40, epochs=3),
+                               min_subscribers=1, wait_timeout=60)
+    child = run_python(DATALOADER_TRAINER, plans.topic, method, persistent, "2", workers)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    assert out.startswith("error") and "persistent_workers=True" in out, out + err
+    producer.close()
+
+
+STOPPED_EARLY = """
+import sys, time, torch, sluice.torch
+ds = sluice.torch.IterableDataset(sys.argv[1], timeout=None, columns=["id"])
+loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1,
+                                     persistent_workers=True,
+                                     multiprocessing_context=sys.argv[2])
+it = iter(loader)
+time.sleep(3)
+print("started", flush=True)
+# The script ends here, its worker waiting for a producer that never comes: torch stops
+# it at exit, after a few seconds, with SIGTERM.
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_dataloader_worker_stopped_at_exit_leaves_nothing_behind(plans, run_python, ns,
+                                                                   method):
+    """A script that ends while its persistent worker waits (here for a producer; no
+    Sluice process is left to reclaim what it leaves): torch joins the worker for a few
+    seconds and then terminates it (SIGTERM); the worker lets go of what it holds first,
+    so nothing of it stays in /dev/shm."""
+    from conftest import _leftovers
+
+    child = run_python(STOPPED_EARLY, plans.topic, method)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0 and out.strip() == "started", err
+    time.sleep(1)
+    assert _leftovers(ns) == [], "the worker left files behind"
+
+
+WAITING_WORKER = """
+import sys, torch, sluice.torch
+ds = sluice.torch.IterableDataset(sys.argv[1], timeout=None, columns=["id"])
+loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1,
+                                     persistent_workers=True,
+                                     multiprocessing_context=sys.argv[2])
+print("waiting", flush=True)
+for batch in loader:
+    pass
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_ctrl_c_while_a_dataloader_worker_waits_for_its_producer_leaves_nothing(
+        plans, ns, method):
+    """Ctrl-C (SIGINT to the process group) while the worker waits for a producer that
+    does not exist yet: the trainer stops, and nothing of it stays in /dev/shm."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import _leftovers
+    env = dict(os.environ, SLUICE_NAMESPACE=ns, PYTHONUNBUFFERED="1")
+    child = subprocess.Popen([sys.executable, "-c", WAITING_WORKER, plans.topic, method],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    assert child.stdout.readline().strip() == "waiting"
+    # Until the worker has declared its interest in the topic.
+    from helpers import waiting_subscribers
+    deadline = time.monotonic() + 60
+    while waiting_subscribers(ns, plans.topic) == 0:
+        assert time.monotonic() < deadline and child.poll() is None, child.stderr.read()
+        time.sleep(0.05)
+    os.killpg(child.pid, signal.SIGINT)
+    child.wait(timeout=60)
+    child.stdout.close()
+    child.stderr.close()
+    time.sleep(1)
+    assert _leftovers(ns) == []
+
+
+def test_an_in_place_add_on_an_assembled_batch_changes_no_other_view(plans):
+    """``torch.from_dlpack(col).add_(1000)`` on a batch assembled from two producer
+    batches (process memory) changes that tensor only."""
+    import numpy as np
+    import pyarrow as pa
+
+    producer = sluice.Producer(plans.plan(rows=400, batch_rows=100), min_subscribers=1)
+    with sluice.subscribe(plans.topic, batch_size=64, timeout=30) as sub:
+        next(sub)
+        batch = next(sub)
+        assert batch.shm_range is None
+        before = pa.record_batch(batch).column("x").to_pylist()
+        tensor = torch.from_dlpack(batch["x"])
+        tensor.add_(1000)
+        assert tensor[0].item() == before[0] + 1000
+        assert np.asarray(batch["x"]).tolist() == before
+        assert pa.record_batch(batch).column("x").to_pylist() == before
+        assert torch.from_dlpack(batch["x"]).tolist() == before
+        del tensor, batch
+        for rest in sub:
+            del rest
+    producer.wait(timeout=30)
+
+
+def test_tensors_kept_after_breaking_out_of_a_loader_never_change(plans):
+    """A training loop that keeps tensors and ``break``s out of the loader: they do not
+    change while the producer goes on (and the next pass gets the next epoch)."""
+    producer = sluice.Producer(plans.plan(rows=640, batch_rows=64, epochs=200),
+                               min_subscribers=1)
+    ds = sluice.torch.IterableDataset(plans.topic, timeout=30, columns=["id", "x"])
+    loader = torch.utils.data.DataLoader(ds, batch_size=None)
+    kept = []
+    for i, batch in enumerate(loader):
+        kept.append((batch["x"], batch["x"].clone()))
+        if i == 2:
+            break
+    for _ in range(3):
+        for batch in loader:
+            del batch
+    for tensor, copy in kept:
+        assert torch.equal(tensor, copy)
+    ds.close()
+    producer.close()

@@ -74,6 +74,8 @@ pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
             on_lag: args.on_lag,
             reconnect: args.reconnect.map(Duration::from_secs_f64),
             columns: args.columns.as_ref().map_or(Columns::All, Columns::named),
+            // The tool drops every batch once counted: it never holds `max_held`.
+            on_max_held: Default::default(),
         },
     )?;
     let delay = args.delay_ms.map(Duration::from_millis);

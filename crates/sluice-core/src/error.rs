@@ -56,6 +56,10 @@ pub enum SluiceError {
     /// Running the plan failed (I/O, decoding the source, a failing expression).
     #[error("pipeline failed: {0}")]
     Execution(String),
+    /// The producer was asked to stop (`close()`, Ctrl-C) before its run ended; says
+    /// where it was.
+    #[error("stopped {0}")]
+    Stopped(String),
     /// The shared-memory transport failed.
     #[error("transport error: {0}")]
     Transport(String),

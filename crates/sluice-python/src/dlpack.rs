@@ -564,6 +564,9 @@ pub fn to_capsule<'py>(
     // Consumers that ignore the read-only flag (torch) write through the pointer: values
     // in shared memory are handed out in a private copy-on-write mapping, so such a write
     // changes this tensor only (see `private_map`), or copied where that cannot be made.
+    // Values in this process's memory (a batch assembled from two producer batches, one
+    // received beyond `max_held`, a remote topic's) are copied: other views (pyarrow,
+    // numpy, later exports) share that memory, and there is no copy-on-write for it.
     let (view, flags, private) = match (&view.memory, view.host_bytes()) {
         // Device views are asked for already copied or not (`describe_device`): there
         // is no copy-on-write for device memory, so a shared view is flagged read-only
@@ -572,7 +575,7 @@ pub fn to_capsule<'py>(
         (Memory::Device { .. }, _) => (view, FLAG_READ_ONLY, None),
         (Memory::Host { .. }, Some(bytes)) if copy => (view.copied(bytes), FLAG_IS_COPIED, None),
         (Memory::Host { .. }, Some(bytes)) => match PrivateMapping::of(bytes) {
-            Backing::NotShared => (view, FLAG_READ_ONLY, None),
+            Backing::NotShared => (view.copied(bytes), FLAG_IS_COPIED, None),
             Backing::Private(mapping, data) => (view, FLAG_READ_ONLY, Some((mapping, data))),
             Backing::Unavailable => (view.copied(bytes), FLAG_IS_COPIED, None),
         },

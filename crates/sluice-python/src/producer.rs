@@ -413,13 +413,17 @@ impl PyProducer {
         slf
     }
 
-    /// Without an exception: waits for the run and raises its error. With one: stops the
-    /// run and lets the exception propagate.
+    /// Without an exception: waits for the run and raises its error (unless `close()`
+    /// stopped it inside the block). With one: stops the run and lets the exception
+    /// propagate.
     #[pyo3(signature = (*args))]
     fn __exit__(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<bool> {
         let exception = args.len() > 0 && !args.get_item(0)?.is_none();
         if exception {
             let _ = self.close(py);
+        } else if self.stopped.load(Ordering::Relaxed) {
+            // Closed inside the block: the stop was asked for, not a failure to report.
+            self.close(py)?;
         } else {
             self.wait(py, None)?;
         }

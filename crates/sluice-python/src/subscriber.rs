@@ -22,7 +22,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyCapsule, PyList, PyString, PyTuple};
 use sluice::core::TopicName;
 use sluice::{
-    Columns, EpochSummary, Event, Join, OnLag, SluiceError, SubscribeOptions, Subscriber,
+    Columns, EpochSummary, Event, Join, OnLag, OnMaxHeld, SluiceError, SubscribeOptions, Subscriber,
 };
 
 use crate::batch::{PyBatch, deep_copy};
@@ -221,6 +221,16 @@ fn parse_on_lag(on_lag: &str) -> PyResult<OnLag> {
     }
 }
 
+fn parse_on_max_held(mode: &str) -> PyResult<OnMaxHeld> {
+    match mode {
+        "copy" => Ok(OnMaxHeld::Copy),
+        "error" => Ok(OnMaxHeld::Error),
+        other => Err(PyValueError::new_err(format!(
+            "unknown on_max_held mode {other:?}; use 'copy' or 'error'"
+        ))),
+    }
+}
+
 /// How one epoch ended, as this subscriber saw it.
 #[pyclass(frozen, module = "sluice._sluice", name = "EpochSummary")]
 #[derive(Debug, Clone)]
@@ -325,8 +335,13 @@ impl PySubscriber {
             }
             py.check_signals()?;
             if deadline.is_some_and(|d| Instant::now() >= d) {
+                let note = py.detach(|| lock(stream).sub.as_ref().and_then(|s| s.held_back_by()));
+                let what = match note {
+                    Some(note) => format!("the next batch on topic '{}' ({note})", self.topic),
+                    None => format!("the next batch on topic '{}'", self.topic),
+                };
                 return Err(to_py(&SluiceError::Timeout {
-                    what: format!("the next batch on topic '{}'", self.topic),
+                    what,
                     seconds: start.elapsed().as_secs_f64(),
                 }));
             }
@@ -359,8 +374,11 @@ impl PySubscriber {
     /// (`sluice run --resume`) after the producer is lost, continuing without duplicates
     /// or gaps (default: raise `ProducerLost`). `columns`: the names of the columns to
     /// receive, in that order (default: all); the others are never decoded.
+    /// `on_max_held`: once the subscriber holds `sluice.max_held` batches, `"copy"` (the
+    /// default) receives further batches as private copies, with one warning; `"error"`
+    /// raises `TransportError` instead.
     #[new]
-    #[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None, columns=None))]
+    #[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None, columns=None, on_max_held="copy"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -371,6 +389,7 @@ impl PySubscriber {
         on_lag: &str,
         reconnect: Option<f64>,
         columns: Option<&Bound<'_, PyAny>>,
+        on_max_held: &str,
     ) -> PyResult<Self> {
         // A local topic name, or flight://HOST:PORT/TOPIC (checked when connecting).
         let local = match sluice::flight::FlightTarget::parse(topic) {
@@ -384,6 +403,7 @@ impl PySubscriber {
         let columns = parse_columns(columns)?;
         let join_mode = parse_join(join)?;
         let on_lag_mode = parse_on_lag(on_lag)?;
+        let on_max_held = parse_on_max_held(on_max_held)?;
         let timeout = parse_timeout("timeout", timeout)?;
         // Unlike a timeout, `None` means "do not reconnect" and infinity "wait forever".
         let reconnect = match reconnect {
@@ -422,6 +442,7 @@ impl PySubscriber {
                 on_lag: on_lag_mode,
                 reconnect,
                 columns: columns.as_ref().map_or(Columns::All, Columns::named),
+                on_max_held,
                 ..SubscribeOptions::default()
             };
             match py.detach(|| Subscriber::connect(topic, options)) {
@@ -871,7 +892,7 @@ impl PyEpoch {
 
 /// `sluice.subscribe(...)`: the same as `sluice.Subscriber(...)`.
 #[pyfunction]
-#[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None, columns=None))]
+#[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None, columns=None, on_max_held="copy"))]
 #[allow(clippy::too_many_arguments)]
 pub fn subscribe(
     py: Python<'_>,
@@ -882,8 +903,17 @@ pub fn subscribe(
     on_lag: &str,
     reconnect: Option<f64>,
     columns: Option<&Bound<'_, PyAny>>,
+    on_max_held: &str,
 ) -> PyResult<PySubscriber> {
     PySubscriber::new(
-        py, topic, batch_size, join, timeout, on_lag, reconnect, columns,
+        py,
+        topic,
+        batch_size,
+        join,
+        timeout,
+        on_lag,
+        reconnect,
+        columns,
+        on_max_held,
     )
 }

@@ -29,9 +29,9 @@ use std::path::{Path, PathBuf};
 use sluice_core::{Result, SluiceError, TopicName};
 
 use crate::Namespace;
-use crate::interest::create_private_dir;
 use crate::lock::registry;
 use crate::process::Owner;
+use crate::registration::create_private_dir;
 
 /// How many generations of a topic's services may exist at once: one live producer's,
 /// and those of dead producers that something still holds.

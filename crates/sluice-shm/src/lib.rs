@@ -29,23 +29,30 @@
 #![warn(missing_docs)]
 
 mod claim;
+mod departure;
 mod header;
 mod interest;
 mod lock;
 mod namespace;
+mod pacing;
 pub mod process;
 mod publisher;
+mod registration;
 pub mod segment;
 mod subscriber;
 #[cfg(test)]
 mod tests;
 
+pub use departure::{DepartedSubscriber, departed_subscribers};
 pub use header::{FrameHeader, monotonic_ns};
 pub use interest::{Interest, pending_interest};
 pub use namespace::{Namespace, shm_available};
+pub use pacing::{Pacing, pacing};
 pub use publisher::{TopicConfig, TopicPublisher, message_bytes, planned_message_bytes};
 pub use segment::{Backing, Maps, SegmentMap, backing_file};
-pub use subscriber::{BatchForm, Frame, SamplePayload, TopicSubscriber, subscriber_count};
+pub use subscriber::{
+    BatchForm, Frame, OnMaxHeld, SamplePayload, TopicSubscriber, subscriber_count,
+};
 
 /// The iceoryx2 service flavour Sluice uses: inter-process, with thread-safe ports so
 /// that samples and ports can move between threads (Python, async runtimes).

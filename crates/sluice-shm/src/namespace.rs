@@ -347,8 +347,8 @@ impl Namespace {
     }
 
     /// Removes the resources of every dead process of this namespace (crashed producers
-    /// and subscribers, and the interest registrations of subscribers killed while they
-    /// waited). Returns how many dead nodes were cleaned.
+    /// and subscribers, the interest registrations of subscribers killed while they
+    /// waited, and the departures of those killed while they kept batches). Returns how many dead nodes were cleaned.
     ///
     /// A dead producer is left alone while any service it belongs to has a node that is
     /// not dead: its subscribers, whose queues point into its data segment (a subscriber
@@ -392,6 +392,8 @@ impl Namespace {
         cleaned += self.sweep_unmonitored_nodes();
         self.sweep_orphan_listeners();
         crate::interest::sweep(self);
+        crate::departure::sweep(self);
+        crate::pacing::sweep(self);
         crate::claim::sweep(self);
         // A process killed between creating the node counter and narrowing it.
         self.narrow_global_segment();

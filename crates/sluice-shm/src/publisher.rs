@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use iceoryx2::port::listener::Listener;
 use iceoryx2::port::notifier::{Notifier, NotifierNotifyError};
 use iceoryx2::port::publisher::Publisher;
+use iceoryx2::port::update_connections::UpdateConnections;
 use iceoryx2::port::{BackpressureAction, BackpressureInfo};
 use iceoryx2::prelude::*;
 use iceoryx2::service::builder::event::EventCreateError;
@@ -18,10 +19,13 @@ use sluice_core::wire::{ALIGNMENT, Encoded};
 use sluice_core::{FrameKind, Result, SluiceError, TopicName};
 
 use crate::claim::{Claim, GENERATIONS};
+use crate::departure::Departed;
 use crate::header::FrameHeader;
 use crate::interest::pending_interest;
 use crate::namespace::{Liveness, Namespace, ReclaimAfter, SHM_DIR, shm_available};
+use crate::pacing::PacingRecord;
 use crate::process::Local;
+use crate::subscriber::SPARE_BORROWS;
 use crate::{Ipc, permission_denied, transport};
 
 pub(crate) type DataService = PubSubFactory<Ipc, [u8], FrameHeader>;
@@ -79,7 +83,9 @@ impl TopicConfig {
     /// Saturates: absurd options (`SET sluice.window = 1e18`) make a topic too large for
     /// any `/dev/shm` (`ShmTooSmall`), not an overflow.
     pub fn chunks(&self) -> u64 {
-        let per_subscriber = (self.queue_depth() as u64).saturating_add(self.max_held as u64);
+        let per_subscriber = (self.queue_depth() as u64)
+            .saturating_add(self.max_held as u64)
+            .saturating_add(SPARE_BORROWS as u64);
         (self.max_subscribers as u64)
             .saturating_mul(per_subscriber)
             .saturating_add(self.history() as u64)
@@ -219,6 +225,13 @@ pub struct TopicPublisher {
     sending_batch: Arc<AtomicBool>,
     /// Nanoseconds the backpressure handler spent on full queues.
     full_queue_ns: Arc<AtomicU64>,
+    /// Subscribers that left while their batches still hold their ports (see
+    /// [`crate::departure`]): neither waited for nor counted.
+    departed: Arc<Departed>,
+    /// Which subscriber the backpressure handler waits for (see [`crate::pacing`]).
+    pacing: Local<Arc<PacingRecord>>,
+    /// [`Self::seq`], for the backpressure handler.
+    shared_seq: Arc<AtomicU64>,
     /// Messages sent since the last wake-up.
     unwoken: usize,
     seq: u64,
@@ -334,7 +347,7 @@ impl TopicPublisher {
                     .enable_safe_overflow(false)
                     .history_size(config.history())
                     .subscriber_max_buffer_size(config.queue_depth())
-                    .subscriber_max_borrowed_samples(config.max_held)
+                    .subscriber_max_borrowed_samples(config.max_held.saturating_add(SPARE_BORROWS))
                     .max_subscribers(config.max_subscribers)
                     .max_publishers(1)
                     .max_nodes(max_nodes)
@@ -359,7 +372,14 @@ impl TopicPublisher {
 
         let sending_batch = Arc::new(AtomicBool::new(false));
         let full_queue_ns = Arc::new(AtomicU64::new(0));
+        let departed = Arc::new(Departed::new(namespace, topic));
+        let pacing = Arc::new(PacingRecord::new(namespace, topic));
+        let shared_seq = Arc::new(AtomicU64::new(0));
         let handler = BackpressureWaiter {
+            departed: departed.clone(),
+            pacing: pacing.clone(),
+            seq: shared_seq.clone(),
+            queue_depth: config.queue_depth(),
             released: released.clone(),
             // A second handle to the data service: the handler outlives this borrow.
             data: node
@@ -387,7 +407,7 @@ impl TopicPublisher {
             .map_err(transport("cannot create publisher"))?;
         tracing::info!(
             generation,
-            "topic '{}' created: {:.1} MiB of shared memory ({} chunks of {} KiB: {} subscribers x ({} queued + {} held) + {} kept for replay + {} loaned); {:.1} MiB free in {SHM_DIR}",
+            "topic '{}' created: {:.1} MiB of shared memory ({} chunks of {} KiB: {} subscribers x ({} queued + {} held + {SPARE_BORROWS} copied) + {} kept for replay + {} loaned); {:.1} MiB free in {SHM_DIR}",
             config.topic,
             needed as f64 / (1 << 20) as f64,
             config.chunks(),
@@ -408,6 +428,9 @@ impl TopicPublisher {
             released: Local::new(released),
             sending_batch,
             full_queue_ns,
+            departed,
+            pacing: Local::new(pacing),
+            shared_seq,
             unwoken: 0,
             seq: 0,
             encoder: sluice_core::wire::Encoder::new(),
@@ -427,9 +450,28 @@ impl TopicPublisher {
         self.seq
     }
 
-    /// Subscribers currently attached.
+    /// Subscribers currently attached, but for those that left while their batches
+    /// still hold their ports (see [`crate::departure`]).
     pub fn subscribers(&self) -> usize {
-        self.data.dynamic_config().number_of_subscribers()
+        let all = self.data.dynamic_config().number_of_subscribers();
+        let departed = self.departed.ports();
+        if departed.is_empty() {
+            return all;
+        }
+        let mut gone = 0;
+        self.data.dynamic_config().list_subscribers(|details| {
+            gone += usize::from(departed.contains(&details.subscriber_id.value()));
+            CallbackProgression::Continue
+        });
+        all.saturating_sub(gone)
+    }
+
+    /// Subscribers that left while batches they received still hold their ports.
+    pub fn departed_subscribers(&self) -> usize {
+        self.data
+            .dynamic_config()
+            .number_of_subscribers()
+            .saturating_sub(self.subscribers())
     }
 
     /// Subscribers currently attached from processes other than this one.
@@ -466,9 +508,7 @@ impl TopicPublisher {
         let start = Instant::now();
         while self.subscribers() < n {
             if stop.load(Ordering::Relaxed) {
-                return Err(SluiceError::Execution(
-                    "interrupted while waiting for subscribers".into(),
-                ));
+                return Err(SluiceError::Stopped("while waiting for subscribers".into()));
             }
             if timeout.is_some_and(|t| start.elapsed() >= t) {
                 return Err(SluiceError::Timeout {
@@ -499,9 +539,7 @@ impl TopicPublisher {
                 return Ok(0);
             }
             if stop.load(Ordering::Relaxed) {
-                return Err(SluiceError::Execution(
-                    "interrupted while waiting for subscribers".into(),
-                ));
+                return Err(SluiceError::Stopped("while waiting for subscribers".into()));
             }
             if start.elapsed() >= grace {
                 return Ok(pending);
@@ -765,7 +803,9 @@ impl TopicPublisher {
         sample
             .send()
             .map_err(transport("cannot deliver a message"))?;
+        self.pacing.resumed();
         self.seq += 1;
+        self.shared_seq.store(self.seq, Ordering::Relaxed);
         self.unwoken += 1;
         // (The backpressure handler runs on this thread, inside `send`: the flag needs
         // no ordering, only sharing with the handler's closure.)
@@ -786,6 +826,10 @@ impl TopicPublisher {
         // Subscribers detach after the end of the stream; dead ones are reclaimed (every
         // RECLAIM_EVERY, as in `wait_for_subscribers`).
         while self.subscribers() > 0 && start.elapsed() < timeout {
+            // A subscriber that attached meanwhile gets the topic's history (and with it
+            // the end of the stream) only when the publisher looks at its connections,
+            // which it otherwise does only when it sends.
+            let _ = self.publisher.update_connections();
             let _ = self.released.timed_wait(|_| {}, DEAD_CHECK_INTERVAL);
             self.namespace.reclaim_dead_now_and_then();
         }
@@ -857,7 +901,7 @@ fn wait_for_dead_topic(
                         return Err(SluiceError::TopicBusy(topic.to_string()));
                     }
                     Liveness::Unknown => unknown = true,
-                    Liveness::Gone => attached += live_subscribers(namespace, &service),
+                    Liveness::Gone => attached += live_subscribers(namespace, topic, &service),
                 },
                 // Left half-created by a producer killed while creating its data service
                 // (its events, created before, go with the dead producer's node).
@@ -870,14 +914,24 @@ fn wait_for_dead_topic(
                 Err(_) => {}
             }
         }
-        if stop.load(Ordering::Relaxed) {
-            return Err(SluiceError::Execution(format!(
-                "interrupted while waiting for the subscribers of topic '{topic}' that are \
-                 still attached to its previous producer (gone) to let go"
-            )));
-        }
         if let (Some(generation), 0, false) = (free, attached, unknown) {
             return Ok(generation);
+        }
+        if stop.load(Ordering::Relaxed) {
+            let why = if attached > 0 {
+                format!(
+                    "while waiting for the {attached} subscriber(s) of topic '{topic}' still \
+                     attached to its previous producer (gone) to let go"
+                )
+            } else if unknown {
+                format!("while waiting to learn whether topic '{topic}' has a live producer")
+            } else {
+                format!(
+                    "while waiting for the processes that keep batches of topic '{topic}''s \
+                     earlier producers to let go"
+                )
+            };
+            return Err(SluiceError::Stopped(why));
         }
         let waited = start.elapsed();
         if waited >= next_note {
@@ -906,11 +960,15 @@ fn wait_for_dead_topic(
     }
 }
 
-/// Subscribers of the data service whose process is not known to be dead.
-fn live_subscribers(namespace: &Namespace, data: &DataService) -> usize {
+/// Subscribers of the data service whose process is not known to be dead, but for those
+/// that left while batches they keep hold their ports (see [`crate::departure`]).
+fn live_subscribers(namespace: &Namespace, topic: &TopicName, data: &DataService) -> usize {
+    let departed = crate::departure::departed_ports(namespace, topic);
     let mut nodes = Vec::new();
     data.dynamic_config().list_subscribers(|details| {
-        nodes.push(details.node_id);
+        if !departed.contains(&details.subscriber_id.value()) {
+            nodes.push(details.node_id);
+        }
         CallbackProgression::Continue
     });
     nodes
@@ -1046,6 +1104,14 @@ impl Wakeups {
 
 /// Decides what the producer does when a subscriber's queue is full.
 struct BackpressureWaiter {
+    /// Subscribers that left (their queues are never waited for).
+    departed: Arc<Departed>,
+    /// Says which subscriber a long wait is for.
+    pacing: Arc<PacingRecord>,
+    /// Messages published so far (the publisher's next sequence number).
+    seq: Arc<AtomicU64>,
+    /// Messages a subscriber's queue holds.
+    queue_depth: usize,
     released: Arc<Listener<Ipc>>,
     data: DataService,
     namespace: Namespace,
@@ -1073,6 +1139,12 @@ impl BackpressureWaiter {
     }
 
     fn decide(&self, info: &BackpressureInfo) -> BackpressureAction {
+        // A subscriber that left: its queue stays full until its batches are dropped.
+        // Checked first, so that its full queue costs nothing more, burst wake-ups
+        // included.
+        if self.departed.known(info.receiver_port_id) {
+            return BackpressureAction::DiscardData;
+        }
         // A subscriber whose queue is full may be asleep, waiting for the wake-up of a
         // burst: pay it before waiting for (or skipping) that subscriber.
         let _ = self.wakeups.pay();
@@ -1089,6 +1161,9 @@ impl BackpressureWaiter {
             due
         };
         if check {
+            if self.departed.contains(info.receiver_port_id) {
+                return BackpressureAction::DiscardData;
+            }
             self.namespace.reclaim_dead();
             // A listing taken while another process edits the subscriber list can miss
             // an entry: a subscriber counts as gone only if two listings agree.
@@ -1107,9 +1182,33 @@ impl BackpressureWaiter {
             // batch, and notices the gap in sequence numbers.
             return BackpressureAction::DiscardData;
         }
+        let port = info.receiver_port_id;
+        self.pacing.waiting(
+            port,
+            self.seq.load(Ordering::Relaxed),
+            self.queue_depth,
+            || self.subscriber_pid(port),
+        );
         // Sleep until some subscriber takes a message (or the interval passes).
         let _ = self.released.timed_wait(|_| {}, DEAD_CHECK_INTERVAL);
         BackpressureAction::Retry
+    }
+
+    /// The process of the subscriber with port `port_id` (0 if unknown).
+    fn subscriber_pid(&self, port_id: u128) -> u32 {
+        let mut pid = 0;
+        self.data.dynamic_config().list_subscribers(|details| {
+            if details.subscriber_id.value() == port_id {
+                pid = details
+                    .node_id
+                    .pid::<Ipc>()
+                    .map_or(0, |p| u32::try_from(p.value()).unwrap_or(0));
+                CallbackProgression::Stop
+            } else {
+                CallbackProgression::Continue
+            }
+        });
+        pid
     }
 
     fn subscriber_attached(&self, port_id: u128) -> bool {

@@ -20,6 +20,7 @@ use sluice_core::{FrameKind, Result, SluiceError, TopicName, wire};
 use iceoryx2::service::builder::publish_subscribe::PublishSubscribeOpenError as OpenError;
 
 use crate::claim::GENERATIONS;
+use crate::departure::Departure;
 use crate::header::FrameHeader;
 use crate::interest::Interest;
 use crate::namespace::Liveness;
@@ -54,11 +55,12 @@ pub enum Frame {
         /// Rows of each producer batch where the message carries several (see
         /// `sluice_core::Inbound::Batch`); 0: one batch.
         batch_rows: u64,
-        /// The batch, decoded in place.
+        /// The batch, decoded in place (or a private copy, see `shm_range`).
         batch: RecordBatch,
         /// Addresses of the shared-memory sample the batch lives in (for checking that
-        /// nothing was copied).
-        shm_range: std::ops::Range<usize>,
+        /// nothing was copied); `None` for a private copy, made because the subscriber
+        /// already held `max_held` batches (see [`OnMaxHeld::Copy`]).
+        shm_range: Option<std::ops::Range<usize>>,
     },
     /// A record batch in GPU memory, described by the message's payload.
     DeviceBatch {
@@ -71,6 +73,9 @@ pub enum Frame {
         /// The descriptor's bytes, still in the shared-memory sample: holding it holds
         /// the sample, and with it the device slot the producer bound to its chunk.
         payload: SamplePayload,
+        /// Received beyond `max_held` under [`OnMaxHeld::Copy`]: the receiver is to make
+        /// the batch private and let the payload go at once.
+        beyond_max_held: bool,
     },
     /// A record batch as the producer encoded it, for a subscriber whose
     /// [`BatchForm`] is encoded: its IPC messages, for [`wire::split`] and a decoder
@@ -145,6 +150,22 @@ pub enum BatchForm {
     EncodedUnchecked,
 }
 
+/// What a subscriber that already holds `max_held` batches does with the next one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnMaxHeld {
+    /// Receives it as a private copy and hands its sample back at once (one warning per
+    /// subscriber says so): a trainer that keeps views keeps working, and the producer's
+    /// memory stays bounded.
+    #[default]
+    Copy,
+    /// Fails with [`SluiceError::Transport`], receiving nothing.
+    Error,
+}
+
+/// Borrows a subscriber has beyond its `max_held`: the one that receives a message to
+/// be copied (see [`OnMaxHeld::Copy`]) while `max_held` samples are held.
+pub(crate) const SPARE_BORROWS: usize = 1;
+
 /// Keeps a received sample alive for as long as Arrow buffers point into it.
 struct SampleOwner {
     /// The sample; `None` only while this owner is dropped. A forked child's copy is
@@ -154,22 +175,86 @@ struct SampleOwner {
     /// that it never reads lower than what iceoryx2 counts as borrowed: a subscriber may
     /// receive whenever it reads below `max_held`, whichever thread drops samples.
     held: Arc<AtomicUsize>,
-    /// For device messages, the port itself (dropped after the sample, fields drop in
-    /// order): the producer counts this subscriber as attached, and keeps its device
-    /// memory, while a device batch is held, even after the subscriber detached at the
-    /// end of the stream (host batches stay valid without the producer; device slots do
-    /// not). Let go once the producer is found gone: a restarted producer waits for the
-    /// attached subscribers of a dead one.
-    _port: Local<Option<DevicePort>>,
+    /// The port the sample came through, kept after it (fields drop in order) and after
+    /// the subscriber left the topic: iceoryx2 gives a dropped port's borrowed chunks
+    /// back to the producer at once (see [`crate::departure`]).
+    hold: Local<Arc<PortHold>>,
     /// The subscriber's reclaim when all is let go (see [`ReclaimAfter`]); dropped last.
     _reclaim: Arc<ReclaimAfter>,
 }
 
-/// The subscriber's port, shared by the subscriber and the device batches it hands out.
+/// The subscriber's port.
 type Port = Arc<Subscriber<Ipc, [u8], FrameHeader>>;
 
-/// The subscriber's port, as device batches keep it: until the producer is found gone.
-type DevicePort = Arc<std::sync::Mutex<Option<Port>>>;
+/// The subscriber's port, shared by the subscriber and every sample it handed out: the
+/// port lives until both have let go (or the producer is found gone, after which nobody
+/// reuses its chunks), so no chunk a live view points into goes back to the producer.
+struct PortHold {
+    /// `None` once the producer was found gone.
+    port: std::sync::Mutex<Option<Port>>,
+    /// Registered when the subscriber left while samples were still held.
+    departure: std::sync::Mutex<Option<Departure>>,
+}
+
+impl PortHold {
+    /// The subscriber left the topic (`held` samples still out): the producer must stop
+    /// counting on it. Best effort: without the registration, the producer waits for its
+    /// queue as for a subscriber that stopped reading.
+    fn depart(&self, namespace: &Namespace, topic: &TopicName, held: usize) {
+        let Some(id) = self
+            .port
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|port| port.id().value())
+        else {
+            return;
+        };
+        let mut departure = self.departure.lock().unwrap_or_else(|p| p.into_inner());
+        if departure.is_some() {
+            return;
+        }
+        match Departure::register(namespace, topic, id, held) {
+            Ok(registered) => *departure = Some(registered),
+            Err(e) => tracing::warn!(
+                topic = %topic,
+                "a subscriber that left while holding batches could not say so ({e}); \
+                 the producer waits for it until they are dropped"
+            ),
+        }
+    }
+
+    /// The producer is gone: nobody will reuse its chunks, so the port may go (a
+    /// restarted producer waits for the subscribers attached to a dead one).
+    fn let_go(&self) {
+        self.port.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// A sample went back; `held` are still out.
+    fn released(&self, held: usize) {
+        if let Some(departure) = &*self.departure.lock().unwrap_or_else(|p| p.into_inner()) {
+            departure.held(held);
+        }
+    }
+}
+
+impl Drop for PortHold {
+    fn drop(&mut self) {
+        // The port first: the producer must not find it attached without its departure.
+        drop(
+            self.port
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
+        drop(
+            self.departure
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
+    }
+}
 
 impl Drop for SampleOwner {
     fn drop(&mut self) {
@@ -182,7 +267,8 @@ impl Drop for SampleOwner {
         // with `TopicSubscriber::held`'s Acquire, so whoever reads the lower count also
         // sees the sample returned.
         drop(self.sample.take());
-        self.held.fetch_sub(1, Ordering::Release);
+        let held = self.held.fetch_sub(1, Ordering::Release).saturating_sub(1);
+        self.hold.released(held);
     }
 }
 
@@ -261,12 +347,17 @@ pub struct TopicSubscriber {
     // The iceoryx2 handles are `Local`: a forked child's copy of this subscriber neither
     // uses nor drops them (see `crate::process`).
     data: Local<DataService<Ipc, [u8], FrameHeader>>,
+    /// The port; `None` once detached (see [`PortHold`]).
     subscriber: Local<Option<Port>>,
-    ready: Local<Listener<Ipc>>,
+    /// Wakes this subscriber when data is queued; `None` once detached.
+    ready: Local<Option<Listener<Ipc>>>,
     released: Local<Notifier<Ipc>>,
     next_seq: Option<u64>,
     /// `published_ns` of the newest batch received.
     last_published_ns: Option<u64>,
+    /// When this subscriber attached, if it did not ask to replay the topic's history:
+    /// what was published before is passed over (see `published_before_joining`).
+    joined_ns: Option<u64>,
     stashed: Local<Option<Sample<Ipc, [u8], FrameHeader>>>,
     ended: bool,
     held: Arc<AtomicUsize>,
@@ -279,9 +370,14 @@ pub struct TopicSubscriber {
     decoder: wire::Decoder,
     /// How batches are handed over.
     form: BatchForm,
-    /// The port as device batches keep it (see [`SampleOwner`]); `None` once detached
-    /// (the device batches still held keep it, and the port, alive).
-    device_port: Local<Option<DevicePort>>,
+    /// The port as the samples handed out keep it (see [`PortHold`]); `None` once
+    /// detached (the samples still held keep it, and the port, alive).
+    hold: Local<Option<Arc<PortHold>>>,
+    /// Whether batches are received as private copies once `max_held` are held (see
+    /// [`TopicSubscriber::recv`]).
+    on_max_held: OnMaxHeld,
+    /// Whether the copies of [`OnMaxHeld::Copy`] were warned of.
+    warned_beyond_max_held: bool,
     // Dropped after the ports above: they belong to it.
     _node: Local<Node<Ipc>>,
     // Dropped last, once this subscriber has let go of the topic; the samples it handed
@@ -291,9 +387,15 @@ pub struct TopicSubscriber {
 
 impl Drop for TopicSubscriber {
     fn drop(&mut self) {
-        if self._node.is_here() && producer_state(&self.namespace, &self.data) == Liveness::Gone {
+        if !self._node.is_here() {
+            return;
+        }
+        if producer_state(&self.namespace, &self.data) == Liveness::Gone {
             self.producer_found_gone();
         }
+        // Dropped without detaching (a subscriber object collected by Python's GC): the
+        // batches it handed out keep their port, and the producer must be told it left.
+        self.detach();
     }
 }
 
@@ -457,11 +559,10 @@ impl TopicSubscriber {
             }
             std::thread::sleep(TOPIC_POLL_INTERVAL);
         };
-        let history = if replay {
-            data.static_config().history_size()
-        } else {
-            0
-        };
+        // Every subscriber asks for the history; one that did not ask to replay it takes
+        // only the end of the stream from it (see `published_before_joining`).
+        let history = data.static_config().history_size();
+        let joined_ns = (!replay).then(crate::monotonic_ns);
         let create = || data.subscriber_builder().history_request(history).create();
         let subscriber = match create() {
             // Dead subscribers may hold every place: reclaim them and try again.
@@ -485,10 +586,11 @@ impl TopicSubscriber {
             namespace: namespace.clone(),
             data: Local::new(data),
             subscriber: Local::new(Some(subscriber.clone())),
-            ready: Local::new(ready),
+            ready: Local::new(Some(ready)),
             released: Local::new(released),
             next_seq: None,
             last_published_ns: None,
+            joined_ns,
             stashed: Local::new(None),
             ended: false,
             held: Arc::new(AtomicUsize::new(0)),
@@ -496,9 +598,12 @@ impl TopicSubscriber {
             tell_every,
             decoder: wire::Decoder::new(),
             form: BatchForm::Decoded,
-            device_port: Local::new(Some(Arc::new(std::sync::Mutex::new(Some(
-                subscriber.clone(),
-            ))))),
+            warned_beyond_max_held: false,
+            hold: Local::new(Some(Arc::new(PortHold {
+                port: std::sync::Mutex::new(Some(subscriber.clone())),
+                departure: std::sync::Mutex::new(None),
+            }))),
+            on_max_held: OnMaxHeld::Copy,
             _node: Local::new(node),
             reclaim: Arc::new(ReclaimAfter::new(namespace, false)),
         })
@@ -546,7 +651,27 @@ impl TopicSubscriber {
 
     /// Messages this subscriber may hold (received, not yet dropped) at once.
     pub fn max_held(&self) -> usize {
-        self.data.static_config().subscriber_max_borrowed_samples()
+        self.data
+            .static_config()
+            .subscriber_max_borrowed_samples()
+            .saturating_sub(SPARE_BORROWS)
+            .max(1)
+    }
+
+    /// What to do with batches received once `max_held` are held (default: copy them).
+    pub fn set_on_max_held(&mut self, on_max_held: OnMaxHeld) {
+        self.on_max_held = on_max_held;
+    }
+
+    /// Whether this subscriber left the topic (see [`TopicSubscriber::detach`]).
+    pub fn is_detached(&self) -> bool {
+        self.subscriber.is_none()
+    }
+
+    /// The id of this subscriber's port (as `sluice status` and the producer name it);
+    /// `None` once detached.
+    pub fn port_id(&self) -> Option<u128> {
+        self.subscriber.as_ref().map(|port| port.id().value())
     }
 
     /// Receives the next message, waiting for it without spinning.
@@ -568,15 +693,12 @@ impl TopicSubscriber {
             let Some(subscriber) = &*self.subscriber else {
                 return Ok(Frame::EndOfStream);
             };
+            if self.on_max_held == OnMaxHeld::Error && self.held() >= self.max_held() {
+                return Err(self.too_many_held());
+            }
             let received = match subscriber.receive() {
                 Ok(sample) => sample,
-                Err(ReceiveError::ExceedsMaxBorrows) => {
-                    return Err(SluiceError::Transport(format!(
-                        "this subscriber holds too many batches of topic '{}' at once; drop older batches \
-                         (or copy what you keep) or raise sluice.max_held",
-                        self.topic
-                    )));
-                }
+                Err(ReceiveError::ExceedsMaxBorrows) => return Err(self.too_many_held()),
                 Err(e) => return Err(SluiceError::Transport(format!("receive failed: {e:?}"))),
             };
             // Taking a message frees a place in this subscriber's queue, which a producer
@@ -593,6 +715,9 @@ impl TopicSubscriber {
                 if self.untold >= self.tell_every {
                     self.tell_released();
                 }
+                if self.published_before_joining(&sample) {
+                    continue;
+                }
                 return self.frame(sample);
             }
             if self.untold > 0 {
@@ -608,7 +733,10 @@ impl TopicSubscriber {
                 });
             }
             let wait = timeout.map_or(LIVENESS_INTERVAL, |t| (t - elapsed).min(LIVENESS_INTERVAL));
-            let woken = match self.ready.timed_wait(|_| {}, wait) {
+            let Some(ready) = &*self.ready else {
+                return Ok(Frame::EndOfStream);
+            };
+            let woken = match ready.timed_wait(|_| {}, wait) {
                 Ok(n) => n,
                 // A signal (Ctrl-C, SIGCHLD, a stop and continue) ends the wait early:
                 // check again, as after any wake-up. Callers that want to react to the
@@ -624,6 +752,36 @@ impl TopicSubscriber {
                 self.check_producer()?;
             }
         }
+    }
+
+    /// The error for a receive beyond `max_held` under [`OnMaxHeld::Error`].
+    fn too_many_held(&self) -> SluiceError {
+        SluiceError::Transport(format!(
+            "this subscriber holds {} batches of topic '{}' at once (sluice.max_held = {}); \
+             drop older batches (or copy what you keep), raise sluice.max_held, or let \
+             further batches be copied (the default)",
+            self.held(),
+            self.topic,
+            self.max_held()
+        ))
+    }
+
+    /// Whether `sample` came from the topic's history although this subscriber did not
+    /// ask to replay it: every subscriber asks for the history, so that one that attaches
+    /// after the end of the stream (to a producer that lingers) still learns of that end,
+    /// but only the end of the stream and the producer's error are taken from it.
+    fn published_before_joining(&mut self, sample: &Sample<Ipc, [u8], FrameHeader>) -> bool {
+        let Some(joined) = self.joined_ns else {
+            return false;
+        };
+        let header = sample.user_header();
+        let terminal =
+            header.kind == FrameKind::EndOfStream as u32 || header.kind == FrameKind::Error as u32;
+        if header.published_ns >= joined || terminal {
+            self.joined_ns = None;
+            return false;
+        }
+        true
     }
 
     /// Tells a producer that may be asleep on a full queue that this subscriber took
@@ -674,9 +832,12 @@ impl TopicSubscriber {
                 payload.len()
             )));
         }
+        // Counted before this sample: `max_held` held already, so this one is copied.
+        let held = self.held();
+        let beyond_max_held = self.on_max_held == OnMaxHeld::Copy && held >= self.max_held();
         match kind {
             FrameKind::Batch => {
-                let payload = self.hold(sample, len, None)?;
+                let payload = self.hold(sample, len)?;
                 let encoded = |payload| Frame::Encoded {
                     epoch: header.epoch,
                     index: header.index,
@@ -707,20 +868,36 @@ impl TopicSubscriber {
                 if self.form == BatchForm::EncodedValidated {
                     return Ok(encoded(payload));
                 }
+                let (batch, shm_range) = if beyond_max_held {
+                    // The copy owns its memory: the sample (which `batch` and `payload`
+                    // hold) goes back when they are dropped here.
+                    self.warn_beyond_max_held(held);
+                    let copy = sluice_core::rebatch::deep_copy(&batch)
+                        .map_err(|e| SluiceError::Internal(format!("cannot copy a batch: {e}")))?;
+                    (copy, None)
+                } else {
+                    (batch, Some(start..start + len))
+                };
                 Ok(Frame::Batch {
                     epoch: header.epoch,
                     index: header.index,
                     batch_rows: header.batch_rows.into(),
                     batch,
-                    shm_range: start..start + len,
+                    shm_range,
                 })
             }
-            FrameKind::DeviceBatch => Ok(Frame::DeviceBatch {
-                epoch: header.epoch,
-                index: header.index,
-                rows: header.rows,
-                payload: self.hold(sample, len, self.device_port.clone())?,
-            }),
+            FrameKind::DeviceBatch => {
+                if beyond_max_held {
+                    self.warn_beyond_max_held(held);
+                }
+                Ok(Frame::DeviceBatch {
+                    epoch: header.epoch,
+                    index: header.index,
+                    rows: header.rows,
+                    payload: self.hold(sample, len)?,
+                    beyond_max_held,
+                })
+            }
             FrameKind::EndOfEpoch => Ok(Frame::EndOfEpoch {
                 epoch: header.epoch,
                 batches: header.index,
@@ -738,22 +915,37 @@ impl TopicSubscriber {
         }
     }
 
+    /// Says once that this subscriber holds `max_held` batches and copies the next ones.
+    fn warn_beyond_max_held(&mut self, held: usize) {
+        if std::mem::replace(&mut self.warned_beyond_max_held, true) {
+            return;
+        }
+        tracing::warn!(
+            topic = %self.topic,
+            "this subscriber holds {} batches of topic '{}' (sluice.max_held = {}): further \
+             batches are private copies until it drops some. Keep fewer batches (or copy what \
+             you keep: batch.copy(), np.array(column)) to stay zero-copy, or raise \
+             sluice.max_held",
+            held,
+            self.topic,
+            self.max_held()
+        );
+    }
+
     /// The first `len` bytes of `sample`'s payload (checked against its length by the
-    /// caller), kept in shared memory for as long as the payload or a clone lives;
-    /// `port`, when given, is kept as long (see [`SampleOwner`]).
-    fn hold(
-        &self,
-        sample: Sample<Ipc, [u8], FrameHeader>,
-        len: usize,
-        port: Option<DevicePort>,
-    ) -> Result<SamplePayload> {
+    /// caller), kept in shared memory, with the port it came through, for as long as the
+    /// payload or a clone lives (see [`SampleOwner`]).
+    fn hold(&self, sample: Sample<Ipc, [u8], FrameHeader>, len: usize) -> Result<SamplePayload> {
         let ptr = NonNull::new(sample.payload().as_ptr().cast_mut())
             .ok_or_else(|| SluiceError::Corrupt("null payload".into()))?;
+        let hold = self.hold.as_ref().cloned().ok_or_else(|| {
+            SluiceError::Internal("a sample was received after the subscriber detached".into())
+        })?;
         self.held.fetch_add(1, Ordering::Relaxed);
         let owner = Arc::new(SampleOwner {
             sample: Local::new(Some(sample)),
             held: self.held.clone(),
-            _port: Local::new(port),
+            hold: Local::new(hold),
             _reclaim: self.reclaim.clone(),
         });
         Ok(SamplePayload {
@@ -771,8 +963,15 @@ impl TopicSubscriber {
             return;
         }
         self.ended = true;
+        *self.stashed = None;
+        *self.ready = None;
         *self.subscriber = None;
-        *self.device_port = None;
+        if let Some(hold) = self.hold.take() {
+            // Batches handed out still hold the port: the producer must not wait for it.
+            if Arc::strong_count(&hold) > 1 {
+                hold.depart(&self.namespace, &self.topic, self.held());
+            }
+        }
         let _ = self
             .released
             .notify_with_custom_event_id(EventId::new(events::RELEASED));
@@ -789,11 +988,11 @@ impl TopicSubscriber {
         self.subscriber.is_some() && producer_state(&self.namespace, &self.data) == Liveness::Gone
     }
 
-    /// Lets go of what only a live producer needs held (the port that device batches
-    /// keep), and reclaims once everything of this subscriber is let go.
+    /// Lets go of what only a live producer needs held (the port that the batches handed
+    /// out keep), and reclaims once everything of this subscriber is let go.
     fn producer_found_gone(&self) {
-        if let Some(port) = &*self.device_port {
-            port.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(hold) = &*self.hold {
+            hold.let_go();
         }
         self.reclaim.due.store(true, Ordering::Relaxed);
     }

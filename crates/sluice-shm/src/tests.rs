@@ -52,6 +52,15 @@ fn recv(sub: &mut TopicSubscriber) -> Result<Frame, SluiceError> {
     sub.recv(Some(Duration::from_secs(10)))
 }
 
+/// Waits (10 s at most) until `done`.
+fn eventually(mut done: impl FnMut() -> bool, what: &str) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(start.elapsed() < Duration::from_secs(10), "{what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Garbage in shared memory is reported as `Corrupt`, never a crash, and the subscriber
 /// keeps working for the messages after it.
 #[test]
@@ -142,14 +151,14 @@ fn a_topic_larger_than_dev_shm_is_refused_before_anything_is_created() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-/// Sizing: every chunk a subscriber may queue or hold, the replay history, plus the
-/// producer's loans.
+/// Sizing: every chunk a subscriber may queue, hold, or receive to copy beyond what it
+/// holds, the replay history, plus the producer's loans.
 #[test]
 fn shared_memory_is_sized_for_the_worst_case() {
     let config = config(8, 4, 2, 1000);
     assert_eq!(config.history(), 8);
-    assert_eq!(config.chunks(), 4 * (8 + 2) + 8 + 2);
-    assert_eq!(config.shm_bytes(), 50 * (1000 + 256));
+    assert_eq!(config.chunks(), 4 * (8 + 2 + 1) + 8 + 2);
+    assert_eq!(config.shm_bytes(), 54 * (1000 + 256));
     // Absurd options saturate (the topic is then too large for any /dev/shm), never
     // overflow.
     let absurd = TopicConfig {
@@ -334,8 +343,11 @@ fn a_held_device_message_keeps_its_chunk_until_released() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// A subscriber that leaves while it holds batches (host or device) keeps its port, so
+/// that the producer does not reuse their chunks, and registers its departure, so that
+/// the producer neither counts it nor waits for it; the port goes with the last batch.
 #[test]
-fn a_subscriber_holding_a_device_message_stays_attached_after_detaching() {
+fn a_subscriber_that_leaves_holding_batches_keeps_its_port_but_is_not_counted() {
     let ns = namespace("att");
     {
         let (mut publisher, mut sub) = pair(&ns, "attached");
@@ -354,18 +366,190 @@ fn a_subscriber_holding_a_device_message_stays_attached_after_detaching() {
         // This subscriber is in the producer's process: a device producer does not wait
         // for it before freeing its slots (its views keep them alive themselves).
         assert_eq!(publisher.subscribers_in_other_processes(), 0);
-        // Host batches stay valid without the producer: they do not keep the subscriber
-        // attached. A device batch does, until it is released: the producer frees its
-        // device memory only when no subscriber is attached.
+        let port = sub.port_id().unwrap();
         sub.detach();
-        assert_eq!(
-            publisher.subscribers(),
-            1,
-            "detached under a held device batch"
+        // The producer reads departures at most every 50 ms.
+        eventually(
+            || publisher.subscribers() == 0,
+            "a departed subscriber was counted",
         );
+        assert_eq!(
+            publisher.departed_subscribers(),
+            1,
+            "the port went with the detach"
+        );
+        let departed = crate::departed_subscribers(&ns, &TopicName::new("attached").unwrap());
+        assert_eq!(departed.len(), 1);
+        assert_eq!((departed[0].port, departed[0].held), (port, 2));
         drop(device);
-        assert_eq!(publisher.subscribers(), 0);
+        let departed = crate::departed_subscribers(&ns, &TopicName::new("attached").unwrap());
+        assert_eq!(
+            departed[0].held, 1,
+            "the count of held batches was not updated"
+        );
+        assert_eq!(publisher.departed_subscribers(), 1);
         drop(host);
+        assert_eq!(
+            publisher.departed_subscribers(),
+            0,
+            "the last batch kept the port"
+        );
+        assert!(crate::departed_subscribers(&ns, &TopicName::new("attached").unwrap()).is_empty());
+    }
+    let left = ns.leftovers();
+    ns.purge();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// What a subscriber keeps after leaving is never loaned again while the producer goes
+/// on, for as long as it is kept (the chunk reuse that changed trainers' views), and the
+/// producer does not wait for the departed subscriber's full queue.
+#[test]
+fn batches_kept_after_leaving_keep_their_chunks_while_the_producer_goes_on() {
+    let ns = namespace("keep");
+    {
+        let (mut publisher, mut sub) = pair(&ns, "keep");
+        let encoded = wire::encode(&batch()).unwrap();
+        publisher.publish_batch(0, 0, 10, &encoded).unwrap();
+        let kept = match recv(&mut sub).unwrap() {
+            Frame::Batch {
+                batch, shm_range, ..
+            } => (batch, shm_range.unwrap()),
+            other => panic!("expected a batch, got {other:?}"),
+        };
+        let before = sluice_core::rebatch::deep_copy(&kept.0).unwrap();
+        sub.detach();
+        drop(sub);
+        // Many times the topic's chunks: without a live subscriber nothing waits, and
+        // every chunk but the kept one is loaned again and again.
+        let chunks = publisher.config().chunks();
+        for i in 1..=(8 * chunks) {
+            let other = RecordBatch::try_from_iter([(
+                "v",
+                Arc::new(Int64Array::from_iter_values(
+                    (0..10).map(|v| v * 1000 + i as i64),
+                )) as ArrayRef,
+            )])
+            .unwrap();
+            publisher
+                .publish_batch(0, i, 10, &wire::encode(&other).unwrap())
+                .unwrap();
+        }
+        assert_eq!(
+            kept.0, before,
+            "a kept batch changed after its subscriber left"
+        );
+        assert!(kept.1.start < kept.1.end);
+        drop(kept);
+        assert_eq!(publisher.departed_subscribers(), 0);
+    }
+    let left = ns.leftovers();
+    ns.purge();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// Beyond `max_held`, batches arrive as private copies (no sample range) and their
+/// samples go back at once; with `OnMaxHeld::Error`, receiving fails and loses nothing.
+#[test]
+fn batches_beyond_max_held_are_private_copies_or_an_error() {
+    let ns = namespace("held");
+    {
+        let topic = TopicName::new("held").unwrap();
+        let config = TopicConfig {
+            topic: topic.clone(),
+            ..config(8, 2, 2, 4096)
+        };
+        let mut publisher =
+            TopicPublisher::create(&ns, config, Arc::new(AtomicBool::new(false))).unwrap();
+        let mut sub =
+            TopicSubscriber::connect(&ns, &topic, Some(Duration::from_secs(10)), false).unwrap();
+        let encoded = wire::encode(&batch()).unwrap();
+        for i in 0..6 {
+            publisher.publish_batch(0, i, 10, &encoded).unwrap();
+        }
+        let mut held = Vec::new();
+        for i in 0..4 {
+            match recv(&mut sub).unwrap() {
+                Frame::Batch {
+                    index,
+                    batch,
+                    shm_range,
+                    ..
+                } => {
+                    assert_eq!(index, i);
+                    assert_eq!(batch, self::batch());
+                    // The first two are in shared memory, the next ones copies.
+                    assert_eq!(shm_range.is_some(), i < 2, "batch {i}");
+                    held.push(batch);
+                }
+                other => panic!("expected batch {i}, got {other:?}"),
+            }
+            assert_eq!(sub.held(), (i as usize + 1).min(2));
+        }
+        sub.set_on_max_held(crate::OnMaxHeld::Error);
+        let err = recv(&mut sub).unwrap_err();
+        assert!(err.to_string().contains("sluice.max_held = 2"), "{err}");
+        held.truncate(1);
+        match recv(&mut sub).unwrap() {
+            Frame::Batch {
+                index, shm_range, ..
+            } => {
+                assert_eq!(index, 4, "the failed receive lost a message");
+                assert!(shm_range.is_some());
+            }
+            other => panic!("expected batch 4, got {other:?}"),
+        }
+        drop(held);
+        publisher.publish_end_of_stream(1).unwrap();
+        let _ = recv(&mut sub).unwrap();
+    }
+    let left = ns.leftovers();
+    ns.purge();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// A subscriber that attaches after the end of the stream, while the producer lingers,
+/// learns of the end at once (and a replaying one gets what the producer still holds),
+/// not `ProducerLost` once the producer exits.
+#[test]
+fn a_subscriber_attaching_while_the_producer_lingers_gets_the_end_of_the_stream() {
+    let ns = namespace("linger");
+    {
+        let (mut publisher, mut first) = pair(&ns, "linger");
+        let encoded = wire::encode(&batch()).unwrap();
+        publisher.publish_batch(0, 0, 10, &encoded).unwrap();
+        publisher.publish_end_of_epoch(0, 1, 10).unwrap();
+        publisher.publish_end_of_stream(1).unwrap();
+        let topic = TopicName::new("linger").unwrap();
+        let late = |replay| {
+            let ns = ns.clone();
+            let topic = topic.clone();
+            std::thread::spawn(move || {
+                let mut sub =
+                    TopicSubscriber::connect(&ns, &topic, Some(Duration::from_secs(10)), replay)
+                        .unwrap();
+                let mut kinds = Vec::new();
+                loop {
+                    match sub.recv(Some(Duration::from_secs(10))).unwrap() {
+                        Frame::EndOfStream => break,
+                        Frame::Batch { .. } => kinds.push("batch"),
+                        Frame::EndOfEpoch { .. } => kinds.push("end of epoch"),
+                        other => panic!("unexpected {other:?}"),
+                    }
+                }
+                kinds
+            })
+        };
+        let (now, replay) = (late(false), late(true));
+        // The first subscriber has not read the end yet: the producer drains.
+        let drained = std::thread::spawn(move || {
+            publisher.drain(Duration::from_secs(20));
+            publisher
+        });
+        assert_eq!(now.join().unwrap(), Vec::<&str>::new());
+        assert_eq!(replay.join().unwrap(), ["batch", "end of epoch"]);
+        while !matches!(recv(&mut first).unwrap(), Frame::EndOfStream) {}
+        drop(drained.join().unwrap());
     }
     let left = ns.leftovers();
     ns.purge();

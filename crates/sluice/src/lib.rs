@@ -54,7 +54,7 @@ pub use host_copy::HostCopier;
 pub use producer::{Producer, Progress, RunOptions, RunStats, auto_message_batches};
 pub use sluice_core::{Checksum, Columns, Position, Result, SluiceError};
 pub use sluice_plan::{Plan, Shard, SluiceOptions, StoreStats};
-pub use sluice_shm::Namespace;
+pub use sluice_shm::{Namespace, OnMaxHeld};
 pub use subscriber::{EpochSummary, Event, Join, OnLag, SubscribeOptions, Subscriber, lies_within};
 
 /// `sluice-core`: re-batching, checksums, wire format, errors.

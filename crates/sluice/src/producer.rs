@@ -342,7 +342,10 @@ impl Producer {
                 }
                 loop {
                     if options.stop.load(Ordering::Relaxed) {
-                        return Err(SluiceError::Execution("the producer was stopped".into()));
+                        return Err(SluiceError::Stopped(format!(
+                            "in epoch {epoch}, after {} batches",
+                            progress.batches
+                        )));
                     }
                     let (index, batch, batches, encoded) = match first.take() {
                         Some(first) => first,

@@ -68,6 +68,9 @@ pub struct SubscriberReport {
     pub held: usize,
     /// Messages it missed under a lag limit.
     pub missed: u64,
+    /// Its port's id (32 hex digits), as the producer names the subscriber it waits for.
+    #[serde(default)]
+    pub port: String,
     /// When the report was written, in seconds since the Unix epoch.
     pub updated: f64,
 }
@@ -81,6 +84,34 @@ pub struct TopicStatus {
     pub producer: Option<ProducerReport>,
     /// Its subscribers.
     pub subscribers: Vec<SubscriberStatus>,
+    /// Subscribers that left the topic while batches they received are still in use:
+    /// their ports stay (pinning those batches' shared memory) until they are dropped.
+    pub departed: Vec<DepartedStatus>,
+    /// The subscriber whose full queue the producer has been waiting for, if it has
+    /// waited for a while: the one that paces the stream.
+    pub paced_by: Option<PacedBy>,
+}
+
+/// A subscriber that left its topic and still holds batches of it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DepartedStatus {
+    /// Its process id.
+    pub pid: u32,
+    /// Its port's id (32 hex digits).
+    pub port: String,
+    /// Batches (producer messages) it still holds.
+    pub held: usize,
+}
+
+/// The subscriber a producer waits for.
+#[derive(Debug, Clone, Serialize)]
+pub struct PacedBy {
+    /// Its process id (0: unknown).
+    pub pid: u32,
+    /// Its port's id (32 hex digits).
+    pub port: String,
+    /// Seconds the producer has waited for it.
+    pub waited_s: f64,
 }
 
 /// One subscriber of a topic, with its lag behind the producer.
@@ -91,6 +122,9 @@ pub struct SubscriberStatus {
     pub report: SubscriberReport,
     /// Messages the producer published that this subscriber has not received yet.
     pub lag: Option<u64>,
+    /// Whether the producer is waiting for this subscriber's full queue (see
+    /// [`TopicStatus::paced_by`]).
+    pub pacing: bool,
 }
 
 /// Writes one process's report, at most every [`REPORT_INTERVAL`].
@@ -227,6 +261,8 @@ pub fn snapshot(namespace: &Namespace) -> Result<Vec<TopicStatus>> {
                 topic: t.to_string(),
                 producer: None,
                 subscribers: Vec::new(),
+                departed: Vec::new(),
+                paced_by: None,
             })
             .topic
             .clone()
@@ -263,17 +299,72 @@ pub fn snapshot(namespace: &Namespace) -> Result<Vec<TopicStatus>> {
             }
             let key = topic_entry(&mut topics, &report.topic);
             if let Some(t) = topics.get_mut(&key) {
-                t.subscribers.push(SubscriberStatus { report, lag: None });
+                t.subscribers.push(SubscriberStatus {
+                    report,
+                    lag: None,
+                    pacing: false,
+                });
             }
+        }
+    }
+    // Topics that only subscribers which left still hold.
+    let departed_dir = namespace.root().join("departed");
+    for entry in std::fs::read_dir(departed_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if let Some(name) = entry.file_name().to_str() {
+            topic_entry(&mut topics, name);
         }
     }
     let mut out: Vec<TopicStatus> = topics.into_values().collect();
     for topic in &mut out {
-        let published = topic.producer.as_ref().map(|p| p.seq);
-        for sub in &mut topic.subscribers {
-            sub.lag = published.map(|seq| seq.saturating_sub(sub.report.seq));
+        if let Ok(name) = TopicName::new(&topic.topic) {
+            join_live_state(namespace, &name, topic);
         }
-        topic.subscribers.sort_by_key(|s| s.report.pid);
     }
+    out.retain(|t| t.producer.is_some() || !t.subscribers.is_empty() || !t.departed.is_empty());
     Ok(out)
+}
+
+/// Adds to `topic` what its producer and subscribers keep in shared memory: who paces the
+/// producer, and who left with batches still held; then each subscriber's lag.
+fn join_live_state(namespace: &Namespace, name: &TopicName, topic: &mut TopicStatus) {
+    topic.departed = sluice_shm::departed_subscribers(namespace, name)
+        .into_iter()
+        .map(|d| DepartedStatus {
+            pid: d.pid,
+            port: format!("{:032x}", d.port),
+            held: d.held,
+        })
+        .collect();
+    let pacing = topic
+        .producer
+        .as_ref()
+        .and_then(|_| sluice_shm::pacing(namespace, name));
+    // A producer waiting on a full queue has not reported since it began to wait: what
+    // it waits with is newer.
+    if let (Some(p), Some(producer)) = (&pacing, &mut topic.producer) {
+        producer.seq = producer.seq.max(p.seq);
+        producer.state = "waiting for a subscriber".into();
+    }
+    let published = topic.producer.as_ref().map(|p| p.seq);
+    for sub in &mut topic.subscribers {
+        sub.lag = published.map(|seq| seq.saturating_sub(sub.report.seq));
+        if let Some(p) = &pacing
+            && sub.report.port == format!("{:032x}", p.port)
+        {
+            sub.pacing = true;
+            // Its queue is full and it reads nothing: its lag is that queue, whatever
+            // it reported last (a subscriber that stopped reading stopped reporting).
+            sub.lag = Some(p.queued as u64);
+        }
+    }
+    topic.subscribers.sort_by_key(|s| s.report.pid);
+    topic.paced_by = pacing.map(|p| PacedBy {
+        pid: p.pid,
+        port: format!("{:032x}", p.port),
+        waited_s: p.waited_s,
+    });
 }

@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
@@ -12,12 +12,16 @@ use sluice_core::Inlet;
 use sluice_core::delivery::{Inbound, Outbound, Receiver, ReceiverOptions};
 use sluice_core::{Columns, Result, Rows, SluiceError, TopicName};
 use sluice_flight::{ClientOptions, FlightInlet, FlightTarget};
-use sluice_shm::{Frame, Namespace, TopicSubscriber};
+use sluice_shm::{Frame, Namespace, OnMaxHeld, TopicSubscriber};
 
 use crate::device::{DeviceBatch, ImporterCell};
 use crate::status::{Reporter, SubscriberReport, unix_now};
 
 pub use sluice_core::delivery::{EpochSummary, Join, OnLag};
+
+/// How long a subscriber waits for a batch before it says which other subscriber holds
+/// the stream back (see [`Subscriber::held_back_by`]).
+const STALL_NOTE_AFTER: Duration = Duration::from_secs(10);
 
 /// How to attach to a topic.
 #[derive(Debug, Clone, Default)]
@@ -46,6 +50,10 @@ pub struct SubscribeOptions {
     /// topic's server decodes and sends only those; on a GPU topic the batch's
     /// descriptor describes only those columns.
     pub columns: Columns,
+    /// What happens once the subscriber holds `sluice.max_held` batches of a local
+    /// topic: further batches are private copies (the default, with one warning), or
+    /// receiving fails.
+    pub on_max_held: OnMaxHeld,
 }
 
 /// What a subscriber receives.
@@ -155,12 +163,18 @@ pub struct Subscriber {
     /// Whether batches are cut to the subscriber's size.
     rebatching: bool,
     /// Sample ranges of producer batches the re-batcher may still be slicing; without
-    /// re-batching, the range of the last message received.
-    ranges: VecDeque<Range<usize>>,
+    /// re-batching, the range of the last message received (`None`: a private copy).
+    ranges: VecDeque<Option<Range<usize>>>,
     /// Opens the device slots of a GPU topic, on first use.
     importer: Arc<ImporterCell>,
     /// The columns delivered.
     columns: Columns,
+    /// What happens beyond `max_held` (kept for a successor's topic).
+    on_max_held: OnMaxHeld,
+    /// Since when this subscriber has waited for a batch (set at its first timeout).
+    waiting_since: Option<Instant>,
+    /// Whether the stall that `waiting_since` measures was warned of.
+    stall_noted: bool,
 }
 
 impl Subscriber {
@@ -213,6 +227,7 @@ impl Subscriber {
             options.join == Join::Replay,
         )?;
         inner.set_columns(options.columns.clone());
+        inner.set_on_max_held(options.on_max_held);
         let shown = topic.to_string();
         Self::new(
             topic,
@@ -260,6 +275,9 @@ impl Subscriber {
             ranges: VecDeque::new(),
             importer: Arc::default(),
             columns: options.columns.clone(),
+            on_max_held: options.on_max_held,
+            waiting_since: None,
+            stall_noted: false,
         })
     }
 
@@ -304,12 +322,63 @@ impl Subscriber {
                 // A column asked for that the topic lacks: every message would fail
                 // alike, so leave the topic rather than hold the producer.
                 Err(e @ SluiceError::Config(_)) => return Err(self.failed(e)),
+                Err(SluiceError::Timeout { what, seconds }) => {
+                    return Err(self.timed_out(what, seconds));
+                }
                 Err(e) => return Err(e),
             };
+            self.waiting_since = None;
+            self.stall_noted = false;
             if let Err(e) = self.receiver.push(message) {
                 return Err(self.failed(e));
             }
         }
+    }
+
+    /// A wait for the next batch timed out: says who holds the stream back, if another
+    /// subscriber does (in the error, and in a warning once a wait has lasted
+    /// [`STALL_NOTE_AFTER`]: a wait without a timeout would otherwise never say).
+    fn timed_out(&mut self, what: String, seconds: f64) -> SluiceError {
+        let since = *self.waiting_since.get_or_insert_with(Instant::now);
+        let note = self.held_back_by();
+        if let Some(note) = &note
+            && since.elapsed() >= STALL_NOTE_AFTER
+            && !std::mem::replace(&mut self.stall_noted, true)
+        {
+            tracing::warn!(topic = %self.topic, "no batch for {:.0} s: {note}", since.elapsed().as_secs_f64());
+        }
+        let what = match note {
+            Some(note) => format!("{what} ({note})"),
+            None => what,
+        };
+        SluiceError::Timeout { what, seconds }
+    }
+
+    /// Why no batch comes, if another subscriber of the topic paces the producer: the
+    /// one whose full queue it waits for (see `sluice_shm::pacing`). `None` for a remote
+    /// topic, or when nobody but the pipeline itself holds the stream back.
+    pub fn held_back_by(&self) -> Option<String> {
+        let inner = self.inner.as_ref()?;
+        let pacing = sluice_shm::pacing(&self.namespace, &self.topic)?;
+        if inner.port_id() == Some(pacing.port) {
+            return None;
+        }
+        let who = match pacing.pid {
+            0 => "another subscriber".to_string(),
+            pid if pid == std::process::id() => {
+                format!(
+                    "another subscriber in this process (port {:032x})",
+                    pacing.port
+                )
+            }
+            pid => format!("a subscriber in process {pid} (port {:032x})", pacing.port),
+        };
+        Some(format!(
+            "the producer has waited {:.0} s for {who}, whose queue of {} messages is full: a \
+             subscriber that is kept but no longer read holds every other one back; close it \
+             (or read it), or set sluice.lag_limit so that no one subscriber paces the stream",
+            pacing.waited_s, pacing.queued
+        ))
     }
 
     /// The next message from the topic, decoded; `None` after attaching to a restarted
@@ -361,6 +430,7 @@ impl Subscriber {
                 if !self.rebatching {
                     self.ranges.clear();
                 }
+                // `None`: a private copy, received beyond `max_held`.
                 self.ranges.push_back(shm_range);
                 while self.ranges.len() > self.receiver.inputs_kept() {
                     self.ranges.pop_front();
@@ -377,17 +447,23 @@ impl Subscriber {
                 index,
                 rows,
                 payload,
-            } => Inbound::Batch {
-                epoch,
-                index,
-                batch_rows: 0,
-                payload: Payload::Device(DeviceBatch::from_sample(
-                    payload,
-                    rows,
-                    &self.columns,
-                    self.importer.clone(),
-                )?),
-            },
+                beyond_max_held,
+            } => {
+                let batch =
+                    DeviceBatch::from_sample(payload, rows, &self.columns, self.importer.clone())?;
+                // Received beyond `max_held`: a private device copy, and the sample (with
+                // its slot) goes back at once.
+                let batch = match beyond_max_held {
+                    true => batch.to_private()?.unwrap_or(batch),
+                    false => batch,
+                };
+                Inbound::Batch {
+                    epoch,
+                    index,
+                    batch_rows: 0,
+                    payload: Payload::Device(batch),
+                }
+            }
             other => {
                 return Err(SluiceError::Internal(format!(
                     "a frame without rows was taken for a batch: {other:?}"
@@ -420,16 +496,17 @@ impl Subscriber {
                 other => other,
             })?;
         successor.set_columns(self.columns.clone());
+        successor.set_on_max_held(self.on_max_held);
         self.receiver.set_max_held(successor.max_held());
         self.inner = Some(successor);
         Ok(())
     }
 
     fn report(&mut self) {
-        let (seq, held) = self
+        let (seq, held, port) = self
             .inner
             .as_ref()
-            .map_or((0, 0), |i| (i.next_seq(), i.held()));
+            .map_or((0, 0, None), |i| (i.next_seq(), i.held(), i.port_id()));
         let topic = self.topic.to_string();
         let (epoch, rows, missed) = (
             self.receiver.epoch(),
@@ -448,6 +525,7 @@ impl Subscriber {
             rows_per_s,
             held,
             missed,
+            port: port.map_or_else(String::new, |p| format!("{p:032x}")),
             updated: unix_now(),
         });
     }
@@ -460,14 +538,18 @@ impl Subscriber {
                 payload: Payload::Host(batch),
             } => {
                 let shm_range = if self.rebatching {
-                    self.ranges.iter().find(|r| lies_within(&batch, r)).cloned()
+                    self.ranges
+                        .iter()
+                        .flatten()
+                        .find(|r| lies_within(&batch, r))
+                        .cloned()
                 } else {
                     // Without re-batching, a batch is the producer batch of the last
                     // message received (one is pushed only once the last is out), as
                     // the decoder made it: in place in its sample. Looking at every
                     // buffer took 4 % of a subscriber's CPU (docs/benchmarks.md, "UTF-8
                     // with SIMD"); debug builds, and so the tests, still look.
-                    let range = self.ranges.back().cloned();
+                    let range = self.ranges.back().cloned().flatten();
                     debug_assert!(range.as_ref().is_none_or(|r| lies_within(&batch, r)));
                     range
                 };

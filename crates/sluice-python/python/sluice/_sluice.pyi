@@ -10,6 +10,7 @@ __version__: str
 
 JoinMode = Literal["now", "next_epoch", "replay"]
 OnLagMode = Literal["error", "skip"]
+OnMaxHeldMode = Literal["copy", "error"]
 
 class SluiceError(Exception):
     """Base class of every error Sluice raises; the message is the Rust runtime's."""
@@ -277,6 +278,7 @@ class Subscriber(Iterator[Batch]):
         on_lag: OnLagMode = "error",
         reconnect: float | None = None,
         columns: Sequence[str] | None = None,
+        on_max_held: OnMaxHeldMode = "copy",
     ) -> None: ...
     @property
     def topic(self) -> str: ...
@@ -325,6 +327,7 @@ def subscribe(
     on_lag: OnLagMode = "error",
     reconnect: float | None = None,
     columns: Sequence[str] | None = None,
+    on_max_held: OnMaxHeldMode = "copy",
 ) -> Subscriber:
     """Attaches to ``topic``, waiting for its producer (up to ``timeout`` seconds).
 
@@ -347,6 +350,9 @@ def subscribe(
     :class:`PlanError` at the first batch, listing the topic's columns. It must be a list
     or tuple of at least one name: a ``str`` alone is refused (``columns=["features"]``,
     not ``columns="features"``), and so are sets and dicts, whose order is not yours.
+    ``on_max_held``: once this subscriber holds ``sluice.max_held`` producer messages
+    (batches it keeps alive, views included), ``"copy"`` (the default) receives the next
+    ones as private copies, warning once; ``"error"`` raises :class:`TransportError`.
 
     ``topic`` may also be ``"flight://HOST:PORT/TOPIC"`` (or ``"flight+tls://…"``): a
     topic that ``sluice serve --flight`` serves on another machine, with the same

@@ -45,7 +45,13 @@ as usual. Other columns (strings, nested lists) are passed as ``pyarrow`` arrays
 
 Use ``num_workers=0``: preprocessing already happened in the producer, and every
 subscriber receives every row, so several workers would each see the whole stream
-(the adapter refuses to run in more than one worker).
+(the adapter refuses to run in more than one worker). One worker works with
+``persistent_workers=True``: the worker keeps its subscription from pass to pass, so
+each pass gets the next epoch whole. Without it, torch starts a new worker for every
+pass, whose new subscription would miss what the producer published in between; the
+adapter refuses that configuration with an error that says so. A worker that torch
+stops with SIGTERM (at the end of a script, while the worker waits for a batch) closes
+its subscriptions first, leaving nothing in ``/dev/shm``.
 
 JAX has no dataset class; the same loop works with DLPack directly::
 
@@ -65,6 +71,9 @@ backend when the buffer is aligned as XLA wants.)
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import weakref
 from typing import Any, Callable, Iterator, Sequence
 
 import sluice
@@ -90,6 +99,23 @@ def _require_torch() -> Any:
             f"importing it failed: {_IMPORT_ERROR}"
         )
     return _torch
+
+
+def _check_worker(info: Any) -> None:
+    """Refuses DataLoader configurations whose passes would lose data silently."""
+    if info.num_workers > 1:
+        raise RuntimeError(
+            "sluice.torch.IterableDataset must run in one DataLoader worker "
+            "(num_workers=0, or num_workers=1 with persistent_workers=True): every "
+            "subscriber receives every row, so each worker would see the whole stream"
+        )
+    if _persistent_workers() is False:
+        raise RuntimeError(
+            "sluice.torch.IterableDataset in a DataLoader worker needs "
+            "persistent_workers=True (or num_workers=0): torch starts a new worker for "
+            "every pass, whose new subscription would miss what the producer published "
+            "between two passes (whole epochs, or the rest of the stream)"
+        )
 
 
 def _dlpack_stream(stream: Any) -> int:
@@ -224,6 +250,50 @@ def move_batch(batch: sluice.Batch | sluice.DeviceBatch, device: Any) -> Any:
     return batch.to_host() if isinstance(batch, sluice.DeviceBatch) else batch
 
 
+def _persistent_workers() -> bool | None:
+    """Whether this DataLoader worker is persistent, as torch's worker loop was told
+    (``None`` where it cannot be read: not in a worker, or a torch that names it
+    otherwise)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_worker_loop" and "persistent_workers" in frame.f_locals:
+            return bool(frame.f_locals["persistent_workers"])
+        frame = frame.f_back
+    return None
+
+
+# The datasets of this process with an open subscription, closed on SIGTERM in a worker.
+_OPEN: weakref.WeakSet[IterableDataset] = weakref.WeakSet()
+_SIGTERM_PID: int | None = None
+
+
+def _close_on_sigterm() -> None:
+    """In a DataLoader worker: on SIGTERM, close this process's subscriptions and exit.
+
+    torch stops a worker that does not finish within a few seconds of shutdown with
+    SIGTERM, whose default action kills it with its iceoryx2 node files still in
+    ``/dev/shm``. A Python handler runs between two of the subscriber's 50 ms waits: it
+    closes every subscription of the process and raises ``SystemExit``, which torch's
+    worker loop does not catch, so the worker exits normally and drops what it held."""
+    global _SIGTERM_PID
+    if _SIGTERM_PID == os.getpid():
+        return
+    _SIGTERM_PID = os.getpid()
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum: int, frame: Any) -> None:
+        for dataset in list(_OPEN):
+            dataset.close()
+        if callable(previous):
+            previous(signum, frame)
+        raise SystemExit(128 + signum)
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave the default action
+        _SIGTERM_PID = None
+
+
 class IterableDataset(_Base):  # type: ignore[misc,valid-type]
     """A ``torch.utils.data.IterableDataset`` that yields one Sluice epoch per pass.
 
@@ -286,15 +356,14 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
                 columns=self.columns,
             )
             self._epochs = self._subscriber.epochs()
+            _OPEN.add(self)
         return self._epochs
 
     def __iter__(self) -> Iterator[Any]:
         info = _require_torch().utils.data.get_worker_info()
-        if info is not None and info.num_workers > 1:
-            raise RuntimeError(
-                "sluice.torch.IterableDataset must run in one DataLoader worker "
-                "(num_workers=0 or 1): every subscriber receives every row"
-            )
+        if info is not None:
+            _check_worker(info)
+            _close_on_sigterm()
         epoch = next(self._connect(), None)
         if epoch is None:
             return
@@ -318,11 +387,12 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         return self._subscriber.last_epoch if self._subscriber is not None else None
 
     def close(self) -> None:
-        """Leaves the topic."""
+        """Leaves the topic. Tensors already received stay valid."""
         if self._subscriber is not None:
             self._subscriber.close()
         self._subscriber = None
         self._epochs = None
+        _OPEN.discard(self)
 
     def __getstate__(self) -> dict[str, Any]:
         # A subscription does not cross processes: a worker opens its own.
