@@ -320,3 +320,19 @@ def test_last_published_ns_is_the_producers_monotonic_clock(plans):
     # The producer started after `before`; publish times never go back.
     assert len(seen) == 10 and seen[0] >= before and seen == sorted(seen)
     producer.wait(timeout=30)
+
+
+def test_close_inside_a_producer_block_is_a_stop_not_an_error(plans):
+    """``producer.close()`` inside ``with sluice.Producer(...)`` stops the run; leaving the
+    block raises nothing, and ``wait()`` afterwards says it was stopped and where, never
+    that it waited for the subscribers of a previous producer that did not exist, however
+    soon after the start it is closed."""
+    plan = plans.plan(rows=200)
+    for round in range(20):
+        with sluice.Producer(plan, min_subscribers=1) as producer:
+            if round % 2:
+                time.sleep(0.05)
+            producer.close()
+        with pytest.raises(sluice.SluiceError, match="^stopped") as stopped:
+            producer.wait(timeout=30)
+        assert "previous producer" not in str(stopped.value)

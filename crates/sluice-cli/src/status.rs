@@ -90,26 +90,46 @@ fn render(namespace: &str, topics: &[TopicStatus]) -> String {
                 let _ = writeln!(s, "topic {}  no producer", t.topic);
             }
         }
-        if t.subscribers.is_empty() {
-            continue;
+        if let Some(p) = &t.paced_by {
+            let _ = writeln!(
+                s,
+                "  the producer has waited {:.0} s for the subscriber in process {} (port {}): \
+                 its queue is full and it reads nothing",
+                p.waited_s, p.pid, p.port
+            );
         }
-        let _ = writeln!(
-            s,
-            "  {:>8}  {:>6}  {:>12}  {:>12}  {:>6}  {:>5}  {:>7}",
-            "pid", "epoch", "rows", "rows/s", "lag", "held", "missed"
-        );
+        if !t.subscribers.is_empty() {
+            let _ = writeln!(
+                s,
+                "  {:>8}  {:>6}  {:>12}  {:>12}  {:>6}  {:>5}  {:>7}",
+                "pid", "epoch", "rows", "rows/s", "lag", "held", "missed"
+            );
+        }
         for sub in &t.subscribers {
             let r = &sub.report;
             let _ = writeln!(
                 s,
-                "  {:>8}  {:>6}  {:>12}  {:>12.0}  {:>6}  {:>5}  {:>7}",
+                "  {:>8}  {:>6}  {:>12}  {:>12.0}  {:>6}  {:>5}  {:>7}{}",
                 r.pid,
                 r.epoch,
                 r.rows,
                 r.rows_per_s,
                 sub.lag.map_or("-".to_string(), |l| l.to_string()),
                 r.held,
-                r.missed
+                r.missed,
+                if sub.pacing {
+                    "  <- paces the producer"
+                } else {
+                    ""
+                }
+            );
+        }
+        for d in &t.departed {
+            let _ = writeln!(
+                s,
+                "  {:>8}  left the topic; still holds {} batch(es) (their shared memory stays \
+                 until they are dropped)",
+                d.pid, d.held
             );
         }
     }

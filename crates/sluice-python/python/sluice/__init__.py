@@ -19,11 +19,13 @@ Producing from Python (a background thread of this process)::
     with sluice.Producer("pipelines/demo.sql", min_subscribers=2, epochs=3) as producer:
         ...                  # start trainers; the block's end waits for the run
 
-Batches stay valid for as long as anything refers to them (a pyarrow array, a numpy
-array): the shared-memory sample goes back to the producer when the last view is gone.
-A subscriber may hold batches of at most ``sluice.max_held`` producer messages at once
-(a plan option, default 4; batches cut from one message count once); receiving more
-raises :class:`TransportError` and loses nothing.
+Batches stay valid and unchanged for as long as anything refers to them (a pyarrow array,
+a numpy array, a tensor), whatever happens to the subscriber (closed, left by ``break``
+or an exception, garbage-collected): the shared-memory sample goes back to the producer
+when the last view is gone. A subscriber holds batches of at most ``sluice.max_held``
+producer messages in shared memory at once (a plan option, default 4; batches cut from
+one message count once); beyond that, batches arrive as private copies (one warning),
+or, with ``on_max_held="error"``, receiving raises :class:`TransportError`.
 Keep longer-lived data as copies: ``batch.copy()``, or ``np.array(batch["x"])`` (while
 ``np.asarray(batch["x"])`` is a zero-copy view).
 Iterating a subscriber through the Arrow stream interface
