@@ -160,6 +160,8 @@ def test_wrong_argument_types_raise_type_error(ns, call):
         (lambda: sluice.subscribe("t", batch_size=-5), "batch_size must be at least 1"),
         (lambda: sluice.subscribe("t", join="later"), "unknown join mode"),
         (lambda: sluice.subscribe("t", on_lag="ignore"), "unknown on_lag mode"),
+        (lambda: sluice.subscribe("t", on_max_held="drop"),
+         "unknown on_max_held mode 'drop'; use 'copy' or 'error'"),
         (lambda: sluice.subscribe("t", timeout=-1), "timeout must be"),
         (lambda: sluice.subscribe("t", reconnect=-1), "reconnect must be"),
         (lambda: sluice.subscribe("t", timeout=float("nan")), "timeout must be"),

@@ -200,35 +200,13 @@ pub fn parse_count(
         .map_err(|_| PyValueError::new_err(format!("{name} is too large: {n}")))
 }
 
-fn parse_join(join: &str) -> PyResult<Join> {
-    match join {
-        "now" => Ok(Join::Now),
-        "next_epoch" => Ok(Join::NextEpoch),
-        "replay" => Ok(Join::Replay),
-        other => Err(PyValueError::new_err(format!(
-            "unknown join mode {other:?}; use 'now', 'next_epoch' or 'replay'"
-        ))),
-    }
-}
-
-fn parse_on_lag(on_lag: &str) -> PyResult<OnLag> {
-    match on_lag {
-        "error" => Ok(OnLag::Error),
-        "skip" => Ok(OnLag::Skip),
-        other => Err(PyValueError::new_err(format!(
-            "unknown on_lag mode {other:?}; use 'error' or 'skip'"
-        ))),
-    }
-}
-
-fn parse_on_max_held(mode: &str) -> PyResult<OnMaxHeld> {
-    match mode {
-        "copy" => Ok(OnMaxHeld::Copy),
-        "error" => Ok(OnMaxHeld::Error),
-        other => Err(PyValueError::new_err(format!(
-            "unknown on_max_held mode {other:?}; use 'copy' or 'error'"
-        ))),
-    }
+/// A mode given as a string (`join`, `on_lag`, `on_max_held`), parsed as the CLI parses
+/// it; a wrong one is a `ValueError` that lists the right ones.
+fn parse_mode<T: std::str::FromStr<Err = SluiceError>>(mode: &str) -> PyResult<T> {
+    mode.parse().map_err(|e: SluiceError| match e {
+        SluiceError::Config(message) => PyValueError::new_err(message),
+        other => PyValueError::new_err(other.to_string()),
+    })
 }
 
 /// How one epoch ended, as this subscriber saw it.
@@ -401,9 +379,9 @@ impl PySubscriber {
         };
         let batch_size = parse_count("batch_size", batch_size, 1)?;
         let columns = parse_columns(columns)?;
-        let join_mode = parse_join(join)?;
-        let on_lag_mode = parse_on_lag(on_lag)?;
-        let on_max_held = parse_on_max_held(on_max_held)?;
+        let join_mode: Join = parse_mode(join)?;
+        let on_lag_mode: OnLag = parse_mode(on_lag)?;
+        let on_max_held: OnMaxHeld = parse_mode(on_max_held)?;
         let timeout = parse_timeout("timeout", timeout)?;
         // Unlike a timeout, `None` means "do not reconnect" and infinity "wait forever".
         let reconnect = match reconnect {

@@ -29,8 +29,7 @@ use std::path::{Path, PathBuf};
 use sluice_core::{Result, SluiceError, TopicName};
 
 use crate::Namespace;
-use crate::lock::registry;
-use crate::process::Owner;
+use crate::lock::{LockedFile, registry};
 use crate::registration::create_private_dir;
 
 /// How many generations of a topic's services may exist at once: one live producer's,
@@ -44,16 +43,11 @@ pub(crate) const GENERATIONS: u32 = 16;
 const BUSY_LOOKS: u32 = 50;
 const BUSY_LOOK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// A producer's exclusive claim on a topic; dropping it gives the topic up.
+/// A producer's exclusive claim on a topic; dropping it gives the topic up (a claimant
+/// that opened the file meanwhile sees that it locked a removed file and looks again).
 #[derive(Debug)]
 pub(crate) struct Claim {
-    path: PathBuf,
-    // The process that holds the lock: a forked child has a copy of this claim, but
-    // neither the lock nor the file.
-    owner: Owner,
-    // Holds the lock; closing the file releases it. Closed under the registry (see
-    // `Drop`), as every descriptor of a claim file is.
-    file: Option<File>,
+    _file: LockedFile,
 }
 
 impl Claim {
@@ -105,34 +99,13 @@ impl Claim {
             // The claim is the file at the path: a producer giving the topic up (or a
             // reclaimer) removes it while holding its lock, so the file locked here may
             // be one that was removed since it was opened. Then take the new one.
-            if file.as_ref().is_some_and(|f| same_file(f, &path)) {
+            if let Some(file) = file.filter(|f| same_file(f, &path)) {
                 return Ok(Self {
-                    path,
-                    owner: Owner::this(),
-                    file,
+                    _file: LockedFile::new(path, file),
                 });
             }
             held.release(&path);
         }
-    }
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        // A forked child's copy: the file is its parent's claim. (Asked before the
-        // registry, which a thread of the parent may have held at the fork.)
-        if !self.owner.is_here_for_sure() {
-            // Left open: closing it could drop a lock this child took on the file
-            // meanwhile (a look at it, under this child's registry).
-            std::mem::forget(self.file.take());
-            return;
-        }
-        let mut held = registry();
-        // Removed while still locked: a claimant that opened it meanwhile sees that it
-        // locked a removed file and looks again.
-        let _ = std::fs::remove_file(&self.path);
-        held.release(&self.path);
-        drop(self.file.take());
     }
 }
 

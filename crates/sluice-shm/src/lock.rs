@@ -92,6 +92,58 @@ impl Registry {
     }
 }
 
+/// A file this process holds locked (a claim, a registration): when dropped, it is removed
+/// while still locked (so a looker never mistakes it for a dead process's) and closed
+/// under the registry.
+#[derive(Debug)]
+pub(crate) struct LockedFile {
+    path: PathBuf,
+    // The process that holds the lock: a forked child has a copy of this value, but
+    // neither the lock nor the file.
+    owner: crate::process::Owner,
+    // Holds the lock; closing the file releases it. Closed under the registry (see
+    // `Drop`), as every descriptor of such a file is.
+    file: Option<File>,
+}
+
+impl LockedFile {
+    /// `file`, at `path`, which this process has just locked under the registry.
+    pub(crate) fn new(path: PathBuf, file: File) -> Self {
+        Self {
+            path,
+            owner: crate::process::Owner::this(),
+            file: Some(file),
+        }
+    }
+
+    /// The path.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The open file, in the process that holds it (`None` in a forked child's copy).
+    pub(crate) fn file(&self) -> Option<&File> {
+        self.file.as_ref().filter(|_| self.owner.is_here())
+    }
+}
+
+impl Drop for LockedFile {
+    fn drop(&mut self) {
+        // A forked child's copy: the file is its parent's. (Asked before the registry,
+        // which a thread of the parent may have held at the fork.) Left open: closing
+        // it could drop a lock this child took on the file meanwhile (a look at it,
+        // under this child's registry).
+        if !self.owner.is_here_for_sure() {
+            std::mem::forget(self.file.take());
+            return;
+        }
+        let mut held = registry();
+        let _ = std::fs::remove_file(&self.path);
+        held.release(&self.path);
+        drop(self.file.take());
+    }
+}
+
 /// An exclusive record lock on the whole of `file`, without waiting: `Ok(false)` if
 /// another process holds a lock on it.
 fn try_lock(file: &File) -> std::io::Result<bool> {

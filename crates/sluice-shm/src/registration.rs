@@ -24,8 +24,7 @@ use std::time::{Duration, SystemTime};
 
 use sluice_core::{Result, SluiceError};
 
-use crate::lock::registry;
-use crate::process::Owner;
+use crate::lock::{LockedFile, registry};
 
 /// A temporary registration older than this whose lock can be taken was left by a
 /// process that died between creating and renaming it.
@@ -42,13 +41,7 @@ fn own() -> std::sync::MutexGuard<'static, BTreeMap<PathBuf, Vec<u8>>> {
 /// A registration, held until dropped (which removes it).
 #[derive(Debug)]
 pub(crate) struct Registration {
-    path: PathBuf,
-    // The process that holds the lock: a forked child's copy holds neither it nor the
-    // file.
-    owner: Owner,
-    // Holds the lock; closing the file releases it. Closed under the registry (see
-    // `Drop`).
-    file: Option<File>,
+    file: LockedFile,
 }
 
 impl Registration {
@@ -99,19 +92,15 @@ impl Registration {
         }
         own().insert(path.clone(), contents.to_vec());
         Ok(Self {
-            path,
-            owner: Owner::this(),
-            file: Some(file),
+            file: LockedFile::new(path, file),
         })
     }
 
     /// Overwrites the start of the registration's contents with `contents` (of the same
     /// length as before, so that a reader never sees a mix of two lengths). Best effort.
     pub(crate) fn rewrite(&self, contents: &[u8]) {
-        if let Some(file) = &self.file
-            && self.owner.is_here()
-        {
-            own().insert(self.path.clone(), contents.to_vec());
+        if let Some(file) = self.file.file() {
+            own().insert(self.file.path().to_path_buf(), contents.to_vec());
             let _ = file.write_all_at(contents, 0);
         }
     }
@@ -119,19 +108,11 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        // A forked child's copy: the registration is its parent's (see `Claim`'s drop);
-        // its descriptor stays open, as closing it could drop a lock this child took on
-        // the file meanwhile (a look at it, under this child's registry).
-        if !self.owner.is_here_for_sure() {
-            std::mem::forget(self.file.take());
-            return;
+        // Before the file goes (with the field, right after): a looker finds either both
+        // or the file without its contents, which it reads as empty.
+        if self.file.file().is_some() {
+            own().remove(self.file.path());
         }
-        let mut held = registry();
-        // Removed while still locked, so a looker never mistakes it for a dead one's.
-        let _ = std::fs::remove_file(&self.path);
-        held.release(&self.path);
-        drop(self.file.take());
-        own().remove(&self.path);
     }
 }
 

@@ -162,6 +162,20 @@ pub enum OnMaxHeld {
     Error,
 }
 
+impl std::str::FromStr for OnMaxHeld {
+    type Err = SluiceError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "copy" => Ok(Self::Copy),
+            "error" => Ok(Self::Error),
+            other => Err(SluiceError::Config(format!(
+                "unknown on_max_held mode '{other}'; use 'copy' or 'error'"
+            ))),
+        }
+    }
+}
+
 /// Borrows a subscriber has beyond its `max_held`: the one that receives a message to
 /// be copied (see [`OnMaxHeld::Copy`]) while `max_held` samples are held.
 pub(crate) const SPARE_BORROWS: usize = 1;
