@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One producer of the demo plan and N subscriber processes, each under /usr/bin/time:
 # the CPU-seconds of the subscribers and of the producer, for A/B comparisons of two
-# binaries or two subscriber options run alternately. docs/benchmarks.md's process-level
+# binaries or two subscriber options run alternately. docs/history/benchmarks-2026-11.md's process-level
 # A/B figures ("Fewer `released` notifications", "Subscribers that name their columns")
 # come from it.
 #

@@ -9,8 +9,8 @@
 # The bundle (the 64 MiB a device call carries holds the first two, 30 MB, and not all
 # three binaries with the wheel):
 #   sluice-bench.xz, sluice-s3-test-server.xz
-#                   the `profiling` build (release code generation) that the 2-core figures in
-#                   docs/benchmarks.md come from, stripped and compressed (28 MB and 2 MB);
+#                   the `profiling` build (release code generation, with symbols for
+#                   perf), stripped and compressed (28 MB and 2 MB);
 #                   the S3 server (comparison 6) sits next to `sluice-bench`, where it
 #                   looks for it
 #   sluice.xz, sluice-*.whl

@@ -3,7 +3,7 @@
 # not started publishing (it waits for one subscriber more than there are), and the
 # CPU-seconds they and the producer take over a window of S seconds, read from
 # /proc/PID/stat at its start and end. Trainers wait like this whenever they start before
-# the data does, and between epochs of a slow pipeline. docs/benchmarks.md's "Node states
+# the data does, and between epochs of a slow pipeline. docs/history/benchmarks-2026-11.md's "Node states
 # from their monitors" figures come from it, run alternately on two binaries:
 #
 #   scripts/idle-cpu.sh [N] [S]        # default 16 subscribers, 10 seconds

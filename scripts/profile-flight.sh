@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Profiles the Flight server (`sluice serve --flight`) with N remote subscribers: where
-# its time goes per batch, and its CPU-seconds for a whole stream. docs/benchmarks.md
+# its time goes per batch, and its CPU-seconds for a whole stream. docs/history/benchmarks-2026-11.md
 # ("The Flight server forwards what the producer wrote") was written from its output.
 #
 #   scripts/profile-flight.sh [N] [BATCH_ROWS] [OUT]      # defaults: 4 1024 target/profile-flight

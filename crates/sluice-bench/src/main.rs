@@ -66,14 +66,14 @@ struct Args {
     /// and the independent pipelines' alike (default: DataFusion's, 8 192 rows). Messages
     /// are cut from one DataFusion batch at a time, so this bounds the batches one message
     /// carries (with `--message-batches` above 'auto''s) and those a burst publishes at
-    /// once (docs/benchmarks.md, "Fan-out on 2 cores in a longer run, and DataFusion's batch
+    /// once (docs/history/benchmarks-2026-11.md, "Fan-out on 2 cores in a longer run, and DataFusion's batch
     /// size").
     #[arg(long, value_name = "ROWS")]
     datafusion_batch_size: Option<std::num::NonZeroUsize>,
     /// Rows per Parquet row group of the benchmark's dataset (default 10 000). DataFusion
     /// reads a row group in batches of 8 192 rows and a shorter last one, and each of its
     /// batches is at least one wake-up of the subscribers: a multiple of 8 192 leaves no
-    /// short batches (docs/benchmarks.md, "Wake-ups per DataFusion batch").
+    /// short batches (docs/history/benchmarks-2026-11.md, "Wake-ups per DataFusion batch").
     #[arg(long, value_name = "ROWS")]
     row_group_rows: Option<std::num::NonZeroUsize>,
     /// Worker threads of comparison 3b's `sluice-flight` server (default: the server's

@@ -120,7 +120,7 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
         stop: crate::stop_flag(&rt),
         ..RunOptions::default()
     };
-    let stats = crate::run_producer(&rt, plan, &options, false)?;
+    let stats = crate::run_producer(rt, plan, options, false)?;
 
     let mut rows_out = Vec::new();
     let mut all_ok = true;

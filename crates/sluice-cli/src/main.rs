@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use sluice::{Namespace, Plan, Producer, RunOptions, SluiceError};
+use sluice::{Namespace, Plan, Producer, ProducerHandle, RunOptions, SluiceError};
 
 /// Run one ML preprocessing pipeline and feed its output, zero-copy, to every trainer on
 /// the machine.
@@ -196,7 +196,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 resume,
                 checkpoint,
             };
-            let stats = run_producer(&rt, plan, &options, quiet)?;
+            let stats = run_producer(rt, plan, options, quiet)?;
             if !quiet {
                 eprintln!(
                     "published {} rows in {} batches ({} messages, {} wake-ups of the subscribers) over {} epoch(s) in {:.2}s ({:.0} rows/s, {} of shared memory)",
@@ -277,15 +277,17 @@ fn set_shard(plan: &mut Plan, shard: Option<String>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `plan` on `rt` to its end (or a stop), showing its progress on stderr unless
+/// `quiet`.
 pub(crate) fn run_producer(
-    rt: &tokio::runtime::Runtime,
+    rt: tokio::runtime::Runtime,
     plan: Plan,
-    options: &RunOptions,
+    options: RunOptions,
     quiet: bool,
 ) -> anyhow::Result<sluice::RunStats> {
     let namespace = Namespace::from_env()?;
     let epochs = plan.options().epochs;
-    let producer = Producer::new(plan, namespace);
+    let handle = ProducerHandle::spawn(Producer::new(plan, namespace), options, rt)?;
     let bar = if quiet {
         indicatif::ProgressBar::hidden()
     } else {
@@ -297,21 +299,20 @@ pub(crate) fn run_producer(
         bar.enable_steady_tick(Duration::from_millis(200));
         bar
     };
-    let stats = producer.run(rt.handle(), options, |p| {
-        if p.batches % 16 == 0 {
-            bar.set_message(format!(
-                "epoch {}/{}  {} rows  {} batches  {}  {} subscriber(s)",
-                p.epoch + 1,
-                epochs,
-                p.rows,
-                p.batches,
-                human_bytes(p.bytes),
-                p.subscribers
-            ));
-        }
-    });
+    while !handle.wait_finished(Duration::from_millis(200)) {
+        let p = handle.progress();
+        bar.set_message(format!(
+            "epoch {}/{}  {} rows  {} batches  {}  {} subscriber(s)",
+            p.epoch + 1,
+            epochs,
+            p.rows,
+            p.batches,
+            human_bytes(p.bytes),
+            p.subscribers
+        ));
+    }
     bar.finish_and_clear();
-    Ok(stats?)
+    Ok(handle.join()?)
 }
 
 pub(crate) fn human_bytes(b: u64) -> String {

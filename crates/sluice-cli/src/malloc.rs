@@ -7,7 +7,7 @@
 //! heap past its trim threshold (128 KiB). Either way the next batch faults its pages in
 //! again and the kernel zeroes them. That was a third of `sluice checksum`'s CPU on that
 //! plan (system time 0.34–0.41 s of 0.97–1.13 s). A `sluice run` producer of the same plan
-//! gains less, about 5 % (docs/benchmarks.md, "The producer's allocator").
+//! gains less, about 5 % (docs/history/benchmarks-2026-11.md, "The producer's allocator").
 //!
 //! The `sluice` binary therefore keeps allocations up to 32 MiB (glibc's most) in its
 //! heaps and keeps up to 128 MiB free at a heap's top. This is more than a thread's

@@ -343,7 +343,7 @@ impl Columns {
 /// built, the offsets of the strings are checked with plain loops rather than
 /// arrow-data's iterators, and their values' UTF-8 with simdutf8: the same checks, a
 /// decoding of the demo schema's 1 024-row batch in 0.62–0.68 of the time
-/// (docs/benchmarks.md, "Validation deferred" and "UTF-8 with SIMD").
+/// (docs/history/benchmarks-2026-11.md, "Validation deferred" and "UTF-8 with SIMD").
 /// [`Decoder::with_arrow_validation`] decodes as arrow does.
 ///
 /// Schemas with dictionary-encoded columns are decoded whole by a fresh `StreamDecoder`
@@ -580,7 +580,7 @@ fn validate_deferred(batch: RecordBatch) -> std::result::Result<RecordBatch, Arr
 
 /// `ArrayData::validate_data` of a string (`utf8`) or binary array, with its offsets
 /// checked by plain loops: what `validate_data` checks (arrow-data's `validate_utf8` and
-/// `validate_offsets_full`), in less time (docs/benchmarks.md, "Validation deferred" and
+/// `validate_offsets_full`), in less time (docs/history/benchmarks-2026-11.md, "Validation deferred" and
 /// "UTF-8 with SIMD"). The buffers' sizes and alignment,
 /// the first and last offsets and the null count are arrow's own checks; the offsets are
 /// then checked to start at zero or more and never decrease; for strings, the values are
@@ -627,7 +627,7 @@ fn validate_bytes<O: OffsetSizeTrait + std::fmt::Display>(
         // simdutf8 accepts exactly what `str::from_utf8` accepts (its `basic` flavour
         // says only whether), with SIMD where the CPU has it: half of this check's time
         // was `str::from_utf8` in a profile of subscribers of the demo plan
-        // (docs/benchmarks.md, "UTF-8 with SIMD").
+        // (docs/history/benchmarks-2026-11.md, "UTF-8 with SIMD").
         if simdutf8::basic::from_utf8(values).is_err() {
             return data.validate_values();
         }

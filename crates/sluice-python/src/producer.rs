@@ -8,8 +8,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyValueError;
@@ -17,7 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use sluice::core::TopicName;
 use sluice::shm::process::Owner;
-use sluice::{Namespace, Producer, Progress, RunOptions, RunStats, SluiceError};
+use sluice::{Namespace, Producer, ProducerHandle, RunOptions, RunStats, SluiceError};
 
 use crate::errors::to_py;
 use crate::subscriber::{parse_count, parse_timeout};
@@ -27,35 +26,8 @@ const SLICE: Duration = Duration::from_millis(50);
 /// How long interpreter shutdown waits for each running producer to stop.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 
-/// What the run thread shares with Python.
-struct Shared {
-    outcome: Mutex<Option<Result<RunStats, SluiceError>>>,
-    finished: Condvar,
-    progress: Mutex<Progress>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Shared {
-    fn is_finished(&self) -> bool {
-        self.outcome
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
-    }
-
-    /// Waits up to `timeout` for the run to finish; true when it has.
-    fn wait_finished(&self, timeout: Duration) -> bool {
-        let guard = self.outcome.lock().unwrap_or_else(PoisonError::into_inner);
-        let (guard, _) = self
-            .finished
-            .wait_timeout_while(guard, timeout, |o| o.is_none())
-            .unwrap_or_else(PoisonError::into_inner);
-        guard.is_some()
-    }
-}
-
-/// Producers of this process that may still run, for [`shutdown`].
-static LIVE: Mutex<Vec<(Owner, Weak<Shared>)>> = Mutex::new(Vec::new());
+/// Producers of this process that may still run, for [`_shutdown`].
+static LIVE: Mutex<Vec<(Owner, Weak<ProducerHandle>)>> = Mutex::new(Vec::new());
 
 /// What a finished run did.
 #[pyclass(frozen, module = "sluice._sluice", name = "RunStats")]
@@ -150,8 +122,8 @@ pub struct PyProducer {
     plan_file: String,
     topic: String,
     epochs: u64,
-    shared: Arc<Shared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// The run (shared with [`LIVE`], for interpreter shutdown).
+    handle: Arc<ProducerHandle>,
     stopped: AtomicBool,
     /// The process that started the run: in a forked child, the run's thread does not
     /// exist (a fork copies only the forking thread), so the child's copy refuses to wait
@@ -165,27 +137,13 @@ impl PyProducer {
         self.owner.check("producer").map_err(|e| to_py(&e))
     }
 
-    fn join_thread(&self, py: Python<'_>) {
-        let handle = self
-            .thread
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(handle) = handle {
-            // The thread has published its outcome; it only has to return.
-            py.detach(move || {
-                let _ = handle.join();
-            });
-        }
-    }
-
     /// Waits for the run to finish, honouring Ctrl-C, up to `timeout`.
     fn wait_inner(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<()> {
         self.here()?;
         let start = Instant::now();
         loop {
-            let shared = &self.shared;
-            if py.detach(|| shared.wait_finished(SLICE)) {
+            let handle = &self.handle;
+            if py.detach(|| handle.wait_finished(SLICE)) {
                 break;
             }
             py.check_signals()?;
@@ -196,20 +154,19 @@ impl PyProducer {
                 }));
             }
         }
-        self.join_thread(py);
+        // The thread has published its outcome; it only has to return.
+        let handle = &self.handle;
+        py.detach(|| handle.join_thread());
         Ok(())
     }
 
     fn outcome(&self) -> Option<Result<RunStats, PyErr>> {
-        self.shared
-            .outcome
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(|o| match o {
+        self.handle.with_outcome(|outcome| {
+            outcome.map(|o| match o {
                 Ok(stats) => Ok(stats.clone()),
                 Err(e) => Err(to_py(e)),
             })
+        })
     }
 }
 
@@ -245,14 +202,7 @@ impl PyProducer {
             TopicName::new(t.as_str()).map_err(|e| PyValueError::new_err(e.to_string()))?;
         }
 
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .thread_name(format!(
-                "{}-producer",
-                sluice::core::panics::RUNTIME_THREAD_PREFIX
-            ))
-            .build()
-            .map_err(|e| to_py(&SluiceError::io("cannot start the async runtime", e)))?;
+        let runtime = ProducerHandle::runtime("producer").map_err(|e| to_py(&e))?;
         let namespace = Namespace::from_env().map_err(|e| to_py(&e))?;
         // A plan that cannot load tells the subscribers waiting for its topic why.
         let told = RunOptions {
@@ -285,52 +235,25 @@ impl PyProducer {
         let epochs = options.epochs;
         let plan_file = plan.file().to_string();
 
-        let stop = Arc::new(AtomicBool::new(false));
-        let shared = Arc::new(Shared {
-            outcome: Mutex::new(None),
-            finished: Condvar::new(),
-            progress: Mutex::new(Progress::default()),
-            stop: stop.clone(),
-        });
         let run_options = RunOptions {
             min_subscribers,
             subscriber_timeout,
             linger,
-            stop,
             ..RunOptions::default()
         };
         let producer = Producer::new(plan, namespace);
-        let for_thread = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("sluice-producer".into())
-            .spawn(move || {
-                let shared = for_thread;
-                let result = producer.run(runtime.handle(), &run_options, |p| {
-                    *shared
-                        .progress
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner) = p.clone();
-                });
-                drop(producer);
-                runtime.shutdown_timeout(Duration::from_secs(5));
-                *shared
-                    .outcome
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(result);
-                shared.finished.notify_all();
-            })
-            .map_err(|e| to_py(&SluiceError::io("cannot start the producer thread", e)))?;
+        let handle =
+            Arc::new(ProducerHandle::spawn(producer, run_options, runtime).map_err(|e| to_py(&e))?);
         {
             let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
             live.retain(|(_, w)| w.strong_count() > 0);
-            live.push((Owner::this(), Arc::downgrade(&shared)));
+            live.push((Owner::this(), Arc::downgrade(&handle)));
         }
         Ok(Self {
             plan_file,
             topic,
             epochs,
-            shared,
-            thread: Mutex::new(Some(thread)),
+            handle,
             stopped: AtomicBool::new(false),
             owner: Owner::this(),
         })
@@ -357,18 +280,13 @@ impl PyProducer {
     /// Whether the run is still going.
     #[getter]
     fn running(&self) -> bool {
-        !self.shared.is_finished()
+        !self.handle.is_finished()
     }
 
     /// Where the run is: `epoch`, `batches`, `rows`, `bytes`, `subscribers`.
     #[getter]
     fn progress<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let p = self
-            .shared
-            .progress
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let p = self.handle.progress();
         let d = PyDict::new(py);
         d.set_item("epoch", p.epoch)?;
         d.set_item("batches", p.batches)?;
@@ -398,9 +316,9 @@ impl PyProducer {
     /// Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         self.here()?;
-        if !self.shared.is_finished() {
+        if !self.handle.is_finished() {
             self.stopped.store(true, Ordering::Relaxed);
-            self.shared.stop.store(true, Ordering::Relaxed);
+            self.handle.stop();
         }
         self.wait_inner(py, None)?;
         match self.outcome() {
@@ -441,45 +359,24 @@ impl PyProducer {
     }
 }
 
-impl Drop for PyProducer {
-    fn drop(&mut self) {
-        let handle = self
-            .thread
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if !self.owner.is_here() {
-            // A forked child's copy: the thread is its parent's, and not in this process.
-            std::mem::forget(handle);
-            return;
-        }
-        if let Some(handle) = handle {
-            // Nobody can wait for this run any more: stop it and let it clean up its
-            // shared memory. The thread never needs the GIL, so joining cannot deadlock.
-            self.shared.stop.store(true, Ordering::Relaxed);
-            let _ = handle.join();
-        }
-    }
-}
-
 /// Stops every producer of this process that is still running and waits (up to a few
 /// seconds each) for it to remove its shared memory. Registered with `atexit`.
 #[pyfunction]
 pub fn _shutdown(py: Python<'_>) {
     // A forked child's copies of its parent's producers have no thread to wait for.
-    let live: Vec<Arc<Shared>> = LIVE
+    let live: Vec<Arc<ProducerHandle>> = LIVE
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .drain(..)
         .filter(|(owner, _)| owner.is_here())
         .filter_map(|(_, w)| w.upgrade())
         .collect();
-    for shared in &live {
-        shared.stop.store(true, Ordering::Relaxed);
+    for handle in &live {
+        handle.stop();
     }
     py.detach(|| {
-        for shared in &live {
-            shared.wait_finished(SHUTDOWN_WAIT);
+        for handle in &live {
+            handle.wait_finished(SHUTDOWN_WAIT);
         }
     });
 }

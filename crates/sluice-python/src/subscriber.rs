@@ -22,7 +22,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyCapsule, PyList, PyString, PyTuple};
 use sluice::core::TopicName;
 use sluice::{
-    Columns, EpochSummary, Event, Join, OnLag, OnMaxHeld, SluiceError, SubscribeOptions, Subscriber,
+    Columns, Connector, EpochSummary, Event, Join, OnLag, OnMaxHeld, SluiceError, SubscribeOptions,
+    Subscriber,
 };
 
 use crate::batch::{PyBatch, deep_copy};
@@ -369,14 +370,11 @@ impl PySubscriber {
         columns: Option<&Bound<'_, PyAny>>,
         on_max_held: &str,
     ) -> PyResult<Self> {
-        // A local topic name, or flight://HOST:PORT/TOPIC (checked when connecting).
-        let local = match sluice::flight::FlightTarget::parse(topic) {
-            Some(target) => {
-                target.map_err(|e| PyValueError::new_err(e.to_string()))?;
-                None
-            }
-            None => Some(TopicName::new(topic).map_err(|e| PyValueError::new_err(e.to_string()))?),
-        };
+        // A local topic name, or flight://HOST:PORT/TOPIC: a bad one is a ValueError.
+        match sluice::flight::FlightTarget::parse(topic) {
+            Some(target) => drop(target.map_err(|e| PyValueError::new_err(e.to_string()))?),
+            None => drop(TopicName::new(topic).map_err(|e| PyValueError::new_err(e.to_string()))?),
+        }
         let batch_size = parse_count("batch_size", batch_size, 1)?;
         let columns = parse_columns(columns)?;
         let join_mode: Join = parse_mode(join)?;
@@ -388,59 +386,42 @@ impl PySubscriber {
             Some(t) if t.is_infinite() && t > 0.0 => Some(Duration::MAX),
             other => parse_timeout("reconnect", other)?,
         };
-        // Each slice below connects afresh, to answer Ctrl-C between slices, and a slice
-        // that times out withdraws the interest it declared: a producer starting between
-        // two slices would see nobody waiting and publish without this subscriber. So the
-        // interest is declared once, for the whole wait, in the namespace every slice uses.
-        let namespace = match local {
-            Some(_) => Some(sluice::Namespace::from_env().map_err(|e| to_py(&e))?),
-            None => None,
+        // Options this module does not set keep their defaults.
+        #[allow(clippy::needless_update)]
+        let options = SubscribeOptions {
+            timeout,
+            namespace: None,
+            batch_size,
+            join: join_mode,
+            on_lag: on_lag_mode,
+            reconnect,
+            columns: columns.as_ref().map_or(Columns::All, Columns::named),
+            on_max_held,
+            ..SubscribeOptions::default()
         };
-        let interest = match (&namespace, &local) {
-            (Some(ns), Some(name)) => Some(
-                py.detach(|| sluice::shm::Interest::declare(ns, name))
-                    .map_err(|e| to_py(&e))?,
-            ),
-            _ => None,
-        };
-        let start = Instant::now();
-        let deadline = timeout.map(|t| start + t);
+        // Waits in slices, so that Ctrl-C is answered between two; the connector keeps
+        // the subscriber's declared interest for the whole wait.
+        let mut connector = py
+            .detach(|| Connector::new(topic, options))
+            .map_err(|e| to_py(&e))?;
         let sub = loop {
-            let slice = deadline.map_or(CONNECT_SLICE, |d| {
-                d.saturating_duration_since(Instant::now())
-                    .min(CONNECT_SLICE)
-            });
-            // Options this module does not set keep their defaults.
-            #[allow(clippy::needless_update)]
-            let options = SubscribeOptions {
-                timeout: Some(slice),
-                namespace: namespace.clone(),
-                batch_size,
-                join: join_mode,
-                on_lag: on_lag_mode,
-                reconnect,
-                columns: columns.as_ref().map_or(Columns::All, Columns::named),
-                on_max_held,
-                ..SubscribeOptions::default()
-            };
-            match py.detach(|| Subscriber::connect(topic, options)) {
+            match py.detach(|| connector.attach(Some(CONNECT_SLICE))) {
                 Ok(sub) => break sub,
-                Err(SluiceError::Timeout { .. }) => {}
+                Err(SluiceError::Timeout { .. }) if !connector.timed_out() => {}
+                Err(SluiceError::Timeout { .. }) => {
+                    return Err(to_py(&SluiceError::Timeout {
+                        what: format!("a producer to create topic '{topic}'"),
+                        seconds: connector.waited().as_secs_f64(),
+                    }));
+                }
                 Err(e) => {
                     py.check_signals()?;
                     return Err(to_py(&e));
                 }
             }
             py.check_signals()?;
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(to_py(&SluiceError::Timeout {
-                    what: format!("a producer to create topic '{topic}'"),
-                    seconds: start.elapsed().as_secs_f64(),
-                }));
-            }
         };
-        // Attached: the producer may start.
-        drop(interest);
+
         Ok(Self {
             topic: topic.to_string(),
             batch_size,

@@ -28,27 +28,34 @@
 //! stay until nothing holds its services ([`Namespace::reclaim_dead`]).
 #![warn(missing_docs)]
 
+mod backpressure;
 mod claim;
+mod config;
 mod departure;
+mod errors;
 mod header;
 mod interest;
+mod liveness;
 mod lock;
 mod namespace;
+mod naming;
 mod pacing;
 pub mod process;
 mod publisher;
 mod registration;
 pub mod segment;
 mod subscriber;
+mod takeover;
 #[cfg(test)]
 mod tests;
 
+pub use config::{TopicConfig, message_bytes, planned_message_bytes};
 pub use departure::{DepartedSubscriber, departed_subscribers};
 pub use header::{FrameHeader, monotonic_ns};
 pub use interest::{Interest, pending_interest};
 pub use namespace::{Namespace, shm_available};
 pub use pacing::{Pacing, pacing};
-pub use publisher::{TopicConfig, TopicPublisher, message_bytes, planned_message_bytes};
+pub use publisher::TopicPublisher;
 pub use segment::{Backing, Maps, SegmentMap, backing_file};
 pub use subscriber::{
     BatchForm, Frame, OnMaxHeld, SamplePayload, TopicSubscriber, subscriber_count,
@@ -58,22 +65,4 @@ pub use subscriber::{
 /// that samples and ports can move between threads (Python, async runtimes).
 pub(crate) type Ipc = iceoryx2::service::ipc_threadsafe::Service;
 
-fn transport<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> sluice_core::SluiceError + '_ {
-    move |e| sluice_core::SluiceError::Transport(format!("{what}: {e:?}"))
-}
-
-/// The error for a topic whose shared memory or service files this user may not use.
-pub(crate) fn permission_denied(
-    namespace: &Namespace,
-    topic: &sluice_core::TopicName,
-) -> sluice_core::SluiceError {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::geteuid() };
-    sluice_core::SluiceError::Transport(format!(
-        "permission denied on topic '{topic}': its shared memory (/dev/shm/{}*) or service files \
-         ({}) belong to another user than uid {uid}; run as that user, or choose a namespace \
-         of your own with SLUICE_NAMESPACE",
-        namespace.shm_prefix(),
-        namespace.root().display()
-    ))
-}
+pub(crate) use errors::{permission_denied, transport};

@@ -147,7 +147,7 @@ impl Namespace {
     /// * it is a RAM file system, where creating and removing the node, service and
     ///   socket files of every process that attaches costs no disk block lookups (on an
     ///   ext4 `/tmp` that busy with files created and removed, inode allocation alone was
-    ///   a sixth of a short-lived subscriber's CPU; docs/benchmarks.md);
+    ///   a sixth of a short-lived subscriber's CPU; docs/history/benchmarks-2026-11.md);
     /// * every process that can share a topic shares `/dev/shm` (the segments are there),
     ///   where `/tmp` or `TMPDIR` may differ between them (containers sharing the host's
     ///   IPC namespace have a `/tmp` of their own).
@@ -195,7 +195,7 @@ impl Namespace {
     /// iceoryx2's `Node::state_of` lists every node of the namespace and, for each one
     /// until it finds `node`, reads and parses the node's details (its whole
     /// configuration) before it asks the node's monitor: 0.26 ms for another process's
-    /// node among 5, against 28–30 µs for this (docs/benchmarks.md, "Node states from
+    /// node among 5, against 28–30 µs for this (docs/history/benchmarks-2026-11.md, "Node states from
     /// their monitors").
     /// Subscribers ask on every liveness check, and when they attach and let go. This
     /// asks the monitor alone, at the path iceoryx2 gives it; a test holds the two to
@@ -214,7 +214,7 @@ impl Namespace {
     /// files named `<prefix><node><monitor suffix>` as iceoryx2's `list_cfg` of its
     /// file-lock monitoring does, but with the file types the listing gives: `list_cfg`
     /// reads every entry's metadata and formats its path, half of a reclaim's time with
-    /// 20 nodes (docs/benchmarks.md, "Reclaiming among many nodes").
+    /// 20 nodes (docs/history/benchmarks-2026-11.md, "Reclaiming among many nodes").
     pub(crate) fn monitor_states(&self) -> Option<Vec<Liveness>> {
         let config = self.monitor_config();
         let global = &self.config.global;
@@ -456,7 +456,7 @@ impl Namespace {
         let timeout = self.config.global.creation_timeout;
         // The nodes that have a monitor file (`<prefix><node>.<suffix>`), all found by one
         // listing: looking for each node's monitor in a listing of its own made a reclaim
-        // quadratic in the nodes (docs/benchmarks.md, "Reclaiming among many nodes").
+        // quadratic in the nodes (docs/history/benchmarks-2026-11.md, "Reclaiming among many nodes").
         let monitor_of = |e: &std::fs::DirEntry| -> Option<String> {
             let file = e.file_name().to_string_lossy().to_string();
             let rest = file.strip_prefix(&prefix)?;

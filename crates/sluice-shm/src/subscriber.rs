@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use arrow::buffer::Buffer;
 use arrow::record_batch::RecordBatch;
-use iceoryx2::node::NodeView;
 use iceoryx2::port::ReceiveError;
 use iceoryx2::port::listener::{Listener, ListenerWaitError};
 use iceoryx2::port::notifier::Notifier;
@@ -20,13 +19,15 @@ use sluice_core::{FrameKind, Result, SluiceError, TopicName, wire};
 use iceoryx2::service::builder::publish_subscribe::PublishSubscribeOpenError as OpenError;
 
 use crate::claim::GENERATIONS;
+use crate::config::SPARE_BORROWS;
 use crate::departure::Departure;
 use crate::header::FrameHeader;
 use crate::interest::Interest;
+use crate::liveness::{has_live_producer, producer_alive, producer_pid, producer_state};
 use crate::namespace::Liveness;
 use crate::namespace::{Namespace, ReclaimAfter};
+use crate::naming::{events, service_name};
 use crate::process::Local;
-use crate::publisher::{events, producer_alive, producer_state, service_name};
 use crate::{Ipc, permission_denied, transport};
 
 /// How often a waiting subscriber checks that its producer is alive; bounds the time
@@ -175,10 +176,6 @@ impl std::str::FromStr for OnMaxHeld {
         }
     }
 }
-
-/// Borrows a subscriber has beyond its `max_held`: the one that receives a message to
-/// be copied (see [`OnMaxHeld::Copy`]) while `max_held` samples are held.
-pub(crate) const SPARE_BORROWS: usize = 1;
 
 /// Keeps a received sample alive for as long as Arrow buffers point into it.
 struct SampleOwner {
@@ -342,17 +339,6 @@ impl std::fmt::Debug for SamplePayload {
 unsafe impl Send for SamplePayload {}
 // SAFETY: as above: shared reads only.
 unsafe impl Sync for SamplePayload {}
-
-/// The host's process id of the topic's producer (as iceoryx2 writes it into the ids of
-/// nodes); `None` without a producer.
-fn producer_pid(data: &DataService<Ipc, [u8], FrameHeader>) -> Option<u32> {
-    let mut producer = None;
-    data.dynamic_config().list_publishers(|details| {
-        producer = details.node_id.pid::<Ipc>().ok();
-        CallbackProgression::Stop
-    });
-    producer.map(|pid| pid.value() as u32)
-}
 
 /// The subscriber end of a topic.
 pub struct TopicSubscriber {
@@ -1028,25 +1014,6 @@ impl TopicSubscriber {
         self.detach();
         Err(SluiceError::ProducerLost(self.topic.to_string()))
     }
-}
-
-/// Whether the node of a live producer belongs to the data service `name`, read without
-/// opening it (opening takes one of its places).
-fn has_live_producer(namespace: &Namespace, name: &ServiceName) -> bool {
-    let details = <Ipc as iceoryx2::prelude::Service>::details(
-        name,
-        namespace.config(),
-        MessagingPattern::PublishSubscribe,
-    );
-    let Ok(Some(details)) = details else {
-        return false;
-    };
-    details.dynamic_details.is_some_and(|d| {
-        d.nodes.iter().any(|n| {
-            matches!(n, NodeState::Alive(view)
-                if view.details().as_ref().is_some_and(|d| d.name() == crate::namespace::PRODUCER))
-        })
-    })
 }
 
 /// Subscribers attached to `topic` now (to its live producer's generation, if it has one), or

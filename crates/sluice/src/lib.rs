@@ -51,11 +51,15 @@ mod subscriber;
 pub use checkpoint::Checkpoint;
 pub use device::{DeviceBatch, DeviceColumn, DevicePart};
 pub use host_copy::HostCopier;
-pub use producer::{Producer, Progress, RunOptions, RunStats, auto_message_batches};
+pub use producer::{
+    Producer, ProducerHandle, Progress, RunOptions, RunStats, auto_message_batches,
+};
 pub use sluice_core::{Checksum, Columns, Position, Result, SluiceError};
 pub use sluice_plan::{Plan, Shard, SluiceOptions, StoreStats};
 pub use sluice_shm::{Namespace, OnMaxHeld};
-pub use subscriber::{EpochSummary, Event, Join, OnLag, SubscribeOptions, Subscriber, lies_within};
+pub use subscriber::{
+    Connector, EpochSummary, Event, Join, OnLag, SubscribeOptions, Subscriber, lies_within,
+};
 
 /// `sluice-core`: re-batching, checksums, wire format, errors.
 pub mod core {

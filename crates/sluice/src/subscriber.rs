@@ -135,6 +135,83 @@ impl Rows for Payload {
     }
 }
 
+/// Attaches a subscriber one slice of waiting at a time, so that the caller can act
+/// between two (Python runs its signal handlers, so Ctrl-C works while a trainer waits for
+/// its producer).
+///
+/// It declares the subscriber's interest in a local topic once, for the whole wait (see
+/// `sluice_shm::Interest`): a producer that starts between two slices then waits for this
+/// subscriber before its first batch, as it would for one that waited in one call.
+#[derive(Debug)]
+pub struct Connector {
+    topic: String,
+    options: SubscribeOptions,
+    /// Withdrawn once attached (or when the connector is dropped).
+    interest: Option<sluice_shm::Interest>,
+    started: Instant,
+}
+
+impl Connector {
+    /// Starts attaching to `topic` (a local topic, or `flight://HOST:PORT/TOPIC`): checks
+    /// the name and declares the subscriber's interest. Waiting happens in
+    /// [`Connector::attach`].
+    pub fn new(topic: &str, mut options: SubscribeOptions) -> Result<Self> {
+        let namespace = match options.namespace.clone() {
+            Some(ns) => ns,
+            None => Namespace::from_env()?,
+        };
+        let interest = match FlightTarget::parse(topic) {
+            Some(target) => {
+                target?;
+                None
+            }
+            None => Some(sluice_shm::Interest::declare(
+                &namespace,
+                &TopicName::new(topic)?,
+            )?),
+        };
+        options.namespace = Some(namespace);
+        Ok(Self {
+            topic: topic.to_string(),
+            options,
+            interest,
+            started: Instant::now(),
+        })
+    }
+
+    /// Waits up to `slice` (`None`: as long as it takes), and no longer than the
+    /// options' `timeout` counted from [`Connector::new`], for the producer to create the
+    /// topic, and attaches. A slice that runs out is a [`SluiceError::Timeout`]: nothing
+    /// is lost, call again; [`Connector::timed_out`] tells whether the whole timeout ran
+    /// out.
+    pub fn attach(&mut self, slice: Option<Duration>) -> Result<Subscriber> {
+        let left = self
+            .options
+            .timeout
+            .map(|t| t.saturating_sub(self.started.elapsed()));
+        let wait = match (left, slice) {
+            (Some(left), Some(slice)) => Some(left.min(slice)),
+            (left, slice) => left.or(slice),
+        };
+        let subscriber = Subscriber::attach(&self.topic, &self.options, wait)?;
+        // Attached: the producer need not wait for this subscriber's declaration any more.
+        self.interest = None;
+        Ok(subscriber)
+    }
+
+    /// Whether the options' `timeout` has run out since [`Connector::new`].
+    pub fn timed_out(&self) -> bool {
+        self.options
+            .timeout
+            .is_some_and(|t| self.started.elapsed() >= t)
+    }
+
+    /// How long this connector has been waiting.
+    pub fn waited(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
+
 /// How a subscriber reaches its topic.
 enum Port {
     /// Shared memory on this machine.
@@ -194,6 +271,13 @@ impl Subscriber {
     /// bearer token comes from `SLUICE_TOKEN`, a TLS server's CA from `SLUICE_TLS_CA`
     /// (see docs/scale-out.md).
     pub fn connect(topic: &str, options: SubscribeOptions) -> Result<Self> {
+        let wait = options.timeout;
+        Connector::new(topic, options)?.attach(wait)
+    }
+
+    /// Attaches to `topic` once, waiting up to `wait` (`None`: as long as it takes) for
+    /// its producer; `options.timeout` is kept for the batches.
+    fn attach(topic: &str, options: &SubscribeOptions, wait: Option<Duration>) -> Result<Self> {
         let namespace = match options.namespace.clone() {
             Some(ns) => ns,
             None => Namespace::from_env()?,
@@ -204,7 +288,7 @@ impl Subscriber {
                 &target,
                 ClientOptions {
                     replay: options.join == Join::Replay,
-                    wait: options.timeout,
+                    wait,
                     reconnect: options.reconnect,
                     columns: options.columns.clone(),
                     ..ClientOptions::from_env()?
@@ -215,17 +299,13 @@ impl Subscriber {
                 topic,
                 target.to_string(),
                 namespace,
-                &options,
+                options,
                 Port::Remote(Box::new(inlet)),
             );
         }
         let topic = TopicName::new(topic)?;
-        let mut inner = TopicSubscriber::connect(
-            &namespace,
-            &topic,
-            options.timeout,
-            options.join == Join::Replay,
-        )?;
+        let mut inner =
+            TopicSubscriber::connect(&namespace, &topic, wait, options.join == Join::Replay)?;
         inner.set_columns(options.columns.clone());
         inner.set_on_max_held(options.on_max_held);
         let shown = topic.to_string();
@@ -233,7 +313,7 @@ impl Subscriber {
             topic,
             shown,
             namespace,
-            &options,
+            options,
             Port::Local(Box::new(inner)),
         )
     }
@@ -547,7 +627,7 @@ impl Subscriber {
                     // Without re-batching, a batch is the producer batch of the last
                     // message received (one is pushed only once the last is out), as
                     // the decoder made it: in place in its sample. Looking at every
-                    // buffer took 4 % of a subscriber's CPU (docs/benchmarks.md, "UTF-8
+                    // buffer took 4 % of a subscriber's CPU (docs/history/benchmarks-2026-11.md, "UTF-8
                     // with SIMD"); debug builds, and so the tests, still look.
                     let range = self.ranges.back().cloned().flatten();
                     debug_assert!(range.as_ref().is_none_or(|r| lies_within(&batch, r)));

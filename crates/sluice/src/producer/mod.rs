@@ -1,0 +1,309 @@
+//! The producer: runs a plan and publishes its batches on a topic.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use std::path::PathBuf;
+
+use sluice_core::{Position, Result, SluiceError, wire};
+use sluice_plan::{Plan, SluiceOptions};
+use sluice_shm::{Namespace, TopicConfig, TopicPublisher, message_bytes};
+use tokio::runtime::Handle;
+
+mod handle;
+mod report;
+mod run;
+mod sizing;
+mod source;
+mod start;
+
+pub use handle::ProducerHandle;
+pub use sizing::auto_message_batches;
+
+use report::ProducerReporter;
+use run::{Run, Sink, wait_for_interested};
+use sizing::{First, SHORT_WINDOW, TopicPlan};
+use source::{PlanSource, Source};
+use start::StartPoint;
+
+/// How a run behaves beyond what the plan file says.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Subscribers to wait for before the first batch; `None` uses `sluice.min_subscribers`.
+    pub min_subscribers: Option<usize>,
+    /// Give up waiting for `min_subscribers` after this long.
+    pub subscriber_timeout: Option<Duration>,
+    /// After the end of the stream, wait up to this long for subscribers to read it all.
+    pub linger: Duration,
+    /// Set to stop the run early (Ctrl-C); subscribers are told the producer stopped.
+    pub stop: Arc<AtomicBool>,
+    /// Resume from the checkpoint a crashed run left (from the beginning if there is none).
+    pub resume: bool,
+    /// Where checkpoints go; `None`: [`Checkpoint::default_path`] of the topic.
+    pub checkpoint: Option<PathBuf>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            min_subscribers: None,
+            subscriber_timeout: None,
+            linger: Duration::from_secs(10),
+            stop: Arc::new(AtomicBool::new(false)),
+            resume: false,
+            checkpoint: None,
+        }
+    }
+}
+
+/// Where a run is.
+#[derive(Debug, Clone, Default)]
+pub struct Progress {
+    /// Current epoch.
+    pub epoch: u64,
+    /// Batches published so far, all epochs.
+    pub batches: u64,
+    /// Rows published so far, all epochs.
+    pub rows: u64,
+    /// Payload bytes written to shared memory so far.
+    pub bytes: u64,
+    /// Subscribers attached now.
+    pub subscribers: usize,
+}
+
+/// What a finished run did.
+#[derive(Debug, Clone, Default)]
+pub struct RunStats {
+    /// Epochs completed.
+    pub epochs: u64,
+    /// Batches published.
+    pub batches: u64,
+    /// Rows published.
+    pub rows: u64,
+    /// Payload bytes written to shared memory.
+    pub bytes: u64,
+    /// Wall time from the first batch to the end of the stream.
+    pub elapsed: Duration,
+    /// Shared memory the topic reserved.
+    pub shm_bytes: u64,
+    /// Batches a subscriber could have queued: `sluice.window` as 'auto' sized it, or the
+    /// lag limit where one is set.
+    pub window: usize,
+    /// Where the run started: `(0, 0)`, or the checkpoint it resumed from.
+    pub resumed_from: Position,
+    /// Time the publishing thread spent, within `elapsed`, waiting for the plan: for an
+    /// epoch's plan and for each next batch (DataFusion decoding and transforming on its
+    /// own threads). Where it is a large share of `elapsed`, the pipeline paces the
+    /// subscribers.
+    pub waited_for_pipeline: Duration,
+    /// Time the publishing thread spent on subscribers' full queues, within `elapsed`:
+    /// where it is a large share of it, the slowest subscriber paces the producer.
+    pub waited_for_subscribers: Duration,
+    /// Messages of batches published (several batches to a message where
+    /// `sluice.message_batches` lets them); control messages are not counted.
+    pub messages: u64,
+    /// Times idle subscribers were woken (each wake-up notifies every subscriber), for
+    /// messages of batches and for control messages (each epoch's end, the stream's):
+    /// fewer than `messages` where a burst of messages ready at once shares one.
+    pub wakeups: u64,
+}
+
+/// Runs a plan and publishes its output on the plan's topic.
+#[derive(Debug)]
+pub struct Producer {
+    plan: Plan,
+    namespace: Namespace,
+}
+
+impl Producer {
+    /// A producer for `plan` in `namespace`.
+    pub fn new(plan: Plan, namespace: Namespace) -> Self {
+        Self { plan, namespace }
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Runs every epoch of the plan and publishes it. Blocks the calling thread; the
+    /// plan executes on the runtime behind `handle`.
+    ///
+    /// Any failure, including a query that fails part-way, is published to subscribers
+    /// as an error before this returns it. While it runs, the producer keeps a
+    /// checkpoint (see [`crate::checkpoint`]); with [`RunOptions::resume`] it starts
+    /// from the checkpoint a crashed run left.
+    pub fn run(
+        &self,
+        handle: &Handle,
+        options: &RunOptions,
+        mut on_progress: impl FnMut(&Progress),
+    ) -> Result<RunStats> {
+        let opts = self.plan.options().clone();
+        opts.validate()?;
+        let device = crate::gpu::open_device(opts.device()?)?;
+        let topic = opts.topic_name()?;
+        let start = StartPoint::resolve(&self.plan, &self.namespace, &topic, options)?;
+        let position = start.position;
+        let mut source = PlanSource::new(&self.plan, &opts);
+        // The first message tells how large messages are, which sizes the shared memory.
+        let mut encoder = wire::Encoder::new();
+        let first = read_first(
+            &mut source,
+            handle,
+            &opts,
+            position,
+            device.is_some(),
+            &mut encoder,
+        );
+        let plan = TopicPlan::new(
+            &self.namespace,
+            &topic,
+            &opts,
+            first.as_ref().ok().and_then(Option::as_ref),
+            device.is_some(),
+        )?;
+        source.set_max_batches(plan.max_batches);
+        // The device ring is allocated before the topic exists: a ring over
+        // sluice.device_memory fails here, with nothing to clean up.
+        let sink = match (
+            device,
+            first.as_ref().ok().and_then(Option::as_ref),
+            plan.device,
+        ) {
+            (None, _, _) => Sink::Host(encoder),
+            (Some(device), Some(first), Some(sizing)) => Sink::Device(Some(crate::gpu::stager(
+                device,
+                &first.message.rows,
+                sizing,
+                plan.config.chunks(),
+                opts.device_memory()?.0,
+            )?)),
+            (Some(_), _, _) => Sink::Device(None),
+        };
+        let publisher = TopicPublisher::create(&self.namespace, plan.config, options.stop.clone())?;
+        let shm_bytes = publisher.config().shm_bytes();
+        tracing::info!(topic = %topic, shm_bytes, max_batches = plan.max_batches, "publishing");
+        let mut run = Run {
+            checkpoint: start.writer(&topic)?,
+            reporter: ProducerReporter::new(
+                &self.namespace,
+                &topic,
+                opts.epochs,
+                opts.lag_limit,
+                shm_bytes,
+            ),
+            publisher,
+            sink,
+            source,
+            progress: Progress {
+                epoch: position.epoch,
+                ..Progress::default()
+            },
+            header_batch_rows: plan.header_batch_rows,
+            messages: 0,
+        };
+        let result = run.publish(handle, options, &opts, position, first, &mut on_progress);
+        run.finish(result, options)
+    }
+}
+
+/// The first message of a run from `start` (`None`: no epoch left, or the first is
+/// empty), encoded on a host topic; an error is kept for the subscribers to hear once
+/// the topic exists.
+fn read_first(
+    source: &mut PlanSource<'_>,
+    handle: &Handle,
+    opts: &SluiceOptions,
+    start: Position,
+    on_device: bool,
+    encoder: &mut wire::Encoder,
+) -> Result<Option<First>> {
+    if start.epoch >= opts.epochs {
+        return Ok(None);
+    }
+    source.start(handle, start.epoch, start.index)?;
+    let Some(message) = source.next(handle)? else {
+        return Ok(None);
+    };
+    // A device topic carries descriptors, not Arrow IPC.
+    let encoded = match on_device {
+        false => Some(encoder.encode(&message.rows)?),
+        true => None,
+    };
+    Ok(Some(First { message, encoded }))
+}
+
+impl Producer {
+    /// Loads the plan at `path` for a run on `topic` (else the plan's own). A plan that
+    /// cannot be loaded (a syntax error, a bad option, a file DataFusion cannot read, a
+    /// missing bucket) fails its run before the first batch: the subscribers waiting for
+    /// its topic are told why (see [`Producer::fail_before_start`]) before the error is
+    /// returned, instead of waiting for a topic that never comes. Must not be called
+    /// from inside the runtime behind `handle`.
+    pub fn load_for_run(
+        handle: &Handle,
+        path: &std::path::Path,
+        topic: Option<&str>,
+        namespace: &Namespace,
+        options: &RunOptions,
+    ) -> Result<Plan> {
+        let error = match handle.block_on(Plan::load(path)) {
+            Ok(plan) => return Ok(plan),
+            Err(e) => e,
+        };
+        // An unreadable plan file names no topic: nobody to tell.
+        let Ok(sql) = std::fs::read_to_string(path) else {
+            return Err(error);
+        };
+        let mut declared = handle.block_on(Plan::declared_options(&sql));
+        if let Some(t) = topic {
+            declared.topic = t.to_string();
+        }
+        if let Err(e) = Self::fail_before_start(namespace, &declared, options, &error) {
+            tracing::warn!("could not tell subscribers about the failure: {e}");
+        }
+        Err(error)
+    }
+
+    /// Tells the subscribers of a producer whose plan failed to load (say, a missing
+    /// bucket or refused credentials) why no data will come, instead of leaving them
+    /// waiting for a topic that never appears.
+    ///
+    /// `declared` are the options the plan file sets (see `Plan::declared_options`). The
+    /// topic is created without data; the error is published once `min_subscribers`
+    /// (from `options`, else the plan) are attached or `subscriber_timeout` (else
+    /// `linger`) has passed, then the producer lingers briefly while they read it.
+    pub fn fail_before_start(
+        namespace: &Namespace,
+        declared: &sluice_plan::SluiceOptions,
+        options: &RunOptions,
+        error: &SluiceError,
+    ) -> Result<()> {
+        let topic = declared.topic_name()?;
+        let message = error.to_string();
+        let config = TopicConfig {
+            topic,
+            // Nothing but the error goes out: the shortest queue will do.
+            window: SHORT_WINDOW,
+            max_subscribers: declared.max_subscribers.max(1),
+            max_held: declared.max_held.max(1),
+            lag_limit: None,
+            max_message_bytes: message_bytes(message.len() + 256),
+        };
+        let mut publisher = TopicPublisher::create(namespace, config, options.stop.clone())?;
+        // Those waiting for the topic attach within the grace period; those the run was
+        // told to wait for, within the subscriber timeout (else the linger). Nobody
+        // attached in time: nobody to tell.
+        let _ = wait_for_interested(&publisher, declared, &options.stop);
+        let min = options.min_subscribers.unwrap_or(declared.min_subscribers);
+        if min > 0 {
+            let wait = options.subscriber_timeout.unwrap_or(options.linger);
+            let _ = publisher.wait_for_subscribers(min, Some(wait), &options.stop);
+        }
+        publisher.publish_error(&message)?;
+        publisher.drain(options.linger.min(Duration::from_secs(2)));
+        Ok(())
+    }
+}

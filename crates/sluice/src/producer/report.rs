@@ -1,0 +1,66 @@
+//! A producer's reports for `sluice status`.
+
+use sluice_core::TopicName;
+use sluice_shm::{Namespace, TopicPublisher};
+
+use super::Progress;
+use crate::status::{ProducerReport, Reporter, unix_now};
+
+/// Writes a run's reports: at most every `REPORT_INTERVAL`, unless forced.
+#[derive(Debug)]
+pub(crate) struct ProducerReporter {
+    reporter: Reporter,
+    topic: String,
+    epochs: u64,
+    lag_limit: usize,
+    shm_bytes: u64,
+}
+
+impl ProducerReporter {
+    pub(crate) fn new(
+        namespace: &Namespace,
+        topic: &TopicName,
+        epochs: u64,
+        lag_limit: usize,
+        shm_bytes: u64,
+    ) -> Self {
+        Self {
+            reporter: Reporter::new(namespace, topic, "producer"),
+            topic: topic.to_string(),
+            epochs,
+            lag_limit,
+            shm_bytes,
+        }
+    }
+
+    /// Reports `state` at `progress`, the current epoch's next batch being `batch`.
+    pub(crate) fn report(
+        &mut self,
+        state: &str,
+        publisher: &TopicPublisher,
+        progress: &Progress,
+        batch: u64,
+        force: bool,
+    ) {
+        if !force && !self.reporter.due() {
+            return;
+        }
+        self.reporter
+            .write(progress.rows, |rows_per_s| ProducerReport {
+                pid: std::process::id(),
+                topic: self.topic.clone(),
+                state: state.to_string(),
+                epoch: progress.epoch,
+                epochs: self.epochs,
+                batch,
+                seq: publisher.seq(),
+                rows: progress.rows,
+                rows_per_s,
+                subscribers: publisher.subscribers(),
+                shm_bytes: self.shm_bytes,
+                window: publisher.config().queue_depth(),
+                lag_limit: self.lag_limit,
+                updated: unix_now(),
+            });
+    }
+}

@@ -1,0 +1,263 @@
+//! Where a producer's batches come from: one epoch at a time, cut into the messages it
+//! publishes.
+//!
+//! [`Source`] is what the publishing loop asks of it; [`PlanSource`] runs a plan (locally
+//! or on Ballista, which differ only inside [`Plan`]). Other sources (batches produced by
+//! Python code) implement the same interface.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use arrow::record_batch::RecordBatch;
+use futures::StreamExt;
+use sluice_core::{Result, Shaper, SluiceError};
+use sluice_plan::{BatchStream, Plan, SluiceOptions};
+use tokio::runtime::Handle;
+
+/// A message to publish: consecutive batches of `batch_rows` rows (the last may be
+/// shorter) cut from one batch without a copy.
+#[derive(Debug)]
+pub(crate) struct Message {
+    /// Index of its first batch in the epoch.
+    pub index: u64,
+    /// Its rows.
+    pub rows: RecordBatch,
+    /// How many batches of `batch_rows` they are.
+    pub batches: u64,
+}
+
+/// The epochs a producer publishes, cut into messages.
+pub(crate) trait Source {
+    /// Starts `epoch`, passing over its first `skip` batches (a resumed run).
+    fn start(&mut self, handle: &Handle, epoch: u64, skip: u64) -> Result<()>;
+    /// The next message of the epoch; `None` at its end.
+    fn next(&mut self, handle: &Handle) -> Result<Option<Message>>;
+    /// Whether the next message is ready without waiting.
+    fn has_ready(&self) -> bool;
+    /// Lets the messages from now on carry up to `max_batches` consecutive batches.
+    fn set_max_batches(&mut self, max_batches: usize);
+    /// The epoch started last.
+    fn epoch(&self) -> Option<u64>;
+    /// Batches and rows of the current epoch produced so far (published or skipped).
+    fn produced(&self) -> (u64, u64);
+    /// Time spent waiting for the source's batches, in all.
+    fn waited(&self) -> Duration;
+}
+
+/// One epoch of the plan at a time, shaped into the published messages, with the index
+/// of their first batch in the epoch.
+pub(crate) struct PlanSource<'a> {
+    plan: &'a Plan,
+    opts: &'a SluiceOptions,
+    epoch: Option<u64>,
+    stream: Option<BatchStream>,
+    shaper: Option<Shaper>,
+    pending: VecDeque<RecordBatch>,
+    done: bool,
+    /// Batches of the epoch produced so far (published or skipped), in `batch_rows`.
+    index: u64,
+    /// Consecutive batches one message may carry (see `sizing::message_batches`).
+    max_batches: usize,
+    /// Rows of the epoch produced so far (published or skipped).
+    rows: u64,
+    /// Time spent waiting for the plan (each epoch's stream, and its batches).
+    waited: Duration,
+}
+
+impl<'a> PlanSource<'a> {
+    pub(crate) fn new(plan: &'a Plan, opts: &'a SluiceOptions) -> Self {
+        Self {
+            plan,
+            opts,
+            epoch: None,
+            stream: None,
+            shaper: None,
+            pending: VecDeque::new(),
+            done: false,
+            index: 0,
+            max_batches: 1,
+            rows: 0,
+            waited: Duration::ZERO,
+        }
+    }
+
+    /// Passes over the epoch's first `skip` batches: the order of rows depends only on
+    /// the plan, the seed and the epoch, so they are the batches published before the
+    /// checkpoint.
+    fn skip(&mut self, handle: &Handle, epoch: u64, skip: u64) -> Result<()> {
+        while self.index < skip {
+            let Some(message) = self.next(handle)? else {
+                return Err(SluiceError::Config(format!(
+                    "the checkpoint is at batch {skip} of epoch {epoch}, but the epoch has only {} batches: the data changed since it was taken. Run without --resume to start over",
+                    self.index
+                )));
+            };
+            if message.index + message.batches > skip {
+                // The checkpoint falls inside a message: its batches from there on are
+                // the next to publish.
+                let rows = message.rows.num_rows();
+                let done = usize::try_from(skip - message.index)
+                    .unwrap_or(usize::MAX)
+                    .saturating_mul(self.opts.batch_rows)
+                    .min(rows);
+                let rest = message.rows.slice(done, rows - done);
+                self.index = skip;
+                self.rows -= rest.num_rows() as u64;
+                self.pending.push_front(rest);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Source for PlanSource<'_> {
+    fn set_max_batches(&mut self, max_batches: usize) {
+        self.max_batches = max_batches.max(1);
+        if let Some(shaper) = &mut self.shaper {
+            shaper.set_max_batches(self.max_batches);
+        }
+    }
+
+    fn start(&mut self, handle: &Handle, epoch: u64, skip: u64) -> Result<()> {
+        self.epoch = Some(epoch);
+        self.pending.clear();
+        self.done = false;
+        self.index = 0;
+        self.rows = 0;
+        let mut shaper = Shaper::new(self.opts.batch_rows, epoch, self.opts.shuffle())?;
+        shaper.set_max_batches(self.max_batches);
+        self.shaper = Some(shaper);
+        let asked = Instant::now();
+        let stream = handle.block_on(self.plan.execute_epoch(epoch));
+        self.waited += asked.elapsed();
+        self.stream = Some(stream?);
+        self.skip(handle, epoch, skip)
+    }
+
+    fn has_ready(&self) -> bool {
+        !self.pending.is_empty() || self.shaper.as_ref().is_some_and(Shaper::has_ready)
+    }
+
+    fn next(&mut self, handle: &Handle) -> Result<Option<Message>> {
+        loop {
+            if let Some(rows) = self.pending.pop_front() {
+                let index = self.index;
+                let batches = rows.num_rows().div_ceil(self.opts.batch_rows).max(1) as u64;
+                self.index += batches;
+                self.rows += rows.num_rows() as u64;
+                return Ok(Some(Message {
+                    index,
+                    rows,
+                    batches,
+                }));
+            }
+            if self.done {
+                return Ok(None);
+            }
+            let (Some(stream), Some(shaper)) = (&mut self.stream, &mut self.shaper) else {
+                return Err(SluiceError::Internal(
+                    "an epoch was read before it started".into(),
+                ));
+            };
+            // Cut one message at a time: the limit on batches per message is set after
+            // the first (which sizes the topic), and applies to what is not cut yet.
+            if let Some(message) = shaper.next_ready()? {
+                self.pending.push_back(message);
+                continue;
+            }
+            let asked = Instant::now();
+            let next = handle.block_on(stream.next());
+            self.waited += asked.elapsed();
+            match next {
+                Some(batch) => shaper.add(batch?)?,
+                None => {
+                    self.done = true;
+                    self.pending.extend(shaper.finish()?);
+                }
+            }
+        }
+    }
+
+    fn epoch(&self) -> Option<u64> {
+        self.epoch
+    }
+
+    fn produced(&self) -> (u64, u64) {
+        (self.index, self.rows)
+    }
+
+    fn waited(&self) -> Duration {
+        self.waited
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::AsArray;
+    use arrow::datatypes::Int64Type;
+
+    use super::*;
+
+    async fn plan(sql: &str) -> Plan {
+        Plan::from_sql("t.sql", sql).await.unwrap()
+    }
+
+    /// The first values of each message an epoch's source gives from `skip` on, and its
+    /// `(index, batches)`.
+    fn messages(sql: &str, max_batches: usize, skip: u64) -> Vec<(u64, u64, usize, i64)> {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let plan = rt.block_on(plan(sql));
+        let opts = plan.options().clone();
+        let mut source = PlanSource::new(&plan, &opts);
+        source.set_max_batches(max_batches);
+        source.start(rt.handle(), 0, skip).unwrap();
+        let mut out = Vec::new();
+        while let Some(message) = source.next(rt.handle()).unwrap() {
+            let first = message.rows.column(0).as_primitive::<Int64Type>().value(0);
+            out.push((
+                message.index,
+                message.batches,
+                message.rows.num_rows(),
+                first,
+            ));
+        }
+        assert_eq!(source.index, 10);
+        assert_eq!(source.rows, 95);
+        out
+    }
+
+    const SQL: &str = "SET sluice.batch_rows = 10;\n\
+                       SELECT value AS v FROM generate_series(1, 95)";
+
+    #[test]
+    fn an_epoch_goes_out_in_messages_of_whole_batches() {
+        assert_eq!(
+            messages(SQL, 4, 0),
+            // The short last batch goes alone: a message is whole batches but the last.
+            [(0, 4, 40, 1), (4, 4, 40, 41), (8, 1, 10, 81), (9, 1, 5, 91)]
+        );
+        let alone = messages(SQL, 1, 0);
+        assert_eq!(alone.len(), 10);
+        assert!(
+            alone
+                .iter()
+                .enumerate()
+                .all(|(i, m)| m.0 == i as u64 && m.1 == 1)
+        );
+    }
+
+    /// A checkpoint inside a message: the source resumes at its batch, not the message's.
+    #[test]
+    fn a_resumed_epoch_starts_at_its_checkpoint_inside_a_message() {
+        assert_eq!(
+            messages(SQL, 4, 3),
+            [
+                (3, 1, 10, 31),
+                (4, 4, 40, 41),
+                (8, 1, 10, 81),
+                (9, 1, 5, 91)
+            ]
+        );
+        assert_eq!(messages(SQL, 4, 9), [(9, 1, 5, 91)]);
+    }
+}
