@@ -3,7 +3,8 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use sluice::{Checksum, Columns, Event, Join, OnLag, SubscribeOptions, Subscriber};
+use arrow::record_batch::RecordBatch;
+use sluice::{Checksum, Columns, EpochSummary, Event, Join, OnLag, SubscribeOptions, Subscriber};
 
 /// Arguments of `sluice subscribe`.
 #[derive(Debug, clap::Args)]
@@ -79,122 +80,143 @@ pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
         },
     )?;
     let delay = args.delay_ms.map(Duration::from_millis);
-    let checksums = !args.no_checksum;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let mut epoch = Tally::default();
-    let mut total = Tally::default();
-    let mut first_batch: Option<Instant> = None;
-    let mut epoch_start: Option<Instant> = None;
-    // The longest wait between two batches of an epoch: shows stalls (a crashed peer).
-    let mut last_batch: Option<Instant> = None;
-    let mut max_gap = Duration::ZERO;
+    let mut report = Report::new(args.json, !args.no_checksum);
     loop {
-        let event = match sub.next_event()? {
+        match sub.next_event()? {
+            Event::Batch { batch, .. } => report.batch(&batch)?,
             // The tool counts and checksums rows on the host: a GPU topic's batches are
             // copied back (trainers use them on the device, see docs/gpu.md).
-            Event::DeviceBatch {
-                epoch,
-                index,
-                batch,
-            } => Event::Batch {
-                epoch,
-                index,
-                batch: batch.to_host()?,
-                shm_range: None,
-            },
-            event => event,
-        };
-        match event {
-            Event::Batch { batch, .. } => {
-                let now = Instant::now();
-                first_batch.get_or_insert(now);
-                epoch_start.get_or_insert(now);
-                if let Some(last) = last_batch.replace(now) {
-                    max_gap = max_gap.max(now - last);
-                }
-                if checksums {
-                    epoch.checksum.update(&batch)?;
-                }
-                epoch.rows += batch.num_rows() as u64;
-                epoch.batches += 1;
-                if let Some(delay) = delay {
-                    std::thread::sleep(delay);
-                }
-            }
+            Event::DeviceBatch { batch, .. } => report.batch(&batch.to_host()?)?,
             Event::EpochEnd(summary) => {
-                let secs = epoch_start
-                    .take()
-                    .map_or(0.0, |s| s.elapsed().as_secs_f64());
-                if args.json {
-                    writeln!(
-                        out,
-                        "{}",
-                        serde_json::json!({
-                            "epoch": summary.epoch,
-                            "rows": epoch.rows,
-                            "batches": epoch.batches,
-                            "checksum": epoch.checksum(checksums),
-                            "complete": summary.complete,
-                            "missed": summary.missed,
-                            "producer_rows": summary.rows,
-                            "producer_batches": summary.batches,
-                            "seconds": secs,
-                            "max_gap_ms": max_gap.as_secs_f64() * 1e3,
-                        })
-                    )?;
-                } else {
-                    let state = if summary.complete {
-                        String::new()
-                    } else if summary.missed > 0 {
-                        format!(" (partial: missed {} batches)", summary.missed)
-                    } else {
-                        " (partial: joined late)".to_string()
-                    };
-                    writeln!(
-                        out,
-                        "epoch {}: {} rows in {} batches{state}{}  ({:.0} rows/s)",
-                        summary.epoch,
-                        epoch.rows,
-                        epoch.batches,
-                        if checksums {
-                            format!("  checksum {}", epoch.checksum.hex())
-                        } else {
-                            String::new()
-                        },
-                        epoch.rows as f64 / secs.max(1e-9)
-                    )?;
-                }
-                out.flush()?;
-                total.rows += epoch.rows;
-                total.batches += epoch.batches;
-                total.checksum.merge(&epoch.checksum);
-                epoch = Tally::default();
-                max_gap = Duration::ZERO;
+                report.epoch_end(&summary, &mut out)?;
+                continue;
             }
-            Event::DeviceBatch { .. } => anyhow::bail!("internal: a GPU batch was not copied back"),
             Event::End => break,
         }
+        if let Some(delay) = delay {
+            std::thread::sleep(delay);
+        }
     }
-    let secs = first_batch.map_or(0.0, |s| s.elapsed().as_secs_f64());
-    if args.json {
-        writeln!(
-            out,
-            "{}",
-            serde_json::json!({
-                "end": true,
-                "rows": total.rows,
-                "batches": total.batches,
-                "checksum": total.checksum(checksums),
-                "seconds": secs,
-            })
-        )?;
-    } else {
-        writeln!(
-            out,
-            "end of stream: {} rows in {} batches in {:.2}s",
-            total.rows, total.batches, secs
-        )?;
+    report.end(&mut out)
+}
+
+/// What `sluice subscribe` prints: a line (or JSON object) per epoch, one for the stream.
+struct Report {
+    json: bool,
+    checksums: bool,
+    epoch: Tally,
+    total: Tally,
+    first_batch: Option<Instant>,
+    epoch_start: Option<Instant>,
+    /// The longest wait between two batches of an epoch: shows stalls (a crashed peer).
+    last_batch: Option<Instant>,
+    max_gap: Duration,
+}
+
+impl Report {
+    fn new(json: bool, checksums: bool) -> Self {
+        Self {
+            json,
+            checksums,
+            epoch: Tally::default(),
+            total: Tally::default(),
+            first_batch: None,
+            epoch_start: None,
+            last_batch: None,
+            max_gap: Duration::ZERO,
+        }
     }
-    Ok(())
+
+    fn batch(&mut self, batch: &RecordBatch) -> anyhow::Result<()> {
+        let now = Instant::now();
+        self.first_batch.get_or_insert(now);
+        self.epoch_start.get_or_insert(now);
+        if let Some(last) = self.last_batch.replace(now) {
+            self.max_gap = self.max_gap.max(now - last);
+        }
+        if self.checksums {
+            self.epoch.checksum.update(batch)?;
+        }
+        self.epoch.rows += batch.num_rows() as u64;
+        self.epoch.batches += 1;
+        Ok(())
+    }
+
+    fn epoch_end(&mut self, summary: &EpochSummary, out: &mut impl Write) -> anyhow::Result<()> {
+        let secs = self
+            .epoch_start
+            .take()
+            .map_or(0.0, |s| s.elapsed().as_secs_f64());
+        let epoch = std::mem::take(&mut self.epoch);
+        if self.json {
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({
+                    "epoch": summary.epoch,
+                    "rows": epoch.rows,
+                    "batches": epoch.batches,
+                    "checksum": epoch.checksum(self.checksums),
+                    "complete": summary.complete,
+                    "missed": summary.missed,
+                    "producer_rows": summary.rows,
+                    "producer_batches": summary.batches,
+                    "seconds": secs,
+                    "max_gap_ms": self.max_gap.as_secs_f64() * 1e3,
+                })
+            )?;
+        } else {
+            let state = if summary.complete {
+                String::new()
+            } else if summary.missed > 0 {
+                format!(" (partial: missed {} batches)", summary.missed)
+            } else {
+                " (partial: joined late)".to_string()
+            };
+            let checksum = match self.checksums {
+                true => format!("  checksum {}", epoch.checksum.hex()),
+                false => String::new(),
+            };
+            writeln!(
+                out,
+                "epoch {}: {} rows in {} batches{state}{checksum}  ({:.0} rows/s)",
+                summary.epoch,
+                epoch.rows,
+                epoch.batches,
+                epoch.rows as f64 / secs.max(1e-9)
+            )?;
+        }
+        out.flush()?;
+        self.total.rows += epoch.rows;
+        self.total.batches += epoch.batches;
+        self.total.checksum.merge(&epoch.checksum);
+        self.max_gap = Duration::ZERO;
+        Ok(())
+    }
+
+    fn end(&self, out: &mut impl Write) -> anyhow::Result<()> {
+        let secs = self.first_batch.map_or(0.0, |s| s.elapsed().as_secs_f64());
+        if self.json {
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({
+                    "end": true,
+                    "rows": self.total.rows,
+                    "batches": self.total.batches,
+                    "checksum": self.total.checksum(self.checksums),
+                    "seconds": secs,
+                })
+            )?;
+        } else {
+            writeln!(
+                out,
+                "end of stream: {} rows in {} batches in {:.2}s",
+                self.total.rows, self.total.batches, secs
+            )?;
+        }
+        Ok(())
+    }
 }

@@ -21,6 +21,7 @@
 mod engine;
 pub mod functions;
 mod options;
+mod planner;
 mod read_ahead;
 mod shard;
 mod split;
@@ -33,7 +34,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::DataFusionError;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::logical_expr::{DdlStatement, LogicalPlan, Statement as PlanStatement};
+use datafusion::logical_expr::{LogicalPlan, Statement as PlanStatement};
 use datafusion::physical_plan::{ExecutionPlan, displayable, execute_stream_partitioned};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::DFParser;
@@ -46,7 +47,6 @@ use tokio::sync::mpsc;
 pub use engine::{Engine, ExecutorOptions, run_executor, run_scheduler};
 pub use options::{MessageBatches, SluiceOptions, Window};
 pub use shard::Shard;
-use sluice_core::error::Location;
 use sluice_core::shuffle::{SplitMix64, epoch_seed};
 use sluice_core::{Checksum, Result, SluiceError};
 pub use store::{StoreSpecs, StoreStats};
@@ -142,181 +142,14 @@ impl Plan {
     }
 
     async fn plan_sql(file: &str, sql: &str, secrets: &mut store::Secrets) -> Result<Self> {
-        let config = SessionConfig::new()
-            .with_option_extension(SluiceOptions::default())
-            // Round-robin repartitioning interleaves batches by timing; without it, each
-            // partition reads a fixed set of files and row groups, so the order of rows
-            // depends only on the plan.
-            .set_bool("datafusion.optimizer.enable_round_robin_repartition", false)
-            // File scans would otherwise let an idle partition steal its siblings' files
-            // at run time, so which partition reads a file (and the order of batches)
-            // would depend on timing: a cold page cache alone changes it. A resumed
-            // run must publish the same batches at the same positions.
-            .set_bool(
-                "datafusion.execution.enable_file_stream_work_stealing",
-                false,
-            )
-            // Plain Utf8/Binary columns are what most Arrow consumers (numpy, older
-            // pyarrow, many trainers) expect; plans can SET it back to true.
-            .set_bool(
-                "datafusion.execution.parquet.schema_force_view_types",
-                false,
-            )
-            // Keep Arrow field metadata from Parquet files, so extension types such as
-            // `arrow.fixed_shape_tensor` reach subscribers with their shape.
-            .set_bool("datafusion.execution.parquet.skip_metadata", false)
-            // Registered up front so that its keys travel with a Ballista job's settings;
-            // each epoch sets its values.
-            .with_option_extension(functions::FunctionContext::default());
-        let ctx = SessionContext::new_with_config(config);
-        functions::register(&ctx);
-        // Local files go through a counting store too, so that local and remote runs
-        // report their requests alike.
-        let counters = Arc::new(store::Counters::default());
-        if let Ok(file) = url::Url::parse("file://") {
-            ctx.register_object_store(
-                &file,
-                Arc::new(store::Counting::new(
-                    Arc::new(object_store::local::LocalFileSystem::new()),
-                    counters.clone(),
-                )),
-            );
-        }
-        let at = |line: u64, column: u64| Location {
-            file: file.to_string(),
-            line,
-            column,
-        };
-        let plan_err =
-            |location: Location, message: String| SluiceError::Plan { location, message };
-
-        let starts = split::statement_starts(sql).map_err(|(l, c, m)| plan_err(at(l, c), m))?;
-        let statements = DFParser::parse_sql(sql).map_err(|e| {
-            let (line, column, message) = split::located_message(&e.to_string());
-            plan_err(at(line, column), format!("syntax error: {message}"))
-        })?;
-
-        let mut options = SluiceOptions::default();
-        let mut stores = store::StoreSpecs::default();
-        let mut query: Option<(LogicalPlan, Location)> = None;
-        let end = split::end_location(sql);
-        for (i, statement) in statements.into_iter().enumerate() {
-            let (line, column) = starts.get(i).copied().unwrap_or(end);
-            let here = at(line, column);
-            if let Some((_, first)) = &query {
-                return Err(plan_err(
-                    here,
-                    format!(
-                        "the query at {}:{} must be the last statement, but another statement follows it \
-                         (a plan file has exactly one final query)",
-                        first.line, first.column
-                    ),
-                ));
-            }
-            let state = ctx.state();
-            let plan = guarded(state.statement_to_plan(statement))
-                .await
-                .map_err(|e| plan_err(here.clone(), e))?;
-            match &plan {
-                LogicalPlan::Statement(PlanStatement::SetVariable(set)) => {
-                    let variable = set.variable.to_ascii_lowercase();
-                    if let Some(key) = variable.strip_prefix("sluice.") {
-                        options
-                            .set_checked(key, &set.value)
-                            .map_err(|e| plan_err(here.clone(), config_message(e)))?;
-                    } else {
-                        guarded(ctx.execute_logical_plan(plan))
-                            .await
-                            .map_err(|e| plan_err(here.clone(), e))?;
-                    }
-                }
-                LogicalPlan::Ddl(DdlStatement::CreateExternalTable(create)) => {
-                    let mut create = create.clone();
-                    let store_options = store::take_store_options(&mut create.options, secrets);
-                    if let Some(definition) = &create.definition {
-                        create.definition = Some(secrets.redact(definition));
-                    }
-                    let retry = store::Retry {
-                        max_retries: options.store_retries,
-                        timeout: std::time::Duration::from_secs(options.store_retry_timeout_s),
-                    };
-                    let mut remote = false;
-                    for location in &create.locations {
-                        let is_remote =
-                            store::register(&ctx, location, &store_options, retry, &counters)
-                                .await
-                                .map_err(|e| SluiceError::Storage {
-                                    location: here.clone(),
-                                    url: secrets.redact(&e.url),
-                                    message: secrets.redact(&e.message),
-                                })?;
-                        if is_remote {
-                            stores.add(location, &store_options, retry);
-                        }
-                        remote |= is_remote;
-                    }
-                    let parquet = create.file_type.eq_ignore_ascii_case("parquet");
-                    let locations = create.locations.clone();
-                    let plan = LogicalPlan::Ddl(DdlStatement::CreateExternalTable(create));
-                    if let Err(message) = guarded(ctx.execute_logical_plan(plan)).await {
-                        let message = secrets.redact(&message);
-                        if parquet {
-                            for location in &locations {
-                                if let Some(bad) = store::find_corrupt_parquet(&ctx, location).await
-                                {
-                                    return Err(SluiceError::Storage {
-                                        location: here,
-                                        url: secrets.redact(&bad),
-                                        message: format!(
-                                            "not a Parquet file (no PAR1 footer); replace or remove \
-                                             the object ({message})"
-                                        ),
-                                    });
-                                }
-                            }
-                        }
-                        if remote {
-                            return Err(SluiceError::Storage {
-                                location: here,
-                                url: secrets.redact(&locations.join(", ")),
-                                message,
-                            });
-                        }
-                        return Err(plan_err(here, message));
-                    }
-                }
-                LogicalPlan::Ddl(
-                    DdlStatement::CreateView(_) | DdlStatement::CreateMemoryTable(_),
-                ) => {
-                    guarded(ctx.execute_logical_plan(plan))
-                        .await
-                        .map_err(|e| plan_err(here.clone(), e))?;
-                }
-                LogicalPlan::Ddl(_)
-                | LogicalPlan::Dml(_)
-                | LogicalPlan::Copy(_)
-                | LogicalPlan::Statement(_)
-                | LogicalPlan::Explain(_)
-                | LogicalPlan::Analyze(_)
-                | LogicalPlan::DescribeTable(_) => {
-                    return Err(plan_err(
-                        here,
-                        format!(
-                            "unsupported statement ({}); a plan file holds SET, CREATE EXTERNAL TABLE, \
-                             CREATE VIEW and one final SELECT query",
-                            plan.display()
-                        ),
-                    ));
-                }
-                _ => query = Some((plan, here)),
-            }
-        }
-        let Some((query, query_at)) = query else {
-            return Err(plan_err(
-                at(end.0, end.1),
-                "expected a final SELECT query that defines the stream, found none".into(),
-            ));
-        };
+        let mut planner = planner::Planner::new(file, secrets);
+        let (query, query_at) = planner.statements(sql).await?;
+        let planner::Planned {
+            ctx,
+            counters,
+            options,
+            stores,
+        } = planner.finish();
         let engine = options.engine()?;
         if matches!(engine, Engine::BallistaRemote { .. }) && !stores.is_empty() {
             // A remote cluster builds the plan's stores itself, from the job's settings.
@@ -328,8 +161,10 @@ impl Plan {
                 .insert(stores);
         }
         let (ctx, query) = if engine.is_ballista() {
-            let query =
-                engine::total_order(query).map_err(|e| plan_err(query_at, df_message(e)))?;
+            let query = engine::total_order(query).map_err(|e| SluiceError::Plan {
+                location: query_at,
+                message: df_message(e),
+            })?;
             (engine::ballista_context(&ctx, &engine).await?, query)
         } else {
             (ctx, query)

@@ -28,6 +28,7 @@
 //! stay until nothing holds its services ([`Namespace::reclaim_dead`]).
 #![warn(missing_docs)]
 
+mod attach;
 mod backpressure;
 mod claim;
 mod config;

@@ -9,7 +9,7 @@ use iceoryx2::port::listener::Listener;
 use iceoryx2::port::publisher::Publisher;
 use iceoryx2::port::update_connections::UpdateConnections;
 use iceoryx2::prelude::*;
-use sluice_core::wire::{ALIGNMENT, Encoded};
+use sluice_core::wire::Encoded;
 use sluice_core::{FrameKind, Result, SluiceError};
 
 use crate::backpressure::{BackpressureWaiter, DEAD_CHECK_INTERVAL, Wakeups};
@@ -22,7 +22,7 @@ use crate::namespace::{Namespace, ReclaimAfter, SHM_DIR, shm_available};
 use crate::naming::{DataService, service_name};
 use crate::pacing::PacingRecord;
 use crate::process::Local;
-use crate::takeover::{create_or_rescue, wait_for_dead_topic};
+use crate::takeover::{Services, wait_for_dead_topic};
 use crate::{Ipc, transport};
 
 /// How often a producer waiting for declared subscribers looks at their registrations
@@ -112,74 +112,20 @@ impl TopicPublisher {
                 path: SHM_DIR.into(),
             });
         }
-        // Every subscriber may hold a node in a dead generation (through a batch it keeps)
-        // while a node of its own looks for the live one, and a producer or observer
-        // looks too: room for all, so that nobody is refused for nodes that are merely
-        // holding on.
-        let max_nodes = 2 * config.max_subscribers + 2;
-
-        let ready_name = service_name(topic, generation, "ready")?;
-        let ready_service = create_or_rescue(
-            namespace,
-            topic,
-            &ready_name,
-            MessagingPattern::Event,
-            || {
-                node.service_builder(&ready_name)
-                    .event()
-                    .max_notifiers(1)
-                    .max_listeners(config.max_subscribers)
-                    .max_nodes(max_nodes)
-                    .create()
-            },
-        )?;
-        let released_name = service_name(topic, generation, "released")?;
-        let released_service = create_or_rescue(
-            namespace,
-            topic,
-            &released_name,
-            MessagingPattern::Event,
-            || {
-                node.service_builder(&released_name)
-                    .event()
-                    .max_notifiers(config.max_subscribers)
-                    .max_listeners(1)
-                    .max_nodes(max_nodes)
-                    .create()
-            },
-        )?;
-        let alignment = Alignment::new(ALIGNMENT)
-            .ok_or_else(|| SluiceError::Internal("invalid alignment".into()))?;
-        let data_name = service_name(topic, generation, "data")?;
-        let data = create_or_rescue(
-            namespace,
-            topic,
-            &data_name,
-            MessagingPattern::PublishSubscribe,
-            || {
-                node.service_builder(&data_name)
-                    .publish_subscribe::<[u8]>()
-                    .user_header::<FrameHeader>()
-                    .payload_alignment(alignment)
-                    .enable_safe_overflow(false)
-                    .history_size(config.history())
-                    .subscriber_max_buffer_size(config.queue_depth())
-                    .subscriber_max_borrowed_samples(config.max_held.saturating_add(SPARE_BORROWS))
-                    .max_subscribers(config.max_subscribers)
-                    .max_publishers(1)
-                    .max_nodes(max_nodes)
-                    .create()
-            },
-        )?;
+        let Services {
+            ready,
+            released,
+            data,
+        } = Services::create(namespace, &node, &config, generation)?;
 
         let wakeups = Arc::new(Wakeups::new(
-            ready_service
+            ready
                 .notifier_builder()
                 .create()
                 .map_err(transport("cannot create ready notifier"))?,
         ));
         let released = Arc::new(
-            released_service
+            released
                 .listener_builder()
                 .create()
                 .map_err(transport("cannot create released listener"))?,
@@ -220,20 +166,7 @@ impl TopicPublisher {
             .set_backpressure_handler(move |info: &BackpressureInfo| handler.on_full_queue(info))
             .create()
             .map_err(transport("cannot create publisher"))?;
-        tracing::info!(
-            generation,
-            "topic '{}' created: {:.1} MiB of shared memory ({} chunks of {} KiB: {} subscribers x ({} queued + {} held + {SPARE_BORROWS} copied) + {} kept for replay + {} loaned); {:.1} MiB free in {SHM_DIR}",
-            config.topic,
-            needed as f64 / (1 << 20) as f64,
-            config.chunks(),
-            config.max_message_bytes.div_ceil(1024),
-            config.max_subscribers,
-            config.queue_depth(),
-            config.max_held,
-            config.history(),
-            MAX_LOANED,
-            available as f64 / (1 << 20) as f64,
-        );
+        log_created(&config, generation, available);
         Ok(Self {
             namespace: namespace.clone(),
             config,
@@ -649,6 +582,24 @@ impl TopicPublisher {
             self.namespace.reclaim_dead_now_and_then();
         }
     }
+}
+
+/// Says how much shared memory a topic takes, and why.
+fn log_created(config: &TopicConfig, generation: u32, available: u64) {
+    tracing::info!(
+        generation,
+        "topic '{}' created: {:.1} MiB of shared memory ({} chunks of {} KiB: {} subscribers x ({} queued + {} held + {SPARE_BORROWS} copied) + {} kept for replay + {} loaned); {:.1} MiB free in {SHM_DIR}",
+        config.topic,
+        config.shm_bytes() as f64 / (1 << 20) as f64,
+        config.chunks(),
+        config.max_message_bytes.div_ceil(1024),
+        config.max_subscribers,
+        config.queue_depth(),
+        config.max_held,
+        config.history(),
+        MAX_LOANED,
+        available as f64 / (1 << 20) as f64,
+    );
 }
 
 /// The topic as a transport of the delivery protocol (`sluice_core::delivery`): each

@@ -16,19 +16,18 @@ use iceoryx2::sample::Sample;
 use iceoryx2::service::port_factory::publish_subscribe::PortFactory as DataService;
 use sluice_core::{FrameKind, Result, SluiceError, TopicName, wire};
 
-use iceoryx2::service::builder::publish_subscribe::PublishSubscribeOpenError as OpenError;
-
+use crate::Ipc;
+use crate::attach::{Attached, Search};
 use crate::claim::GENERATIONS;
 use crate::config::SPARE_BORROWS;
 use crate::departure::Departure;
 use crate::header::FrameHeader;
 use crate::interest::Interest;
-use crate::liveness::{has_live_producer, producer_alive, producer_pid, producer_state};
+use crate::liveness::{producer_alive, producer_state};
 use crate::namespace::Liveness;
 use crate::namespace::{Namespace, ReclaimAfter};
 use crate::naming::{events, service_name};
 use crate::process::Local;
-use crate::{Ipc, permission_denied, transport};
 
 /// How often a waiting subscriber checks that its producer is alive; bounds the time
 /// to [`SluiceError::ProducerLost`].
@@ -38,11 +37,6 @@ const LIVENESS_INTERVAL: Duration = Duration::from_millis(100);
 /// more: a producer asleep on this subscriber's full queue is woken once a quarter of it
 /// is free (see [`TopicSubscriber::recv`]).
 const RELEASES_PER_QUEUE: usize = 4;
-/// How often a subscriber looks for a topic that does not exist yet.
-const TOPIC_POLL_INTERVAL: Duration = Duration::from_millis(25);
-/// How long a topic may refuse access before the refusal is taken as final: a service
-/// being created is briefly unreadable to its openers.
-const PERMISSION_GRACE: Duration = Duration::from_secs(1);
 
 /// A message received from a topic.
 #[derive(Debug)]
@@ -423,142 +417,15 @@ impl TopicSubscriber {
         timeout: Option<Duration>,
         replay: bool,
     ) -> Result<Self> {
-        let start = Instant::now();
         let node = namespace.node("subscriber")?;
         // Declared before the first look, so that a producer creating the topic from now
         // on waits for this subscriber before its first batch (see `crate::interest`).
         let interest = Interest::declare(namespace, topic)?;
-        let timed_out = |what: String| SluiceError::Timeout {
-            what,
-            seconds: start.elapsed().as_secs_f64(),
-        };
-        let mut refused_since: Option<Instant> = None;
-        let mut reclaimed = false;
-        // A child forked after its parent used Sluice has the parent's iceoryx2 identity:
-        // it would take the parent's nodes for alive forever, and the parent its own.
-        let forked_from = crate::process::forked_identity();
-        // The topic's services come in generations (see `crate::claim`): the one to
-        // attach to is the one whose producer is alive.
-        let (data, ready, released) = 'attached: loop {
-            let mut no_live_producer = None;
-            let mut parents = None;
-            for generation in 0..GENERATIONS {
-                let name = service_name(topic, generation, "data")?;
-                let exists = <Ipc as iceoryx2::prelude::Service>::does_exist(
-                    &name,
-                    namespace.config(),
-                    MessagingPattern::PublishSubscribe,
-                );
-                if !matches!(exists, Ok(true)) {
-                    continue;
-                }
-                let opened = node
-                    .service_builder(&name)
-                    .publish_subscribe::<[u8]>()
-                    .user_header::<FrameHeader>()
-                    .open();
-                let data = match opened {
-                    Ok(service) => service,
-                    Err(e) => match e {
-                        // Being removed after its producer left, or being created right
-                        // now: look again.
-                        OpenError::DoesNotExist
-                        | OpenError::IsMarkedForDestruction
-                        | OpenError::HangsInCreation
-                        | OpenError::Interrupt => continue,
-                        // A service being created is briefly unreadable; one that stays
-                        // so belongs to someone else.
-                        OpenError::InsufficientPermissions => {
-                            let since = *refused_since.get_or_insert_with(Instant::now);
-                            if since.elapsed() >= PERMISSION_GRACE {
-                                return Err(permission_denied(namespace, topic));
-                            }
-                            continue;
-                        }
-                        // Full: no matter in a dead producer's generation, which its
-                        // holders keep; in the live one, dead subscribers' nodes may fill
-                        // it: reclaim them and look again, once.
-                        OpenError::ExceedsMaxNumberOfNodes
-                            if !has_live_producer(namespace, &name) =>
-                        {
-                            continue;
-                        }
-                        OpenError::ExceedsMaxNumberOfNodes if !reclaimed => {
-                            reclaimed = true;
-                            namespace.reclaim_dead();
-                            continue;
-                        }
-                        OpenError::ExceedsMaxNumberOfNodes => {
-                            return Err(SluiceError::Transport(format!(
-                                "topic '{topic}' has no room for another subscriber; raise sluice.max_subscribers ({e:?})"
-                            )));
-                        }
-                        other => {
-                            return Err(SluiceError::Transport(format!(
-                                "cannot open topic '{topic}': {other:?}"
-                            )));
-                        }
-                    },
-                };
-                // A generation of the process whose identity this one has: its producer
-                // and this subscriber would never see each other die. Another generation
-                // (a restarted producer's, in another process) may still do.
-                if let Some(parent) = forked_from
-                    && producer_pid(&data) == Some(parent)
-                {
-                    parents = Some(SluiceError::ForkedIdentity { parent });
-                    continue;
-                }
-                // A generation whose producer is gone (its subscribers still hold it), or
-                // whose producer is still creating it, is not the one. Only a producer
-                // whose node is known to be alive will do: a dead one's node that a
-                // reclaimer in another process is removing right now cannot be read
-                // either.
-                let opened = (|| -> Result<_> {
-                    if producer_state(namespace, &data) != Liveness::Alive {
-                        return Err(SluiceError::Transport("no live producer".into()));
-                    }
-                    let ready = node
-                        .service_builder(&service_name(topic, generation, "ready")?)
-                        .event()
-                        .open()
-                        .map_err(transport("cannot open the topic's ready event"))?
-                        .listener_builder()
-                        .create()
-                        .map_err(transport("cannot listen on the topic"))?;
-                    let released = node
-                        .service_builder(&service_name(topic, generation, "released")?)
-                        .event()
-                        .open()
-                        .map_err(transport("cannot open the topic's released event"))?
-                        .notifier_builder()
-                        .create()
-                        .map_err(transport("cannot create a released notifier"))?;
-                    Ok((ready, released))
-                })();
-                match opened {
-                    Ok((ready, released)) => break 'attached (data, ready, released),
-                    Err(e) => no_live_producer = Some(e),
-                }
-            }
-            // Its parent's generation and no other: told at once, rather than left to
-            // wait for a producer it could not tell from the dead.
-            if let (Some(e), None) = (parents, &no_live_producer) {
-                return Err(e);
-            }
-            if no_live_producer.is_some() {
-                // A dead producer's leftovers go once its subscribers have let go; nobody
-                // else may come to remove them (see `Namespace::reclaim_dead`).
-                namespace.reclaim_dead_now_and_then();
-            }
-            if timeout.is_some_and(|t| start.elapsed() >= t) {
-                return Err(timed_out(match no_live_producer {
-                    Some(e) => format!("a live producer on topic '{topic}' ({e})"),
-                    None => format!("a producer to create topic '{topic}'"),
-                }));
-            }
-            std::thread::sleep(TOPIC_POLL_INTERVAL);
-        };
+        let Attached {
+            data,
+            ready,
+            released,
+        } = Search::new(namespace, topic, &node).wait(timeout)?;
         // Every subscriber asks for the history; one that did not ask to replay it takes
         // only the end of the stream from it (see `published_before_joining`).
         let history = data.static_config().history_size();
@@ -837,54 +704,8 @@ impl TopicSubscriber {
         let beyond_max_held = self.on_max_held == OnMaxHeld::Copy && held >= self.max_held();
         match kind {
             FrameKind::Batch => {
-                let payload = self.hold(sample, len)?;
-                let encoded = |payload| Frame::Encoded {
-                    epoch: header.epoch,
-                    index: header.index,
-                    batch_rows: header.batch_rows.into(),
-                    rows: header.rows,
-                    payload,
-                };
-                if self.form == BatchForm::EncodedUnchecked {
-                    return Ok(encoded(payload));
-                }
-                let start = payload.ptr.as_ptr() as usize;
-                // SAFETY: `payload.ptr` points to the sample's payload, valid for `len`
-                // bytes (checked against the sample's length above) as long as the
-                // sample lives; the buffer owns an `Arc` of the sample's owner, so the
-                // memory stays mapped until the last Arrow array that points into it is
-                // dropped. Nobody writes to a sent sample.
-                let buffer = unsafe {
-                    Buffer::from_custom_allocation(payload.ptr, len, payload._owner.clone())
-                };
-                let batch = self.decoder.decode(buffer)?;
-                if batch.num_rows() as u64 != header.rows {
-                    return Err(SluiceError::Corrupt(format!(
-                        "batch has {} rows but its header says {}",
-                        batch.num_rows(),
-                        header.rows
-                    )));
-                }
-                if self.form == BatchForm::EncodedValidated {
-                    return Ok(encoded(payload));
-                }
-                let (batch, shm_range) = if beyond_max_held {
-                    // The copy owns its memory: the sample (which `batch` and `payload`
-                    // hold) goes back when they are dropped here.
-                    self.warn_beyond_max_held(held);
-                    let copy = sluice_core::rebatch::deep_copy(&batch)
-                        .map_err(|e| SluiceError::Internal(format!("cannot copy a batch: {e}")))?;
-                    (copy, None)
-                } else {
-                    (batch, Some(start..start + len))
-                };
-                Ok(Frame::Batch {
-                    epoch: header.epoch,
-                    index: header.index,
-                    batch_rows: header.batch_rows.into(),
-                    batch,
-                    shm_range,
-                })
+                let copy = beyond_max_held.then_some(held);
+                self.batch_frame(&header, sample, len, copy)
             }
             FrameKind::DeviceBatch => {
                 if beyond_max_held {
@@ -913,6 +734,65 @@ impl TopicSubscriber {
                 Err(SluiceError::ProducerFailed(message))
             }
         }
+    }
+
+    /// A batch message as its [`Frame`]: decoded in place (and validated) unless this
+    /// subscriber hands over encoded batches; `copy` (the batches held) when it is
+    /// received beyond `max_held` and is to be copied (see [`OnMaxHeld::Copy`]).
+    fn batch_frame(
+        &mut self,
+        header: &FrameHeader,
+        sample: Sample<Ipc, [u8], FrameHeader>,
+        len: usize,
+        copy: Option<usize>,
+    ) -> Result<Frame> {
+        let payload = self.hold(sample, len)?;
+        let encoded = |payload| Frame::Encoded {
+            epoch: header.epoch,
+            index: header.index,
+            batch_rows: header.batch_rows.into(),
+            rows: header.rows,
+            payload,
+        };
+        if self.form == BatchForm::EncodedUnchecked {
+            return Ok(encoded(payload));
+        }
+        let start = payload.ptr.as_ptr() as usize;
+        // SAFETY: `payload.ptr` points to the sample's payload, valid for `len`
+        // bytes (checked against the sample's length above) as long as the
+        // sample lives; the buffer owns an `Arc` of the sample's owner, so the
+        // memory stays mapped until the last Arrow array that points into it is
+        // dropped. Nobody writes to a sent sample.
+        let buffer =
+            unsafe { Buffer::from_custom_allocation(payload.ptr, len, payload._owner.clone()) };
+        let batch = self.decoder.decode(buffer)?;
+        if batch.num_rows() as u64 != header.rows {
+            return Err(SluiceError::Corrupt(format!(
+                "batch has {} rows but its header says {}",
+                batch.num_rows(),
+                header.rows
+            )));
+        }
+        if self.form == BatchForm::EncodedValidated {
+            return Ok(encoded(payload));
+        }
+        let (batch, shm_range) = if let Some(held) = copy {
+            // The copy owns its memory: the sample (which `batch` and `payload`
+            // hold) goes back when they are dropped here.
+            self.warn_beyond_max_held(held);
+            let copy = sluice_core::rebatch::deep_copy(&batch)
+                .map_err(|e| SluiceError::Internal(format!("cannot copy a batch: {e}")))?;
+            (copy, None)
+        } else {
+            (batch, Some(start..start + len))
+        };
+        Ok(Frame::Batch {
+            epoch: header.epoch,
+            index: header.index,
+            batch_rows: header.batch_rows.into(),
+            batch,
+            shm_range,
+        })
     }
 
     /// Says once that this subscriber holds `max_held` batches and copies the next ones.

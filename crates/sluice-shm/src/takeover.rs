@@ -12,11 +12,14 @@ use iceoryx2::service::builder::publish_subscribe::{
 };
 use sluice_core::{Result, SluiceError, TopicName};
 
+use sluice_core::wire::ALIGNMENT;
+
 use crate::claim::GENERATIONS;
+use crate::config::{SPARE_BORROWS, TopicConfig};
 use crate::header::FrameHeader;
 use crate::liveness::{live_subscribers, producer_state};
 use crate::namespace::{Liveness, Namespace};
-use crate::naming::service_name;
+use crate::naming::{DataService, service_name};
 use crate::{Ipc, permission_denied};
 
 /// How long a new producer waits for the subscribers of a dead producer before it says
@@ -220,5 +223,73 @@ fn busy_or(namespace: &Namespace, topic: &TopicName, e: impl CreateFailure) -> S
         permission_denied(namespace, topic)
     } else {
         SluiceError::Transport(format!("cannot create topic '{topic}': {e:?}"))
+    }
+}
+
+/// The services of one generation of a topic, created by its producer.
+pub(crate) struct Services {
+    pub ready: EventService,
+    pub released: EventService,
+    pub data: DataService,
+}
+
+type EventService = iceoryx2::service::port_factory::event::PortFactory<Ipc>;
+
+impl Services {
+    /// Creates (or rescues, see [`create_or_rescue`]) the services of `generation` of
+    /// `config`'s topic, sized for it.
+    pub(crate) fn create(
+        namespace: &Namespace,
+        node: &Node<Ipc>,
+        config: &TopicConfig,
+        generation: u32,
+    ) -> Result<Self> {
+        let topic = &config.topic;
+        // Every subscriber may hold a node in a dead generation (through a batch it
+        // keeps) while a node of its own looks for the live one, and a producer or
+        // observer looks too: room for all, so that nobody is refused for nodes that are
+        // merely holding on.
+        let max_nodes = 2 * config.max_subscribers + 2;
+        let event = |part: &str, notifiers: usize, listeners: usize| -> Result<EventService> {
+            let name = service_name(topic, generation, part)?;
+            create_or_rescue(namespace, topic, &name, MessagingPattern::Event, || {
+                node.service_builder(&name)
+                    .event()
+                    .max_notifiers(notifiers)
+                    .max_listeners(listeners)
+                    .max_nodes(max_nodes)
+                    .create()
+            })
+        };
+        let ready = event("ready", 1, config.max_subscribers)?;
+        let released = event("released", config.max_subscribers, 1)?;
+        let alignment = Alignment::new(ALIGNMENT)
+            .ok_or_else(|| SluiceError::Internal("invalid alignment".into()))?;
+        let data_name = service_name(topic, generation, "data")?;
+        let data = create_or_rescue(
+            namespace,
+            topic,
+            &data_name,
+            MessagingPattern::PublishSubscribe,
+            || {
+                node.service_builder(&data_name)
+                    .publish_subscribe::<[u8]>()
+                    .user_header::<FrameHeader>()
+                    .payload_alignment(alignment)
+                    .enable_safe_overflow(false)
+                    .history_size(config.history())
+                    .subscriber_max_buffer_size(config.queue_depth())
+                    .subscriber_max_borrowed_samples(config.max_held.saturating_add(SPARE_BORROWS))
+                    .max_subscribers(config.max_subscribers)
+                    .max_publishers(1)
+                    .max_nodes(max_nodes)
+                    .create()
+            },
+        )?;
+        Ok(Self {
+            ready,
+            released,
+            data,
+        })
     }
 }

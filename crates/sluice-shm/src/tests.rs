@@ -1091,11 +1091,8 @@ fn a_forked_child_keeps_neither_the_claim_nor_the_interest_of_its_killed_parent(
     helper.0.kill().unwrap();
     helper.0.wait().unwrap();
     // SAFETY: signal 0 only checks that the process exists.
-    assert_eq!(
-        unsafe { libc::kill(child, 0) },
-        0,
-        "the forked child still lives"
-    );
+    let alive = unsafe { libc::kill(child, 0) };
+    assert_eq!(alive, 0, "the forked child still lives");
     assert_eq!(pending_interest(&ns, &topic), 0);
     let claim = Claim::take(&ns, &topic).expect("the killed process's claim is free");
     drop(claim);

@@ -1,0 +1,281 @@
+//! A plan file's statements, run in order: `SET` lines, tables and views, then the one
+//! final query.
+
+use std::sync::Arc;
+
+use datafusion::logical_expr::{
+    CreateExternalTable, DdlStatement, LogicalPlan, SetVariable, Statement as PlanStatement,
+};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::sql::parser::{DFParser, Statement};
+use sluice_core::error::Location;
+use sluice_core::{Result, SluiceError};
+
+use crate::{SluiceOptions, config_message, functions, guarded, split, store};
+
+/// What a plan file's statements leave behind.
+pub(crate) struct Planned {
+    /// The session, with the file's tables, views and settings.
+    pub ctx: SessionContext,
+    /// Requests of the stores the tables read.
+    pub counters: Arc<store::Counters>,
+    /// The file's `SET sluice.*` options.
+    pub options: SluiceOptions,
+    /// The remote stores the tables read.
+    pub stores: store::StoreSpecs,
+}
+
+/// Runs a plan file's statements in a session of Sluice's defaults.
+pub(crate) struct Planner<'a> {
+    file: &'a str,
+    secrets: &'a mut store::Secrets,
+    planned: Planned,
+}
+
+impl<'a> Planner<'a> {
+    /// A planner for `file`, whose secrets (store credentials) go to `secrets`.
+    pub(crate) fn new(file: &'a str, secrets: &'a mut store::Secrets) -> Self {
+        let (ctx, counters) = session();
+        Self {
+            file,
+            secrets,
+            planned: Planned {
+                ctx,
+                counters,
+                options: SluiceOptions::default(),
+                stores: store::StoreSpecs::default(),
+            },
+        }
+    }
+
+    /// What the statements left.
+    pub(crate) fn finish(self) -> Planned {
+        self.planned
+    }
+
+    fn at(&self, line: u64, column: u64) -> Location {
+        Location {
+            file: self.file.to_string(),
+            line,
+            column,
+        }
+    }
+
+    /// Runs the statements of `sql`; returns the final query and where it is.
+    pub(crate) async fn statements(&mut self, sql: &str) -> Result<(LogicalPlan, Location)> {
+        let starts =
+            split::statement_starts(sql).map_err(|(l, c, m)| plan_err(self.at(l, c), m))?;
+        let statements = DFParser::parse_sql(sql).map_err(|e| {
+            let (line, column, message) = split::located_message(&e.to_string());
+            plan_err(self.at(line, column), format!("syntax error: {message}"))
+        })?;
+        let end = split::end_location(sql);
+        let mut query: Option<(LogicalPlan, Location)> = None;
+        for (i, statement) in statements.into_iter().enumerate() {
+            let (line, column) = starts.get(i).copied().unwrap_or(end);
+            let here = self.at(line, column);
+            if let Some((_, first)) = &query {
+                return Err(plan_err(
+                    here,
+                    format!(
+                        "the query at {}:{} must be the last statement, but another statement follows it \
+                         (a plan file has exactly one final query)",
+                        first.line, first.column
+                    ),
+                ));
+            }
+            if let Some(plan) = self.statement(statement, &here).await? {
+                query = Some((plan, here));
+            }
+        }
+        query.ok_or_else(|| {
+            plan_err(
+                self.at(end.0, end.1),
+                "expected a final SELECT query that defines the stream, found none".into(),
+            )
+        })
+    }
+
+    /// Runs one statement; `Some`: it is a query (the stream, if it is the last).
+    async fn statement(
+        &mut self,
+        statement: Statement,
+        here: &Location,
+    ) -> Result<Option<LogicalPlan>> {
+        let state = self.planned.ctx.state();
+        let plan = guarded(state.statement_to_plan(statement))
+            .await
+            .map_err(|e| plan_err(here.clone(), e))?;
+        match plan {
+            LogicalPlan::Statement(PlanStatement::SetVariable(set)) => {
+                self.set(set, here).await?;
+            }
+            LogicalPlan::Ddl(DdlStatement::CreateExternalTable(create)) => {
+                self.create_external_table(create, here).await?;
+            }
+            plan @ LogicalPlan::Ddl(
+                DdlStatement::CreateView(_) | DdlStatement::CreateMemoryTable(_),
+            ) => self.execute(plan, here).await?,
+            LogicalPlan::Ddl(_)
+            | LogicalPlan::Dml(_)
+            | LogicalPlan::Copy(_)
+            | LogicalPlan::Statement(_)
+            | LogicalPlan::Explain(_)
+            | LogicalPlan::Analyze(_)
+            | LogicalPlan::DescribeTable(_) => {
+                return Err(plan_err(
+                    here.clone(),
+                    format!(
+                        "unsupported statement ({}); a plan file holds SET, CREATE EXTERNAL TABLE, \
+                         CREATE VIEW and one final SELECT query",
+                        plan.display()
+                    ),
+                ));
+            }
+            query => return Ok(Some(query)),
+        }
+        Ok(None)
+    }
+
+    async fn execute(&self, plan: LogicalPlan, here: &Location) -> Result<()> {
+        guarded(self.planned.ctx.execute_logical_plan(plan))
+            .await
+            .map(drop)
+            .map_err(|e| plan_err(here.clone(), e))
+    }
+
+    /// `SET sluice.<option>` is Sluice's, checked against its options; any other `SET`
+    /// is DataFusion's.
+    async fn set(&mut self, set: SetVariable, here: &Location) -> Result<()> {
+        let variable = set.variable.to_ascii_lowercase();
+        match variable.strip_prefix("sluice.") {
+            Some(key) => self
+                .planned
+                .options
+                .set_checked(key, &set.value)
+                .map_err(|e| plan_err(here.clone(), config_message(e))),
+            None => {
+                let plan = LogicalPlan::Statement(PlanStatement::SetVariable(set));
+                self.execute(plan, here).await
+            }
+        }
+    }
+
+    /// Registers the table's object stores (remote ones with the store options its
+    /// `OPTIONS` carry, which are taken out of the statement as secrets), then the table.
+    async fn create_external_table(
+        &mut self,
+        mut create: Box<CreateExternalTable>,
+        here: &Location,
+    ) -> Result<()> {
+        let secrets = &mut *self.secrets;
+        let store_options = store::take_store_options(&mut create.options, secrets);
+        if let Some(definition) = &create.definition {
+            create.definition = Some(secrets.redact(definition));
+        }
+        let options = &self.planned.options;
+        let retry = store::Retry {
+            max_retries: options.store_retries,
+            timeout: std::time::Duration::from_secs(options.store_retry_timeout_s),
+        };
+        let mut remote = false;
+        for location in &create.locations {
+            let is_remote = store::register(
+                &self.planned.ctx,
+                location,
+                &store_options,
+                retry,
+                &self.planned.counters,
+            )
+            .await
+            .map_err(|e| SluiceError::Storage {
+                location: here.clone(),
+                url: secrets.redact(&e.url),
+                message: secrets.redact(&e.message),
+            })?;
+            if is_remote {
+                self.planned.stores.add(location, &store_options, retry);
+            }
+            remote |= is_remote;
+        }
+        let parquet = create.file_type.eq_ignore_ascii_case("parquet");
+        let locations = create.locations.clone();
+        let plan = LogicalPlan::Ddl(DdlStatement::CreateExternalTable(create));
+        let Err(message) = guarded(self.planned.ctx.execute_logical_plan(plan)).await else {
+            return Ok(());
+        };
+        let message = self.secrets.redact(&message);
+        if parquet {
+            for location in &locations {
+                if let Some(bad) = store::find_corrupt_parquet(&self.planned.ctx, location).await {
+                    return Err(SluiceError::Storage {
+                        location: here.clone(),
+                        url: self.secrets.redact(&bad),
+                        message: format!(
+                            "not a Parquet file (no PAR1 footer); replace or remove the object \
+                             ({message})"
+                        ),
+                    });
+                }
+            }
+        }
+        if remote {
+            return Err(SluiceError::Storage {
+                location: here.clone(),
+                url: self.secrets.redact(&locations.join(", ")),
+                message,
+            });
+        }
+        Err(plan_err(here.clone(), message))
+    }
+}
+
+fn plan_err(location: Location, message: String) -> SluiceError {
+    SluiceError::Plan { location, message }
+}
+
+/// A session with Sluice's defaults and functions, its local files read through a
+/// counting store.
+fn session() -> (SessionContext, Arc<store::Counters>) {
+    let config = SessionConfig::new()
+        .with_option_extension(SluiceOptions::default())
+        // Round-robin repartitioning interleaves batches by timing; without it, each
+        // partition reads a fixed set of files and row groups, so the order of rows
+        // depends only on the plan.
+        .set_bool("datafusion.optimizer.enable_round_robin_repartition", false)
+        // File scans would otherwise let an idle partition steal its siblings' files at
+        // run time, so which partition reads a file (and the order of batches) would
+        // depend on timing: a cold page cache alone changes it. A resumed run must
+        // publish the same batches at the same positions.
+        .set_bool(
+            "datafusion.execution.enable_file_stream_work_stealing",
+            false,
+        )
+        // Plain Utf8/Binary columns are what most Arrow consumers (numpy, older pyarrow,
+        // many trainers) expect; plans can SET it back to true.
+        .set_bool(
+            "datafusion.execution.parquet.schema_force_view_types",
+            false,
+        )
+        // Keep Arrow field metadata from Parquet files, so extension types such as
+        // `arrow.fixed_shape_tensor` reach subscribers with their shape.
+        .set_bool("datafusion.execution.parquet.skip_metadata", false)
+        // Registered up front so that its keys travel with a Ballista job's settings;
+        // each epoch sets its values.
+        .with_option_extension(functions::FunctionContext::default());
+    let ctx = SessionContext::new_with_config(config);
+    functions::register(&ctx);
+    // Local files go through a counting store too, so that local and remote runs report
+    // their requests alike.
+    let counters = Arc::new(store::Counters::default());
+    if let Ok(file) = url::Url::parse("file://") {
+        ctx.register_object_store(
+            &file,
+            Arc::new(store::Counting::new(
+                Arc::new(object_store::local::LocalFileSystem::new()),
+                counters.clone(),
+            )),
+        );
+    }
+    (ctx, counters)
+}
