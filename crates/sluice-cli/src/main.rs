@@ -190,8 +190,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             let options = RunOptions {
                 min_subscribers,
-                subscriber_timeout: wait_timeout.map(Duration::from_secs_f64),
-                linger: Duration::from_secs_f64(linger),
+                subscriber_timeout: wait_timeout
+                    .map(|s| seconds("--wait-timeout", s))
+                    .transpose()?,
+                linger: seconds("--linger", linger)?,
                 stop: stop_flag(&rt),
                 resume,
                 checkpoint,
@@ -253,8 +255,10 @@ fn load_for_run(
 ) -> anyhow::Result<Plan> {
     let options = RunOptions {
         min_subscribers,
-        subscriber_timeout: wait_timeout.map(Duration::from_secs_f64),
-        linger: Duration::from_secs_f64(linger),
+        subscriber_timeout: wait_timeout
+            .map(|s| seconds("--wait-timeout", s))
+            .transpose()?,
+        linger: seconds("--linger", linger)?,
         stop: stop_flag(rt),
         ..RunOptions::default()
     };
@@ -313,6 +317,18 @@ pub(crate) fn run_producer(
     }
     bar.finish_and_clear();
     Ok(handle.join()?)
+}
+
+/// A number of seconds given as `flag`: at least 0 (`inf`: as long as it takes).
+pub(crate) fn seconds(flag: &str, value: f64) -> anyhow::Result<Duration> {
+    if value.is_infinite() && value > 0.0 {
+        return Ok(Duration::MAX);
+    }
+    Duration::try_from_secs_f64(value).map_err(|_| {
+        anyhow::anyhow!(SluiceError::Config(format!(
+            "{flag} must be a number of seconds >= 0, not {value}"
+        )))
+    })
 }
 
 pub(crate) fn human_bytes(b: u64) -> String {

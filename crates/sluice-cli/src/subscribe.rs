@@ -68,12 +68,18 @@ pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
     let mut sub = Subscriber::connect(
         &args.topic,
         SubscribeOptions {
-            timeout: args.timeout.map(Duration::from_secs_f64),
+            timeout: args
+                .timeout
+                .map(|s| crate::seconds("--timeout", s))
+                .transpose()?,
             namespace: None,
             batch_size: args.batch_size,
             join: args.join,
             on_lag: args.on_lag,
-            reconnect: args.reconnect.map(Duration::from_secs_f64),
+            reconnect: args
+                .reconnect
+                .map(|s| crate::seconds("--reconnect", s))
+                .transpose()?,
             columns: args.columns.as_ref().map_or(Columns::All, Columns::named),
             // The tool drops every batch once counted: it never holds `max_held`.
             on_max_held: Default::default(),

@@ -17,17 +17,17 @@
 //! * [`frame`] names the kinds of message that travel on a topic.
 //! * [`position`] is where a stream is, and how a subscriber joins a restarted
 //!   producer's stream onto what it already received (no duplicates, no gaps).
-//! * [`device`] names where batches are materialized (CPU shared memory or a GPU).
+//! * [`placement`] names where batches are materialized (`sluice.device`: CPU shared memory or a GPU).
 //! * [`error`] is the one error type of Sluice.
 //! * [`panics`] keeps the panics Sluice catches (and reports as errors) off stderr.
 #![warn(missing_docs)]
 
 pub mod checksum;
 pub mod delivery;
-pub mod device;
 pub mod error;
 pub mod frame;
 pub mod panics;
+pub mod placement;
 pub mod position;
 pub mod process;
 pub mod rebatch;
@@ -40,9 +40,9 @@ pub use delivery::{
     EpochSummary, Inbound, Inlet, Join, OnLag, Outbound, Outlet, Receiver, ReceiverOptions,
     Subscription,
 };
-pub use device::{ByteSize, DeviceSpec};
 pub use error::{Result, SluiceError};
 pub use frame::{FrameKind, TopicName};
+pub use placement::{ByteSize, DeviceSpec};
 pub use position::{Position, Resume, Verdict};
 pub use rebatch::{Rebatcher, Rows};
 pub use shaper::Shaper;

@@ -47,6 +47,8 @@ pub const VERSION: u16 = 2;
 pub const HANDLE_BYTES: usize = 64;
 const FIXED: usize = DeviceDescriptor::FIXED;
 const MAX_NODES: u32 = 1 << 16;
+/// The largest device slot a descriptor may claim (1 TiB: more than any GPU has).
+const MAX_SLOT_BYTES: u64 = 1 << 40;
 const MAX_SCHEMA: u32 = 1 << 24;
 
 /// How subscribers reach the batch's bytes.
@@ -209,6 +211,11 @@ impl DeviceDescriptor {
         let slot_bytes = r.u64()?;
         let used_bytes = r.u64()?;
         let rows = r.u64()?;
+        // Read back into host memory by `Importer::to_host`: a size no GPU has is a
+        // corrupt descriptor, not an allocation to attempt.
+        if slot_bytes > MAX_SLOT_BYTES {
+            return Err(corrupt(format!("a slot of {slot_bytes} bytes")));
+        }
         if used_bytes > slot_bytes {
             return Err(corrupt(format!(
                 "{used_bytes} bytes used of a {slot_bytes}-byte slot"

@@ -145,7 +145,9 @@ pub struct Device {
 impl Device {
     /// Opens the GPU this process knows as `uuid` (see [`crate::identity`]).
     pub fn open_uuid(uuid: DeviceUuid) -> Result<Self> {
-        let ordinal = crate::identity::local_ordinal(uuid, &visible_uuids()?)?;
+        let visible = visible_uuids()?;
+        let ordinal = crate::identity::local_ordinal(uuid, &visible)
+            .ok_or(CudaError::DeviceNotVisible { uuid, visible })?;
         Self::open(ordinal)
     }
 

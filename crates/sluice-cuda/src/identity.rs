@@ -7,8 +7,6 @@
 
 use std::fmt;
 
-use crate::error::{CudaError, Result};
-
 /// A GPU's UUID.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct DeviceUuid(pub [u8; 16]);
@@ -34,16 +32,10 @@ impl fmt::Debug for DeviceUuid {
 }
 
 /// This process's ordinal of the GPU `uuid`, given the UUIDs of the GPUs it sees in
-/// ordinal order; an error that says how to make it visible when it is not.
-pub fn local_ordinal(uuid: DeviceUuid, visible: &[DeviceUuid]) -> Result<u32> {
-    visible
-        .iter()
-        .position(|v| *v == uuid)
-        .map(|i| i as u32)
-        .ok_or_else(|| CudaError::DeviceNotVisible {
-            uuid,
-            visible: visible.to_vec(),
-        })
+/// ordinal order; `None` when it does not see it (`CudaError::DeviceNotVisible` says how
+/// to make it visible).
+pub fn local_ordinal(uuid: DeviceUuid, visible: &[DeviceUuid]) -> Option<u32> {
+    visible.iter().position(|v| *v == uuid).map(|i| i as u32)
 }
 
 #[cfg(test)]
@@ -73,12 +65,18 @@ mod tests {
 
     #[test]
     fn a_hidden_gpu_is_an_error_naming_it_and_what_is_visible() {
-        let err = local_ordinal(uuid(3), &[uuid(1), uuid(2)]).unwrap_err();
-        let msg = err.to_string();
+        let hidden = |uuid, visible: &[DeviceUuid]| {
+            assert_eq!(local_ordinal(uuid, visible), None);
+            crate::error::CudaError::DeviceNotVisible {
+                uuid,
+                visible: visible.to_vec(),
+            }
+        };
+        let msg = hidden(uuid(3), &[uuid(1), uuid(2)]).to_string();
         assert!(msg.contains(&uuid(3).to_string()), "{msg}");
         assert!(msg.contains(&uuid(1).to_string()), "{msg}");
         assert!(msg.contains("CUDA_VISIBLE_DEVICES"), "{msg}");
-        let none = local_ordinal(uuid(3), &[]).unwrap_err().to_string();
+        let none = hidden(uuid(3), &[]).to_string();
         assert!(none.contains("sees no GPU"), "{none}");
     }
 }

@@ -161,10 +161,13 @@ impl FlightInlet {
         let Some(reconnect) = self.options.reconnect else {
             return Err(lost);
         };
-        let deadline = std::time::Instant::now() + reconnect;
+        // `Duration::MAX` (Python's `reconnect=float("inf")`): no deadline.
+        let deadline = std::time::Instant::now().checked_add(reconnect);
         tracing::info!(target = %self.target, "lost ({lost}); reconnecting for up to {reconnect:?}");
         loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let left = deadline.map_or(reconnect, |d| {
+                d.saturating_duration_since(std::time::Instant::now())
+            });
             if left.is_zero() {
                 return Err(lost);
             }

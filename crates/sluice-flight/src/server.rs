@@ -575,7 +575,7 @@ fn forward(
     outbox: &mut Outbox,
 ) -> std::result::Result<(), Status> {
     let topic = TopicName::new(&request.topic).map_err(status)?;
-    let wait = Duration::from_secs_f64(request.wait_s.unwrap_or(60.0).clamp(0.0, 86_400.0));
+    let wait = bounded_wait(request.wait_s.unwrap_or(60.0));
     let columns = request
         .columns
         .as_ref()
@@ -682,7 +682,7 @@ fn successor(
 ) -> std::result::Result<TopicSubscriber, Status> {
     let _interest = sluice_shm::Interest::declare(namespace, topic).map_err(status)?;
     drop(old);
-    let wait = Duration::from_secs_f64(wait_s.clamp(0.0, 86_400.0));
+    let wait = bounded_wait(wait_s);
     tracing::info!(%topic, "producer lost; waiting up to {wait:?} for a restarted one");
     TopicSubscriber::connect(namespace, topic, Some(wait), true).map_err(|e| match e {
         SluiceError::Timeout { .. } => status(SluiceError::ProducerLost(topic.to_string())),
@@ -931,6 +931,11 @@ impl FlightService for TopicService {
     ) -> std::result::Result<Response<Self::DoExchangeStream>, Status> {
         Err(Status::unimplemented("do_exchange"))
     }
+}
+
+/// A client's wait in seconds, within 0 to a day (a ticket's NaN or negative wait is 0).
+fn bounded_wait(seconds: f64) -> Duration {
+    Duration::try_from_secs_f64(seconds.clamp(0.0, 86_400.0)).unwrap_or(Duration::ZERO)
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 
-use crate::device::{ArrowDeviceArray, DEVICE_ARRAY_CAPSULE_NAME};
+use crate::c_device::{ArrowDeviceArray, DEVICE_ARRAY_CAPSULE_NAME};
 use crate::dlpack;
 
 /// The struct field a record batch is exported as (the C data interface convention).

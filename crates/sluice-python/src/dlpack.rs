@@ -182,7 +182,7 @@ impl TensorView {
     /// Strides in bytes, or `None` when the tensor is C-contiguous (row-major), as
     /// `__cuda_array_interface__` wants them.
     pub fn byte_strides(&self) -> Option<Vec<i64>> {
-        if self.strides == row_major_strides(&self.shape) {
+        if Some(&self.strides) == row_major_strides(&self.shape).as_ref() {
             return None;
         }
         let width = i64::from(self.dtype.bits / 8);
@@ -224,12 +224,39 @@ fn dl_dtype(dt: &DataType) -> Option<DLDataType> {
     })
 }
 
-fn row_major_strides(shape: &[i64]) -> Vec<i64> {
+/// The product of `dims` (1 for none), or `None` if it overflows: dimensions come from
+/// the data (a Parquet file's tensor metadata), which may claim anything.
+fn product(dims: &[i64]) -> Option<i64> {
+    dims.iter().try_fold(1i64, |acc, &d| acc.checked_mul(d))
+}
+
+fn row_major_strides(shape: &[i64]) -> Option<Vec<i64>> {
     let mut strides = vec![1i64; shape.len()];
     for k in (0..shape.len().saturating_sub(1)).rev() {
-        strides[k] = strides[k + 1] * shape[k + 1];
+        strides[k] = strides[k + 1].checked_mul(shape[k + 1])?;
     }
-    strides
+    Some(strides)
+}
+
+/// Whether every element a tensor of `shape` and `strides` (in elements) addresses lies
+/// within `elements` elements: the last check before a consumer gets the pointer.
+fn within(shape: &[i64], strides: &[i64], elements: i64) -> bool {
+    if shape.contains(&0) {
+        return true;
+    }
+    let last = shape.iter().zip(strides).try_fold(0i64, |acc, (&d, &s)| {
+        if d < 0 || s < 0 {
+            return None;
+        }
+        acc.checked_add((d - 1).checked_mul(s)?)
+    });
+    last.is_some_and(|last| last < elements)
+}
+
+fn too_large(name: &str, shape: &[i64]) -> String {
+    format!(
+        "column '{name}': a tensor of shape {shape:?} does not fit in memory (its size overflows)"
+    )
 }
 
 /// The shape of each tensor of an `arrow.fixed_shape_tensor` column, and its permutation.
@@ -276,9 +303,9 @@ fn tensor_layout(
     storage: Vec<i64>,
 ) -> Result<(Vec<i64>, Vec<i64>), String> {
     let mut shape = storage;
-    let mut strides = row_major_strides(&shape);
+    let mut strides = row_major_strides(&shape).ok_or_else(|| too_large(name, &shape))?;
     if let Some((tensor_shape, permutation)) = fixed_shape_tensor(field)? {
-        let inner: i64 = tensor_shape.iter().product();
+        let inner = product(&tensor_shape).ok_or_else(|| too_large(name, &tensor_shape))?;
         if shape.len() != 2 || inner != shape[1] {
             return Err(format!(
                 "column '{name}': tensor shape {tensor_shape:?} does not match its storage {}",
@@ -298,7 +325,8 @@ fn tensor_layout(
         // The storage holds each tensor in the permuted (physical) order: logical
         // dimension permutation[j] lies at physical position j.
         let physical: Vec<i64> = permutation.iter().map(|&p| tensor_shape[p]).collect();
-        let physical_strides = row_major_strides(&physical);
+        let physical_strides =
+            row_major_strides(&physical).ok_or_else(|| too_large(name, &physical))?;
         let mut logical_strides = vec![0i64; n];
         for (j, &p) in permutation.iter().enumerate() {
             logical_strides[p] = physical_strides[j];
@@ -339,8 +367,16 @@ pub fn describe_device(
             }
         }
     };
-    let len = shape.iter().product::<i64>() as usize * usize::from(dtype.bits / 8);
+    let width = usize::from(dtype.bits / 8);
+    let elements = product(&shape).ok_or_else(|| too_large(name, &shape))?;
+    let len = usize::try_from(elements)
+        .ok()
+        .and_then(|n| n.checked_mul(width))
+        .ok_or_else(|| too_large(name, &shape))?;
     let (shape, strides) = tensor_layout(name, field, shape)?;
+    if !within(&shape, &strides, elements) {
+        return Err(too_large(name, &shape));
+    }
     Ok(TensorView {
         memory: Memory::Device {
             ptr,
@@ -392,7 +428,7 @@ pub fn describe(name: &str, field: &Field, array: &dyn Array) -> Result<TensorVi
             },
         }
     };
-    let elements: i64 = shape.iter().product();
+    let elements = product(&shape).ok_or_else(|| too_large(name, &shape))?;
     if elements != current.len() as i64 {
         return Err(format!(
             "column '{name}': {} values do not fill a tensor of shape {shape:?}",
@@ -405,15 +441,20 @@ pub fn describe(name: &str, field: &Field, array: &dyn Array) -> Result<TensorVi
         .buffers()
         .first()
         .ok_or_else(|| format!("column '{name}' has no value buffer"))?;
-    let start = data.offset() * width;
-    let len = current.len() * width;
-    if buffer.as_slice().get(start..start + len).is_none() {
+    let span = data.offset().checked_mul(width).and_then(|start| {
+        let len = current.len().checked_mul(width)?;
+        Some((start, len, start.checked_add(len)?))
+    });
+    let Some((start, len, _)) = span.filter(|&(_, _, end)| end <= buffer.len()) else {
         return Err(format!(
             "column '{name}': its value buffer is shorter than its length"
         ));
-    }
+    };
 
     let (shape, strides) = tensor_layout(name, field, shape)?;
+    if !within(&shape, &strides, elements) {
+        return Err(too_large(name, &shape));
+    }
     Ok(TensorView {
         memory: Memory::Host {
             buffer: buffer.clone(),

@@ -36,7 +36,7 @@ use sluice::cuda::ConsumerStream;
 use sluice::{DeviceBatch, DeviceColumn, HostCopier, SluiceError};
 
 use crate::batch::{PyBatch, column_index};
-use crate::device::{ArrowDeviceArray, DEVICE_ARRAY_CAPSULE_NAME};
+use crate::c_device::{ArrowDeviceArray, DEVICE_ARRAY_CAPSULE_NAME};
 use crate::dlpack::{self, DLDataType, KDL_CUDA};
 use crate::errors::to_py;
 

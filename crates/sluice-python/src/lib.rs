@@ -32,7 +32,7 @@
 #![warn(missing_docs)]
 
 mod batch;
-mod device;
+mod c_device;
 mod dlpack;
 mod errors;
 mod gpu;

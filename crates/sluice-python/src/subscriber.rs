@@ -115,7 +115,8 @@ pub fn parse_timeout(what: &str, timeout: Option<f64>) -> PyResult<Option<Durati
         Some(t) if t.is_nan() || t < 0.0 => Err(PyValueError::new_err(format!(
             "{what} must be a number of seconds >= 0 or None, not {t}"
         ))),
-        Some(t) => Ok(Some(Duration::from_secs_f64(t))),
+        // Longer than a Duration holds (about 584 billion years): as long as it takes.
+        Some(t) => Ok(Duration::try_from_secs_f64(t).ok()),
     }
 }
 
@@ -297,7 +298,8 @@ impl PySubscriber {
         // now, before this subscriber's held samples are counted.
         crate::gpu::collect_host_copies();
         let start = Instant::now();
-        let deadline = self.timeout.map(|t| start + t);
+        // A timeout past what an Instant holds: as long as it takes.
+        let deadline = self.timeout.and_then(|t| start.checked_add(t));
         loop {
             let slice = deadline.map_or(SLICE, |d| {
                 d.saturating_duration_since(Instant::now()).min(SLICE)

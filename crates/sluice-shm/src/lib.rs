@@ -34,6 +34,7 @@ mod claim;
 mod config;
 mod departure;
 mod errors;
+mod frame;
 mod header;
 mod interest;
 mod liveness;
@@ -44,6 +45,7 @@ mod pacing;
 pub mod process;
 mod publisher;
 mod registration;
+mod sample;
 pub mod segment;
 mod subscriber;
 mod takeover;
@@ -52,15 +54,15 @@ mod tests;
 
 pub use config::{TopicConfig, message_bytes, planned_message_bytes};
 pub use departure::{DepartedSubscriber, departed_subscribers};
+pub use frame::{BatchForm, Frame, OnMaxHeld};
 pub use header::{FrameHeader, monotonic_ns};
 pub use interest::{Interest, pending_interest};
 pub use namespace::{Namespace, shm_available};
 pub use pacing::{Pacing, pacing};
 pub use publisher::TopicPublisher;
+pub use sample::SamplePayload;
 pub use segment::{Backing, Maps, SegmentMap, backing_file};
-pub use subscriber::{
-    BatchForm, Frame, OnMaxHeld, SamplePayload, TopicSubscriber, subscriber_count,
-};
+pub use subscriber::{TopicSubscriber, subscriber_count};
 
 /// The iceoryx2 service flavour Sluice uses: inter-process, with thread-safe ports so
 /// that samples and ports can move between threads (Python, async runtimes).

@@ -40,17 +40,15 @@
 
 pub mod checkpoint;
 pub mod demo;
-pub mod device;
-mod gpu;
-mod host_copy;
+pub mod gpu;
 pub mod logging;
 mod producer;
 pub mod status;
 mod subscriber;
 
 pub use checkpoint::Checkpoint;
-pub use device::{DeviceBatch, DeviceColumn, DevicePart};
-pub use host_copy::HostCopier;
+pub use gpu::batch::{DeviceBatch, DeviceColumn, DevicePart};
+pub use gpu::host_copy::HostCopier;
 pub use producer::{
     Producer, ProducerHandle, Progress, RunOptions, RunStats, auto_message_batches,
 };

@@ -14,7 +14,7 @@ use sluice_core::{Columns, Result, Rows, SluiceError, TopicName};
 use sluice_flight::{ClientOptions, FlightInlet, FlightTarget};
 use sluice_shm::{Frame, Namespace, OnMaxHeld, TopicSubscriber};
 
-use crate::device::{DeviceBatch, ImporterCell};
+use crate::gpu::batch::{DeviceBatch, ImporterCell};
 use crate::status::{Reporter, SubscriberReport, unix_now};
 
 pub use sluice_core::delivery::{EpochSummary, Join, OnLag};

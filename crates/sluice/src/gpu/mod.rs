@@ -1,10 +1,16 @@
-//! The producer's GPU path: `sluice.device = 'cuda:N'`.
+//! Everything GPU of the facade: device batches as subscribers receive them
+//! ([`batch`]), host batches copied to a GPU by their subscriber ([`host_copy`], the
+//! `cuda_host:N` mode), and the producer's side below.
 //!
+//! # The producer's side: `sluice.device = 'cuda:N'`
 //! The batches of a device topic are copied once into a ring of device slots
 //! (sluice-cuda's [`DeviceStager`]) and each message on the topic carries only the
 //! batch's [`sluice_cuda::DeviceDescriptor`]. The ring and the topic's messages are sized
 //! from the first batch, before anything is created, so that an over-budget ring fails
 //! before the topic exists.
+
+pub mod batch;
+pub mod host_copy;
 
 use arrow::record_batch::RecordBatch;
 use sluice_core::{DeviceSpec, Result};

@@ -26,8 +26,6 @@ use sluice_cuda::{
 };
 use sluice_shm::SamplePayload;
 
-use crate::host_copy::PinnedSegment;
-
 /// The importer of one subscriber, opened on the first use of a device batch, and the
 /// columns whose last view is gone but whose consumers' kernels may still read them.
 #[derive(Default)]
@@ -311,16 +309,27 @@ impl DevicePart {
                     let values = n.buffers.first().ok_or_else(|| {
                         SluiceError::Corrupt("a primitive array without a values buffer".into())
                     })?;
+                    // Sizes come from the descriptor in shared memory: checked, so that
+                    // a corrupt one is an error, never a wrapped range.
                     let row_bytes = per_row.saturating_mul(width);
-                    let start = values.offset + self.offset as u64 * row_bytes;
-                    let end = start + self.rows as u64 * row_bytes;
-                    if end > values.offset + values.len {
-                        return Err(SluiceError::Corrupt(format!(
-                            "column '{}' is shorter than its rows",
-                            field.name()
-                        )));
+                    let range = (self.offset as u64)
+                        .checked_mul(row_bytes)
+                        .and_then(|skip| values.offset.checked_add(skip))
+                        .and_then(|start| {
+                            let end =
+                                start.checked_add((self.rows as u64).checked_mul(row_bytes)?)?;
+                            Some(start..end)
+                        });
+                    let limit = values.offset.checked_add(values.len);
+                    match (range, limit) {
+                        (Some(range), Some(limit)) if range.end <= limit => return Ok(range),
+                        _ => {
+                            return Err(SluiceError::Corrupt(format!(
+                                "column '{}' is shorter than its rows",
+                                field.name()
+                            )));
+                        }
                     }
-                    return Ok(start..end);
                 }
                 _ => {
                     return Err(not_a_tensor(
@@ -656,9 +665,10 @@ impl DeviceBatch {
 }
 
 impl Held {
-    /// A host batch whose rows a `cuda_host` copy reads, and the segment it reads them
-    /// from: both must stay until the copy completes.
-    pub(crate) fn host(batch: RecordBatch, segments: Vec<Arc<PinnedSegment>>) -> Self {
+    /// A host batch whose rows a `cuda_host` copy reads, and what it reads them from (the
+    /// pinned segments of `crate::gpu::host_copy`, kept as they are): both must stay until the
+    /// copy completes.
+    pub(crate) fn host(batch: RecordBatch, segments: Vec<KeptAlive>) -> Self {
         Self {
             _parts: Vec::new(),
             _owned: None,
@@ -698,8 +708,11 @@ pub(crate) struct Held {
     _parts: Vec<(DevicePart, Imported)>,
     _owned: Option<DeviceMemory>,
     /// A host batch (its samples) and the pinned segment a `cuda_host` copy reads.
-    _host: Option<(RecordBatch, Vec<Arc<PinnedSegment>>)>,
+    _host: Option<(RecordBatch, Vec<KeptAlive>)>,
 }
+
+/// Something kept alive (and dropped) with what holds it, whatever it is.
+pub(crate) type KeptAlive = Arc<dyn std::any::Any + Send + Sync>;
 
 /// One column of a [`DeviceBatch`] as a contiguous range of device memory in this
 /// process, from [`DeviceBatch::column`].

@@ -32,7 +32,7 @@ use sluice_cuda::{ConsumerStream, Device, DeviceDescriptor, Mode, OwnedSlot};
 use sluice_shm::{Backing, SegmentMap, backing_file};
 
 use crate::DeviceBatch;
-use crate::device::{Held, ImporterCell};
+use crate::gpu::batch::{Held, ImporterCell};
 
 /// Segments are registered as pinned memory in blocks of this many bytes (aligned in the
 /// file), each on its first use, never as a whole: iceoryx2's data segment file is far
@@ -251,7 +251,11 @@ impl HostCopier {
             queued_us = started.elapsed().as_micros() as u64,
             "to_device"
         );
-        self.cell.retire(Held::host(batch.clone(), segments), on);
+        let kept = segments
+            .into_iter()
+            .map(|s| s as crate::gpu::batch::KeptAlive)
+            .collect();
+        self.cell.retire(Held::host(batch.clone(), kept), on);
         if stream == ConsumerStream::NoSync {
             ready.synchronize()?;
         }
