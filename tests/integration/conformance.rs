@@ -9,8 +9,10 @@
 //! What every transport must give the protocol: a producer's messages in order, to
 //! every subscriber, with the slowest subscriber setting the pace, and the end of the
 //! stream after everything else. What the protocol then promises is checked here
-//! end to end: every row of every epoch once, in order, in each subscriber's own batch
-//! size, complete epochs, then the end.
+//! end to end, through the subscriber users run (`sluice::Subscriber`, over each
+//! transport's inlet): every row of every epoch once, in order, in each subscriber's own
+//! batch size, complete epochs, then the end; also where the producer sends messages of
+//! several batches (`sluice.message_batches`).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -19,10 +21,9 @@ use std::time::Duration;
 use arrow::array::{Array, ArrayRef, Int64Array};
 use arrow::record_batch::RecordBatch;
 use sluice::core::delivery::memory;
-use sluice::core::{
-    Inlet, Join, OnLag, Outbound, Outlet, ReceiverOptions, Subscription, TopicName,
-};
+use sluice::core::{Inlet, Join, OnLag, Outlet, TopicName};
 use sluice::flight::{ClientOptions, FlightInlet, FlightServer, FlightTarget, ServeOptions};
+use sluice::{Event, SubscribeOptions, Subscriber};
 
 use crate::common::TestNamespace;
 use sluice::shm::{TopicConfig, TopicPublisher, TopicSubscriber};
@@ -73,6 +74,16 @@ struct Draining(TopicPublisher);
 impl Outlet<RecordBatch> for Draining {
     fn batch(&mut self, epoch: u64, index: u64, payload: &RecordBatch) -> sluice::core::Result<()> {
         self.0.batch(epoch, index, payload)
+    }
+
+    fn message(
+        &mut self,
+        epoch: u64,
+        index: u64,
+        batch_rows: usize,
+        payload: &RecordBatch,
+    ) -> sluice::core::Result<()> {
+        self.0.message(epoch, index, batch_rows, payload)
     }
 
     fn end_of_epoch(&mut self, epoch: u64, batches: u64, rows: u64) -> sluice::core::Result<()> {
@@ -158,14 +169,21 @@ fn ids(first: i64, n: usize) -> RecordBatch {
     .unwrap()
 }
 
-/// Publishes `epochs` epochs of batches of the given sizes (ids from epoch × 10⁶).
-fn produce(mut outlet: Outlets, epochs: u64, sizes: Vec<usize>) {
+/// Publishes `epochs` epochs of batches of the given sizes (ids from epoch × 10⁶); with
+/// `grouped` > 1, consecutive batches of `sizes[0]` rows go `grouped` to a message (the
+/// sizes must then all be equal but the last).
+fn produce(mut outlet: Outlets, epochs: u64, sizes: Vec<usize>, grouped: usize) {
     for e in 0..epochs {
         let mut row = 0;
-        for (i, &n) in sizes.iter().enumerate() {
-            outlet
-                .batch(e, i as u64, &ids(e as i64 * 1_000_000 + row, n))
-                .unwrap();
+        for (first, group) in sizes.chunks(grouped.max(1)).enumerate() {
+            let index = (first * grouped.max(1)) as u64;
+            let n: usize = group.iter().sum();
+            let rows = ids(e as i64 * 1_000_000 + row, n);
+            if grouped > 1 {
+                outlet.message(e, index, group[0], &rows).unwrap();
+            } else {
+                outlet.batch(e, index, &rows).unwrap();
+            }
             row += n as i64;
         }
         outlet
@@ -182,23 +200,23 @@ fn consume(
     batch_size: Option<usize>,
     delay: Duration,
 ) -> Vec<Epoch> {
-    let mut sub = Subscription::new(
-        ReceiverOptions {
-            topic: "conformance".into(),
-            batch_size,
-            join: Join::Now,
-            on_lag: OnLag::Error,
-            max_held: 4,
-        },
-        inlet,
-    )
-    .unwrap();
+    let options = SubscribeOptions {
+        batch_size,
+        join: Join::Now,
+        on_lag: OnLag::Error,
+        namespace: Some(sluice::Namespace::new("conformance").unwrap()),
+        ..SubscribeOptions::default()
+    };
+    let mut sub = Subscriber::over("conformance", &options, inlet).unwrap();
     let mut epochs = Vec::new();
     let (mut rows, mut sizes) = (Vec::new(), Vec::new());
     loop {
-        match sub.next(Some(Duration::from_secs(30))).unwrap() {
-            Outbound::Batch { payload, .. } => {
-                let id = payload
+        match sub
+            .next_event_within(Some(Duration::from_secs(30)))
+            .unwrap()
+        {
+            Event::Batch { batch, .. } => {
+                let id = batch
                     .column(0)
                     .as_any()
                     .downcast_ref::<Int64Array>()
@@ -207,7 +225,7 @@ fn consume(
                 rows.extend(id.values().iter().copied());
                 std::thread::sleep(delay);
             }
-            Outbound::EpochEnd(summary) => {
+            Event::EpochEnd(summary) => {
                 assert_eq!(summary.received_rows, rows.len() as u64);
                 epochs.push((
                     std::mem::take(&mut rows),
@@ -215,7 +233,8 @@ fn consume(
                     summary.complete,
                 ))
             }
-            Outbound::End => return epochs,
+            Event::DeviceBatch { .. } => panic!("a host topic sent a device batch"),
+            Event::End => return epochs,
         }
     }
 }
@@ -227,13 +246,24 @@ fn run(
     sizes: Vec<usize>,
     subscribers: Vec<(Option<usize>, Duration)>,
 ) -> Vec<Vec<Epoch>> {
+    run_grouped(backend, epochs, sizes, 1, subscribers)
+}
+
+/// [`run`] with `grouped` batches to a message.
+fn run_grouped(
+    backend: fn(usize) -> (Outlets, Inlets, Keep),
+    epochs: u64,
+    sizes: Vec<usize>,
+    grouped: usize,
+    subscribers: Vec<(Option<usize>, Duration)>,
+) -> Vec<Vec<Epoch>> {
     let (outlet, inlets, _keep) = backend(subscribers.len());
     let handles: Vec<_> = inlets
         .into_iter()
         .zip(subscribers)
         .map(|(inlet, (size, delay))| std::thread::spawn(move || consume(inlet, size, delay)))
         .collect();
-    let producer = std::thread::spawn(move || produce(outlet, epochs, sizes));
+    let producer = std::thread::spawn(move || produce(outlet, epochs, sizes, grouped));
     let got = handles.into_iter().map(|h| h.join().unwrap()).collect();
     producer.join().unwrap();
     got
@@ -305,6 +335,37 @@ fn an_empty_epoch_still_ends(backend: fn(usize) -> (Outlets, Inlets, Keep)) {
     );
 }
 
+/// Messages of several batches (a producer's `sluice.message_batches`) arrive as their
+/// batches, in every subscriber's own batch size, and each epoch whole: positions count
+/// batches, not messages.
+fn messages_of_several_batches_arrive_as_their_batches(
+    backend: fn(usize) -> (Outlets, Inlets, Keep),
+) {
+    // Four batches of 8 to a message; each epoch's last message is two batches, the
+    // last of them short.
+    let sizes = vec![8, 8, 8, 8, 8, 8, 8, 8, 8, 5];
+    let subs = vec![
+        (None, Duration::ZERO),
+        (Some(5), Duration::ZERO),
+        (Some(13), Duration::ZERO),
+    ];
+    let got = run_grouped(backend, 2, sizes.clone(), 4, subs.clone());
+    for (epochs, (size, _)) in got.iter().zip(&subs) {
+        assert_eq!(epochs.len(), 2);
+        for (e, (rows, batches, complete)) in epochs.iter().enumerate() {
+            assert_eq!(rows, &expected(e as u64, &sizes));
+            assert!(complete);
+            match size {
+                None => assert_eq!(batches, &sizes),
+                Some(n) => {
+                    let (last, full) = batches.split_last().unwrap();
+                    assert!(full.iter().all(|b| b == n) && last <= n, "{batches:?}");
+                }
+            }
+        }
+    }
+}
+
 macro_rules! conformance {
     ($($backend:ident),*) => {$(
         mod $backend {
@@ -319,6 +380,10 @@ macro_rules! conformance {
             #[test]
             fn an_empty_epoch_still_ends() {
                 super::an_empty_epoch_still_ends(super::$backend);
+            }
+            #[test]
+            fn messages_of_several_batches_arrive_as_their_batches() {
+                super::messages_of_several_batches_arrive_as_their_batches(super::$backend);
             }
         }
     )*};

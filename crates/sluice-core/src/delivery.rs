@@ -749,6 +749,22 @@ impl<P, I: Inlet<P> + ?Sized> Inlet<P> for Box<I> {
 pub trait Outlet<P> {
     /// Batch `index` of `epoch`.
     fn batch(&mut self, epoch: u64, index: u64, payload: &P) -> Result<()>;
+    /// Consecutive batches of `batch_rows` rows of `epoch` from batch `index` on (the
+    /// last may be shorter), as one message where the transport carries messages of
+    /// several batches (subscribers cut it, see [`Inbound::Batch`]); one by one where it
+    /// does not.
+    fn message(&mut self, epoch: u64, index: u64, batch_rows: usize, payload: &P) -> Result<()>
+    where
+        P: Rows,
+    {
+        let rows = payload.num_rows();
+        let step = batch_rows.max(1);
+        for (k, offset) in (0..rows).step_by(step).enumerate() {
+            let len = step.min(rows - offset);
+            self.batch(epoch, index + k as u64, &payload.slice(offset, len))?;
+        }
+        Ok(())
+    }
     /// The end of `epoch`, after `batches` batches of `rows` rows in all.
     fn end_of_epoch(&mut self, epoch: u64, batches: u64, rows: u64) -> Result<()>;
     /// The end of the stream, after `epochs` epochs.
@@ -786,6 +802,21 @@ impl<P: Rows, I: Inlet<P>> Subscription<P, I> {
     /// The protocol's state.
     pub fn receiver(&self) -> &Receiver<P> {
         &self.receiver
+    }
+
+    /// The protocol's state, to close it.
+    pub fn receiver_mut(&mut self) -> &mut Receiver<P> {
+        &mut self.receiver
+    }
+
+    /// The transport.
+    pub fn inlet(&self) -> &I {
+        &self.inlet
+    }
+
+    /// The transport, to act on it (leave the topic).
+    pub fn inlet_mut(&mut self) -> &mut I {
+        &mut self.inlet
     }
 }
 
@@ -846,6 +877,21 @@ pub mod memory {
                 epoch,
                 index,
                 batch_rows: 0,
+                payload: payload.clone(),
+            })
+        }
+
+        fn message(
+            &mut self,
+            epoch: u64,
+            index: u64,
+            batch_rows: usize,
+            payload: &P,
+        ) -> Result<()> {
+            self.send(|| Inbound::Batch {
+                epoch,
+                index,
+                batch_rows: batch_rows as u64,
                 payload: payload.clone(),
             })
         }

@@ -33,6 +33,7 @@ mod backpressure;
 mod claim;
 mod config;
 mod departure;
+mod ending;
 mod errors;
 mod frame;
 mod header;

@@ -394,6 +394,7 @@ impl Namespace {
         crate::interest::sweep(self);
         crate::departure::sweep(self);
         crate::pacing::sweep(self);
+        crate::ending::sweep(self);
         crate::claim::sweep(self);
         // A process killed between creating the node counter and narrowing it.
         self.narrow_global_segment();

@@ -16,6 +16,7 @@ use crate::backpressure::{BackpressureWaiter, DEAD_CHECK_INTERVAL, Wakeups};
 use crate::claim::Claim;
 use crate::config::{MAX_LOANED, SPARE_BORROWS, TopicConfig};
 use crate::departure::Departed;
+use crate::ending::{EndRecord, Ending};
 use crate::header::FrameHeader;
 use crate::interest::pending_interest;
 use crate::namespace::{Namespace, ReclaimAfter, SHM_DIR, shm_available};
@@ -49,6 +50,8 @@ pub struct TopicPublisher {
     pacing: Local<Arc<PacingRecord>>,
     /// [`Self::seq`], for the backpressure handler.
     shared_seq: Arc<AtomicU64>,
+    /// How the stream ended, once it did (see [`crate::ending`]).
+    ended: Local<Option<EndRecord>>,
     /// Messages sent since the last wake-up.
     unwoken: usize,
     seq: u64,
@@ -179,6 +182,7 @@ impl TopicPublisher {
             departed,
             pacing: Local::new(pacing),
             shared_seq,
+            ended: Local::new(None),
             unwoken: 0,
             seq: 0,
             encoder: sluice_core::wire::Encoder::new(),
@@ -429,6 +433,7 @@ impl TopicPublisher {
 
     /// Publishes the end of the stream.
     pub fn publish_end_of_stream(&mut self, epochs: u64) -> Result<()> {
+        self.record_end(Ending::Stream);
         let header = FrameHeader {
             kind: FrameKind::EndOfStream as u32,
             epoch: epochs,
@@ -439,6 +444,7 @@ impl TopicPublisher {
 
     /// Tells subscribers that the producer failed, and why.
     pub fn publish_error(&mut self, message: &str) -> Result<()> {
+        self.record_end(Ending::Failed(message.to_string()));
         let bytes = message.as_bytes();
         let header = FrameHeader {
             kind: FrameKind::Error as u32,
@@ -451,6 +457,14 @@ impl TopicPublisher {
             }
             Ok(())
         })
+    }
+
+    /// Says how the stream ended where subscribers that attach afterwards (while this
+    /// producer lingers) find it (see [`crate::ending`]).
+    fn record_end(&mut self, ending: Ending) {
+        if self.ended.is_none() {
+            *self.ended = EndRecord::register(&self.namespace, &self.config.topic, &ending);
+        }
     }
 
     /// Publishes one batch whose buffers live in GPU memory; the message carries only its
@@ -613,6 +627,22 @@ impl sluice_core::Outlet<arrow::record_batch::RecordBatch> for TopicPublisher {
     ) -> Result<()> {
         let encoded = self.encoder.encode(payload)?;
         self.publish_batch(epoch, index, payload.num_rows() as u64, &encoded)
+    }
+
+    fn message(
+        &mut self,
+        epoch: u64,
+        index: u64,
+        batch_rows: usize,
+        payload: &arrow::record_batch::RecordBatch,
+    ) -> Result<()> {
+        let encoded = self.encoder.encode(payload)?;
+        let rows = payload.num_rows() as u64;
+        // A batch size the header cannot carry: one batch per message.
+        let Ok(header_rows) = u32::try_from(batch_rows) else {
+            return self.publish_batch(epoch, index, rows, &encoded);
+        };
+        self.publish_batches_in_burst(epoch, index, rows, header_rows, &encoded, false)
     }
 
     fn end_of_epoch(&mut self, epoch: u64, batches: u64, rows: u64) -> Result<()> {

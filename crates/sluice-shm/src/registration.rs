@@ -185,7 +185,8 @@ pub(crate) fn sweep(dir: &Path) {
 
 /// The contents of a small registration file (empty if it cannot be read).
 fn read_all(file: &File) -> Vec<u8> {
-    let mut buf = vec![0u8; 256];
+    // Registrations are small; a producer's error message is the longest.
+    let mut buf = vec![0u8; 64 << 10];
     let n = file.read_at(&mut buf, 0).unwrap_or(0);
     buf.truncate(n);
     buf

@@ -54,9 +54,6 @@ pub struct TopicSubscriber {
     next_seq: Option<u64>,
     /// `published_ns` of the newest batch received.
     last_published_ns: Option<u64>,
-    /// When this subscriber attached, if it did not ask to replay the topic's history:
-    /// what was published before is passed over (see `published_before_joining`).
-    joined_ns: Option<u64>,
     stashed: Local<Option<Sample<Ipc, [u8], FrameHeader>>>,
     ended: bool,
     held: Arc<AtomicUsize>,
@@ -131,10 +128,11 @@ impl TopicSubscriber {
             ready,
             released,
         } = Search::new(namespace, topic, &node).wait(timeout)?;
-        // Every subscriber asks for the history; one that did not ask to replay it takes
-        // only the end of the stream from it (see `published_before_joining`).
-        let history = data.static_config().history_size();
-        let joined_ns = (!replay).then(crate::monotonic_ns);
+        let history = if replay {
+            data.static_config().history_size()
+        } else {
+            0
+        };
         let create = || data.subscriber_builder().history_request(history).create();
         let subscriber = match create() {
             // Dead subscribers may hold every place: reclaim them and try again.
@@ -162,7 +160,6 @@ impl TopicSubscriber {
             released: Local::new(released),
             next_seq: None,
             last_published_ns: None,
-            joined_ns,
             stashed: Local::new(None),
             ended: false,
             held: Arc::new(AtomicUsize::new(0)),
@@ -281,14 +278,11 @@ impl TopicSubscriber {
             // while this subscriber is still busy with the rest: the two keep
             // overlapping, and a subscriber that stops taking messages has told of all
             // it took before it waits (or it is slow, and the producer's bounded sleep
-            // looks again; see `crate::publisher`).
+            // looks again; see `crate::backpressure`).
             if let Some(sample) = received {
                 self.untold += 1;
                 if self.untold >= self.tell_every {
                     self.tell_released();
-                }
-                if self.published_before_joining(&sample) {
-                    continue;
                 }
                 return self.frame(sample);
             }
@@ -322,6 +316,9 @@ impl TopicSubscriber {
             };
             if woken == 0 {
                 self.check_producer()?;
+                if let Some(end) = self.ended_before_attaching() {
+                    return end;
+                }
             }
         }
     }
@@ -336,24 +333,6 @@ impl TopicSubscriber {
             self.topic,
             self.max_held()
         ))
-    }
-
-    /// Whether `sample` came from the topic's history although this subscriber did not
-    /// ask to replay it: every subscriber asks for the history, so that one that attaches
-    /// after the end of the stream (to a producer that lingers) still learns of that end,
-    /// but only the end of the stream and the producer's error are taken from it.
-    fn published_before_joining(&mut self, sample: &Sample<Ipc, [u8], FrameHeader>) -> bool {
-        let Some(joined) = self.joined_ns else {
-            return false;
-        };
-        let header = sample.user_header();
-        let terminal =
-            header.kind == FrameKind::EndOfStream as u32 || header.kind == FrameKind::Error as u32;
-        if header.published_ns >= joined || terminal {
-            self.joined_ns = None;
-            return false;
-        }
-        true
     }
 
     /// Tells a producer that may be asleep on a full queue that this subscriber took
@@ -580,6 +559,24 @@ impl TopicSubscriber {
             hold.let_go();
         }
         self.reclaim.due.store(true, Ordering::Relaxed);
+    }
+
+    /// The end of the stream (or the producer's error) for a subscriber that attached
+    /// after it was published, while the producer lingers for its other subscribers:
+    /// it would otherwise wait for the producer to exit and take that for a crash. Asked
+    /// when nothing is queued: the producer marks the end only once every batch was
+    /// delivered (see [`crate::ending`]).
+    fn ended_before_attaching(&mut self) -> Option<Result<Frame>> {
+        let subscriber = self.subscriber.as_ref()?;
+        if subscriber.has_samples().unwrap_or(true) {
+            return None;
+        }
+        let ending = crate::ending::ending(&self.namespace, &self.topic)?;
+        self.detach();
+        Some(match ending {
+            crate::ending::Ending::Stream => Ok(Frame::EndOfStream),
+            crate::ending::Ending::Failed(message) => Err(SluiceError::ProducerFailed(message)),
+        })
     }
 
     /// Fails with `ProducerLost` if the producer is gone.

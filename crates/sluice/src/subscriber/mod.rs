@@ -1,21 +1,23 @@
 //! The subscriber: receives a topic's batches, epoch by epoch, in its own batch size.
 
-use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use std::sync::Arc;
-
 use arrow::array::ArrayData;
 use arrow::record_batch::RecordBatch;
-use sluice_core::Inlet;
-use sluice_core::delivery::{Inbound, Outbound, Receiver, ReceiverOptions};
-use sluice_core::{Columns, Result, Rows, SluiceError, TopicName};
+use sluice_core::delivery::{Outbound, ReceiverOptions, Subscription};
+use sluice_core::{Columns, Inlet, Result, SluiceError, TopicName};
 use sluice_flight::{ClientOptions, FlightInlet, FlightTarget};
-use sluice_shm::{Frame, Namespace, OnMaxHeld, TopicSubscriber};
+use sluice_shm::{Namespace, OnMaxHeld, TopicSubscriber};
 
-use crate::gpu::batch::{DeviceBatch, ImporterCell};
+use crate::gpu::batch::DeviceBatch;
 use crate::status::{Reporter, SubscriberReport, unix_now};
+
+mod payload;
+mod port;
+
+use payload::Payload;
+use port::{LocalInlet, Port};
 
 pub use sluice_core::delivery::{EpochSummary, Join, OnLag};
 
@@ -85,54 +87,6 @@ pub enum Event {
     EpochEnd(EpochSummary),
     /// The stream ended.
     End,
-}
-
-/// Rows as they travel through the subscriber: in shared memory, or in device slots.
-#[derive(Debug)]
-enum Payload {
-    Host(RecordBatch),
-    Device(DeviceBatch),
-}
-
-impl Rows for Payload {
-    fn num_rows(&self) -> usize {
-        match self {
-            Self::Host(b) => b.num_rows(),
-            Self::Device(b) => b.num_rows(),
-        }
-    }
-
-    fn slice(&self, offset: usize, len: usize) -> Self {
-        match self {
-            Self::Host(b) => Self::Host(b.slice(offset, len)),
-            Self::Device(b) => Self::Device(Rows::slice(b, offset, len)),
-        }
-    }
-
-    fn concat(parts: Vec<Self>) -> Result<Self> {
-        let mut host = Vec::new();
-        let mut device = Vec::new();
-        for p in parts {
-            match p {
-                Self::Host(b) => host.push(b),
-                Self::Device(b) => device.push(b),
-            }
-        }
-        match (host.is_empty(), device.is_empty()) {
-            (false, true) => Ok(Self::Host(<RecordBatch as Rows>::concat(host)?)),
-            (true, false) => Ok(Self::Device(<DeviceBatch as Rows>::concat(device)?)),
-            _ => Err(SluiceError::Corrupt(
-                "one topic sent both host and device batches".into(),
-            )),
-        }
-    }
-
-    fn to_private(&self) -> Result<Option<Self>> {
-        Ok(match self {
-            Self::Host(b) => b.to_private()?.map(Self::Host),
-            Self::Device(b) => b.to_private()?.map(Self::Device),
-        })
-    }
 }
 
 /// Attaches a subscriber one slice of waiting at a time, so that the caller can act
@@ -212,42 +166,19 @@ impl Connector {
     }
 }
 
-/// How a subscriber reaches its topic.
-enum Port {
-    /// Shared memory on this machine.
-    Local(Box<TopicSubscriber>),
-    /// `sluice serve --flight` on another (remote batches are this process's memory:
-    /// nothing to hand back early, so no limit on held batches).
-    Remote(Box<FlightInlet>),
-}
-
-/// Receives a topic's stream.
+/// Receives a topic's stream: the delivery protocol (`sluice_core::Subscription`) over
+/// the topic's transport, local shared memory or a remote server.
 #[derive(Debug)]
 pub struct Subscriber {
-    /// The topic's subscriber port; `None` only while reconnecting, and for a remote topic.
-    inner: Option<TopicSubscriber>,
-    /// A topic on another machine (`flight://`), through `sluice serve --flight`.
-    remote: Option<FlightInlet>,
+    subscription: Subscription<Payload, Port>,
     topic: TopicName,
     namespace: Namespace,
-    reconnect: Option<Duration>,
     timeout: Option<Duration>,
     /// Reports for `sluice status` (local topics).
     reporter: Option<Reporter>,
     join: Join,
-    /// The delivery protocol: join, re-batching, epochs, lag, resume.
-    receiver: Receiver<Payload>,
-    /// Whether batches are cut to the subscriber's size.
-    rebatching: bool,
-    /// Sample ranges of producer batches the re-batcher may still be slicing; without
-    /// re-batching, the range of the last message received (`None`: a private copy).
-    ranges: VecDeque<Option<Range<usize>>>,
-    /// Opens the device slots of a GPU topic, on first use.
-    importer: Arc<ImporterCell>,
     /// The columns delivered.
     columns: Columns,
-    /// What happens beyond `max_held` (kept for a successor's topic).
-    on_max_held: OnMaxHeld,
     /// Since when this subscriber has waited for a batch (set at its first timeout).
     waiting_since: Option<Instant>,
     /// Whether the stall that `waiting_since` measures was warned of.
@@ -259,8 +190,9 @@ impl Subscriber {
     /// (`CLOCK_MONOTONIC` nanoseconds, see [`sluice_shm::monotonic_ns`]): with
     /// `monotonic_ns()` taken when a batch is usable, the publish-to-use latency.
     pub fn last_published_ns(&self) -> Option<u64> {
-        self.inner
-            .as_ref()
+        self.subscription
+            .inlet()
+            .local()
             .and_then(TopicSubscriber::last_published_ns)
     }
 
@@ -295,67 +227,80 @@ impl Subscriber {
                 },
             )?;
             let topic = TopicName::new(&target.topic)?;
-            return Self::new(
-                topic,
-                target.to_string(),
-                namespace,
-                options,
-                Port::Remote(Box::new(inlet)),
-            );
+            let shown = target.to_string();
+            let port = Port::Remote(Some(Box::new(inlet)));
+            return Self::new(topic, shown, namespace, options, port, usize::MAX / 4);
         }
         let topic = TopicName::new(topic)?;
         let mut inner =
             TopicSubscriber::connect(&namespace, &topic, wait, options.join == Join::Replay)?;
         inner.set_columns(options.columns.clone());
         inner.set_on_max_held(options.on_max_held);
+        let max_held = inner.max_held();
+        let port = Port::Local(Box::new(LocalInlet::new(
+            inner,
+            namespace.clone(),
+            options.reconnect,
+            options.columns.clone(),
+            options.on_max_held,
+        )));
         let shown = topic.to_string();
+        Self::new(topic, shown, namespace, options, port, max_held)
+    }
+
+    /// A subscriber of `topic` over any transport of host batches (`inlet`), with the
+    /// options' batch size, join and lag policy: the in-memory transport of
+    /// `sluice_core::delivery::memory`, or a transport of one's own. The conformance
+    /// tests run every transport through this, the subscriber users run.
+    pub fn over(
+        topic: &str,
+        options: &SubscribeOptions,
+        inlet: Box<dyn Inlet<RecordBatch> + Send>,
+    ) -> Result<Self> {
+        let name = TopicName::new(topic)?;
+        let namespace = match options.namespace.clone() {
+            Some(ns) => ns,
+            None => Namespace::from_env()?,
+        };
+        let port = Port::Other(Some(inlet));
         Self::new(
-            topic,
-            shown,
+            name,
+            topic.to_string(),
             namespace,
             options,
-            Port::Local(Box::new(inner)),
+            port,
+            usize::MAX / 4,
         )
     }
 
-    /// A subscriber on a connected port; `shown` names the topic in errors.
+    /// A subscriber on a connected port; `shown` names the topic in errors, `max_held`
+    /// bounds the producer batches the protocol keeps while it cuts batches.
     fn new(
         topic: TopicName,
         shown: String,
         namespace: Namespace,
         options: &SubscribeOptions,
         port: Port,
+        max_held: usize,
     ) -> Result<Self> {
-        let (inner, remote, reporter, max_held) = match port {
-            Port::Local(inner) => {
-                let reporter = Reporter::new(&namespace, &topic, "subscriber");
-                let max_held = inner.max_held();
-                (Some(*inner), None, Some(reporter), max_held)
-            }
-            Port::Remote(inlet) => (None, Some(*inlet), None, usize::MAX / 4),
-        };
-        let receiver = Receiver::new(ReceiverOptions {
+        let reporter = port
+            .local()
+            .map(|_| Reporter::new(&namespace, &topic, "subscriber"));
+        let receiver = ReceiverOptions {
             topic: shown,
             batch_size: options.batch_size,
             join: options.join,
             on_lag: options.on_lag,
             max_held,
-        })?;
+        };
         Ok(Self {
-            reporter,
-            inner,
-            remote,
+            subscription: Subscription::new(receiver, port)?,
             topic,
             namespace,
-            reconnect: options.reconnect,
             timeout: options.timeout,
+            reporter,
             join: options.join,
-            receiver,
-            rebatching: options.batch_size.is_some(),
-            ranges: VecDeque::new(),
-            importer: Arc::default(),
             columns: options.columns.clone(),
-            on_max_held: options.on_max_held,
             waiting_since: None,
             stall_noted: false,
         })
@@ -383,35 +328,30 @@ impl Subscriber {
         self.next_event_within(self.timeout)
     }
 
-    /// The next event, waiting up to `timeout` (`None`: as long as it takes). A timeout
-    /// loses nothing: call again to keep waiting.
+    /// The next event, waiting up to `timeout` (`None`: as long as it takes) for each
+    /// message. A timeout loses nothing: call again to keep waiting.
     pub fn next_event_within(&mut self, timeout: Option<Duration>) -> Result<Event> {
         if self.reporter.as_ref().is_some_and(Reporter::due) {
             self.report();
         }
-        loop {
-            match self.receiver.poll() {
-                Ok(Some(out)) => return Ok(self.event(out)),
-                Ok(None) => {}
-                Err(e) => return Err(self.failed(e)),
+        match self.subscription.next(timeout) {
+            Ok(out) => {
+                self.waiting_since = None;
+                self.stall_noted = false;
+                Ok(event(out))
             }
-            let message = match self.receive(timeout) {
-                Ok(Some(message)) => message,
-                // Attached to a restarted producer: receive again.
-                Ok(None) => continue,
-                // A column asked for that the topic lacks: every message would fail
-                // alike, so leave the topic rather than hold the producer.
-                Err(e @ SluiceError::Config(_)) => return Err(self.failed(e)),
-                Err(SluiceError::Timeout { what, seconds }) => {
-                    return Err(self.timed_out(what, seconds));
-                }
-                Err(e) => return Err(e),
-            };
-            self.waiting_since = None;
-            self.stall_noted = false;
-            if let Err(e) = self.receiver.push(message) {
-                return Err(self.failed(e));
+            Err(SluiceError::Timeout { what, seconds }) => Err(self.timed_out(what, seconds)),
+            // The protocol failed (lag, a resume gap, a corrupt stream), or a column asked
+            // for is not the topic's, which every message would fail alike: leave the
+            // topic rather than hold the producer.
+            Err(e)
+                if self.subscription.receiver().is_closed()
+                    || matches!(e, SluiceError::Config(_)) =>
+            {
+                self.close();
+                Err(e)
             }
+            Err(e) => Err(e),
         }
     }
 
@@ -438,7 +378,7 @@ impl Subscriber {
     /// one whose full queue it waits for (see `sluice_shm::pacing`). `None` for a remote
     /// topic, or when nobody but the pipeline itself holds the stream back.
     pub fn held_back_by(&self) -> Option<String> {
-        let inner = self.inner.as_ref()?;
+        let inner = self.subscription.inlet().local()?;
         let pacing = sluice_shm::pacing(&self.namespace, &self.topic)?;
         if inner.port_id() == Some(pacing.port) {
             return None;
@@ -461,137 +401,18 @@ impl Subscriber {
         ))
     }
 
-    /// The next message from the topic, decoded; `None` after attaching to a restarted
-    /// producer in its place.
-    fn receive(&mut self, timeout: Option<Duration>) -> Result<Option<Inbound<Payload>>> {
-        if let Some(remote) = &mut self.remote {
-            // The inlet reconnects by itself (`ClientOptions::reconnect`), and its server
-            // sends only the columns asked for.
-            return Ok(Some(remote.recv(timeout)?.map(Payload::Host)));
-        }
-        let importer = self.importer.clone();
-        let port = self.port()?;
-        importer.make_room(|| port.held() >= port.max_held());
-        match port.recv(timeout) {
-            Err(SluiceError::ProducerLost(_)) if self.reconnect.is_some() => {
-                self.reconnect_to_successor()?;
-                Ok(None)
-            }
-            received => self.inbound(received?).map(Some),
-        }
-    }
-
-    /// The protocol failed (lag, a resume gap, a corrupt stream): leave the topic.
-    fn failed(&mut self, e: SluiceError) -> SluiceError {
-        self.close();
-        e
-    }
-
-    /// A frame as the delivery protocol takes it: batches, host or device, decoded, and
-    /// the samples of host batches remembered for [`Event::Batch`]'s `shm_range`.
-    fn inbound(&mut self, frame: Frame) -> Result<Inbound<Payload>> {
-        let frame = match frame.control() {
-            Ok(message) => return Ok(message),
-            Err(batch) => batch,
-        };
-        Ok(match frame {
-            Frame::Batch {
-                epoch,
-                index,
-                batch_rows,
-                batch,
-                shm_range,
-            } => {
-                if tracing::enabled!(tracing::Level::TRACE) {
-                    let mut sum = sluice_core::Checksum::default();
-                    let _ = sum.update(&batch);
-                    tracing::trace!(epoch, index, rows = batch.num_rows(), sum = %sum.hex(), "producer batch");
-                }
-                if !self.rebatching {
-                    self.ranges.clear();
-                }
-                // `None`: a private copy, received beyond `max_held`.
-                self.ranges.push_back(shm_range);
-                while self.ranges.len() > self.receiver.inputs_kept() {
-                    self.ranges.pop_front();
-                }
-                Inbound::Batch {
-                    epoch,
-                    index,
-                    batch_rows,
-                    payload: Payload::Host(batch),
-                }
-            }
-            Frame::DeviceBatch {
-                epoch,
-                index,
-                rows,
-                payload,
-                beyond_max_held,
-            } => {
-                let batch =
-                    DeviceBatch::from_sample(payload, rows, &self.columns, self.importer.clone())?;
-                // Received beyond `max_held`: a private device copy, and the sample (with
-                // its slot) goes back at once.
-                let batch = match beyond_max_held {
-                    true => batch.to_private()?.unwrap_or(batch),
-                    false => batch,
-                };
-                Inbound::Batch {
-                    epoch,
-                    index,
-                    batch_rows: 0,
-                    payload: Payload::Device(batch),
-                }
-            }
-            other => {
-                return Err(SluiceError::Internal(format!(
-                    "a frame without rows was taken for a batch: {other:?}"
-                )));
-            }
-        })
-    }
-
-    /// The producer is gone: let go of its topic (a restarted producer can only create it
-    /// once every subscriber has), then wait for a successor and join its stream where
-    /// this subscriber left off.
-    fn reconnect_to_successor(&mut self) -> Result<()> {
-        let wait = self.reconnect.unwrap_or_default();
-        let topic = self.topic.clone();
-        tracing::info!(topic = %topic, "producer lost; waiting up to {wait:?} for a restarted one");
-        // Rows the re-batcher still slices out of the old topic's samples are copied, so
-        // no sample of the old topic is held; the successor's repeats will be dropped.
-        self.receiver.reconnecting()?;
-        self.ranges.clear();
-        // Declared before letting go of the old topic: the successor can create the topic
-        // only once every subscriber has let go, and must then find this one waiting.
-        let _interest = sluice_shm::Interest::declare(&self.namespace, &topic)?;
-        // Every port and service handle of the old topic goes before waiting.
-        self.inner = None;
-        // Replay: the successor may have published a few messages before this
-        // subscriber attached; the resume filter drops the ones already seen.
-        let mut successor = TopicSubscriber::connect(&self.namespace, &topic, Some(wait), true)
-            .map_err(|e| match e {
-                SluiceError::Timeout { .. } => SluiceError::ProducerLost(topic.to_string()),
-                other => other,
-            })?;
-        successor.set_columns(self.columns.clone());
-        successor.set_on_max_held(self.on_max_held);
-        self.receiver.set_max_held(successor.max_held());
-        self.inner = Some(successor);
-        Ok(())
-    }
-
     fn report(&mut self) {
         let (seq, held, port) = self
-            .inner
-            .as_ref()
+            .subscription
+            .inlet()
+            .local()
             .map_or((0, 0, None), |i| (i.next_seq(), i.held(), i.port_id()));
         let topic = self.topic.to_string();
+        let receiver = self.subscription.receiver();
         let (epoch, rows, missed) = (
-            self.receiver.epoch(),
-            self.receiver.total_rows(),
-            self.receiver.total_missed(),
+            receiver.epoch(),
+            receiver.total_rows(),
+            receiver.total_missed(),
         );
         let Some(reporter) = &mut self.reporter else {
             return;
@@ -610,67 +431,44 @@ impl Subscriber {
         });
     }
 
-    fn event(&self, out: Outbound<Payload>) -> Event {
-        match out {
-            Outbound::Batch {
-                epoch,
-                index,
-                payload: Payload::Host(batch),
-            } => {
-                let shm_range = if self.rebatching {
-                    self.ranges
-                        .iter()
-                        .flatten()
-                        .find(|r| lies_within(&batch, r))
-                        .cloned()
-                } else {
-                    // Without re-batching, a batch is the producer batch of the last
-                    // message received (one is pushed only once the last is out), as
-                    // the decoder made it: in place in its sample. Looking at every
-                    // buffer took 4 % of a subscriber's CPU (docs/history/benchmarks-2026-11.md, "UTF-8
-                    // with SIMD"); debug builds, and so the tests, still look.
-                    let range = self.ranges.back().cloned().flatten();
-                    debug_assert!(range.as_ref().is_none_or(|r| lies_within(&batch, r)));
-                    range
-                };
-                Event::Batch {
-                    epoch,
-                    index,
-                    batch,
-                    shm_range,
-                }
-            }
-            Outbound::Batch {
-                epoch,
-                index,
-                payload: Payload::Device(batch),
-            } => Event::DeviceBatch {
-                epoch,
-                index,
-                batch,
-            },
-            Outbound::EpochEnd(summary) => Event::EpochEnd(summary),
-            Outbound::End => Event::End,
-        }
-    }
-
     /// Leaves the topic now; the producer stops waiting for this subscriber. Batches
     /// already received stay valid.
     pub fn close(&mut self) {
-        self.receiver.close();
-        // Dropping the stream tells the server, which detaches at once.
-        self.remote = None;
-        if let Some(inner) = &mut self.inner {
-            inner.detach();
-        }
+        self.subscription.receiver_mut().close();
+        self.subscription.inlet_mut().leave();
     }
+}
 
-    fn port(&mut self) -> Result<&mut TopicSubscriber> {
-        // Only a failed reconnection leaves no port: the producer is lost for good.
-        let topic = &self.topic;
-        self.inner
-            .as_mut()
-            .ok_or_else(|| SluiceError::ProducerLost(topic.to_string()))
+/// What the protocol hands out, as the subscriber's user sees it.
+fn event(out: Outbound<Payload>) -> Event {
+    match out {
+        Outbound::Batch {
+            epoch,
+            index,
+            payload: Payload::Host { batch, shm },
+        } => {
+            // Looking at every buffer took 4 % of a subscriber's CPU
+            // (docs/history/benchmarks-2026-11.md, "UTF-8 with SIMD"); debug builds,
+            // and so the tests, still look.
+            debug_assert!(shm.as_ref().is_none_or(|r| lies_within(&batch, r)));
+            Event::Batch {
+                epoch,
+                index,
+                batch,
+                shm_range: shm,
+            }
+        }
+        Outbound::Batch {
+            epoch,
+            index,
+            payload: Payload::Device(batch),
+        } => Event::DeviceBatch {
+            epoch,
+            index,
+            batch,
+        },
+        Outbound::EpochEnd(summary) => Event::EpochEnd(summary),
+        Outbound::End => Event::End,
     }
 }
 
