@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import tempfile
 from pathlib import Path
 
@@ -83,8 +84,11 @@ def service_root(ns: str) -> Path:
 
 def state_dir(ns: str) -> Path:
     """The namespace's state directory (``Namespace::state_dir``): checkpoints and
-    ``sluice status`` reports."""
-    return Path(tempfile.gettempdir()) / f"sluice-{ns}.state"
+    ``sluice status`` reports, in ``$XDG_RUNTIME_DIR`` where it is set."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) if runtime and os.path.isabs(runtime) and os.path.isdir(runtime) \
+        else Path(tempfile.gettempdir())
+    return base / f"sluice-{ns}.state"
 
 
 def waiting_subscribers(ns: str, topic: str) -> int:

@@ -178,11 +178,29 @@ impl Namespace {
     }
 
     /// The directory of the namespace's durable state (producer checkpoints, status
-    /// reports): in the temporary directory, apart from the service directory, so that
-    /// reclaiming a crashed process's resources never touches it.
-    /// Created owner-only on first use.
+    /// reports): in `$XDG_RUNTIME_DIR` where it is set (a directory of this user's
+    /// alone), else in the temporary directory; apart from the service directory, so
+    /// that reclaiming a crashed process's resources never touches it. Created
+    /// owner-only on first use ([`Namespace::prepare_state_dir`]).
     pub fn state_dir(&self) -> PathBuf {
-        std::env::temp_dir().join(format!("sluice-{}.state", self.name))
+        let base = std::env::var_os("XDG_RUNTIME_DIR")
+            .map(PathBuf::from)
+            .filter(|dir| dir.is_absolute() && dir.is_dir())
+            .unwrap_or_else(std::env::temp_dir);
+        base.join(format!("sluice-{}.state", self.name))
+    }
+
+    /// Creates the state directory owner-only, or checks that an existing one is a
+    /// directory of this user's that nobody else can enter (narrowing its mode if it
+    /// must): in a shared `/tmp` another user could otherwise create it first, then read
+    /// or forge checkpoints, or plant links where state is written.
+    pub fn prepare_state_dir(&self) -> Result<PathBuf> {
+        let dir = self.state_dir();
+        private_dir(
+            &dir,
+            "set TMPDIR or XDG_RUNTIME_DIR to a directory of your own",
+        )?;
+        Ok(dir)
     }
 
     /// The prefix of the namespace's files in `/dev/shm`.
@@ -284,37 +302,7 @@ impl Namespace {
 
     /// Creates the service directory, owner-only, or checks that it is one of ours.
     pub(crate) fn prepare_root(&self) -> Result<()> {
-        let root = self.root();
-        // Owner-only from the start: no moment in which others may enter it.
-        let created = {
-            use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new().mode(0o700).create(&root)
-        };
-        match created {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => {
-                return Err(SluiceError::io(
-                    format!("cannot create {}", root.display()),
-                    e,
-                ));
-            }
-        }
-        let meta = std::fs::symlink_metadata(&root)
-            .map_err(|e| SluiceError::io(format!("cannot inspect {}", root.display()), e))?;
-        // SAFETY: getuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::getuid() };
-        if !meta.is_dir() || meta.uid() != uid {
-            return Err(SluiceError::Config(format!(
-                "{} is not a directory owned by you; remove it or set SLUICE_NAMESPACE",
-                root.display()
-            )));
-        }
-        if meta.mode() & 0o777 != 0o700 {
-            std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
-                .map_err(|e| SluiceError::io(format!("cannot restrict {}", root.display()), e))?;
-        }
-        Ok(())
+        private_dir(&self.root(), "set SLUICE_NAMESPACE")
     }
 
     /// iceoryx2 makes its node counter world-writable so that any user's nodes can share
@@ -742,6 +730,59 @@ pub fn shm_available() -> Result<u64> {
     // SAFETY: statvfs returned 0, so it initialised `stat`.
     let stat = unsafe { stat.assume_init() };
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
+}
+
+/// Creates `dir` owner-only, or checks that it is a directory (not a link) owned by this
+/// user, narrowing its mode to owner-only; `otherwise` says what to do when it is not.
+fn private_dir(dir: &Path, otherwise: &str) -> Result<()> {
+    // Owner-only from the start: no moment in which others may enter it.
+    let created = {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().mode(0o700).create(dir)
+    };
+    match created {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(SluiceError::io(
+                format!("cannot create {}", dir.display()),
+                e,
+            ));
+        }
+    }
+    let meta = std::fs::symlink_metadata(dir)
+        .map_err(|e| SluiceError::io(format!("cannot inspect {}", dir.display()), e))?;
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if !meta.is_dir() || meta.uid() != uid {
+        return Err(SluiceError::Config(format!(
+            "{} is not a directory owned by you (uid {uid}): another user may have made it; \
+             remove it or {otherwise}",
+            dir.display()
+        )));
+    }
+    if meta.mode() & 0o777 != 0o700 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| SluiceError::io(format!("cannot restrict {}", dir.display()), e))?;
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` (in a private directory) as a new file of this user's, then
+/// renames it to `to`: never through a link someone left at `path`.
+pub fn write_private(path: &Path, to: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    // A leftover (or a link) goes; removing a link removes the link, not its target.
+    let _ = std::fs::remove_file(path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    file.write_all(bytes)?;
+    std::fs::rename(path, to)
 }
 
 /// Reclaims the namespace's dead processes when dropped, if `due`: the last field of a

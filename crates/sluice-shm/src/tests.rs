@@ -1253,3 +1253,55 @@ fn a_publisher_that_drains_loses_nothing_a_subscriber_has_not_received_yet() {
     assert!(matches!(second, Ok(Frame::EndOfStream)), "{second:?}");
     ns.purge();
 }
+
+/// The state directory (checkpoints, status reports) is this user's alone: a link in its
+/// place, or one another user made first, is refused with an error that says what to
+/// do; one of ours that others may enter is narrowed to owner-only.
+#[test]
+fn a_state_directory_that_is_a_link_or_another_users_is_refused() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let ns = namespace("state");
+    let dir = ns.state_dir();
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert_eq!(ns.prepare_state_dir().unwrap(), dir);
+    assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+    std::fs::remove_dir(&dir).unwrap();
+
+    let elsewhere = std::env::temp_dir().join(format!("sluice-elsewhere-{}", std::process::id()));
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &dir).unwrap();
+    let err = ns.prepare_state_dir().unwrap_err().to_string();
+    assert!(err.contains("not a directory owned by you"), "{err}");
+    std::fs::remove_file(&dir).unwrap();
+    std::fs::remove_dir(&elsewhere).unwrap();
+
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        std::fs::create_dir(&dir).unwrap();
+        std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+        let err = ns.prepare_state_dir().unwrap_err().to_string();
+        assert!(err.contains("another user may have made it"), "{err}");
+        std::fs::remove_dir(&dir).unwrap();
+    } else {
+        eprintln!("not root: the directory of another user is not tried");
+    }
+    ns.purge();
+}
+
+/// State is written as a new file of this user's and renamed into place: a link planted
+/// where the temporary file goes is replaced, and what it points to is not written.
+#[test]
+fn state_is_never_written_through_a_planted_link() {
+    let dir = std::env::temp_dir().join(format!("sluice-planted-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let tmp = dir.join("report.json.tmp");
+    std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+    crate::write_private(&tmp, &dir.join("report.json"), b"{}").unwrap();
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert_eq!(std::fs::read(dir.join("report.json")).unwrap(), b"{}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

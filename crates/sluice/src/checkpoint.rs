@@ -235,8 +235,7 @@ impl CheckpointWriter {
                 e,
             )
         };
-        std::fs::write(&self.tmp, text).map_err(io)?;
-        std::fs::rename(&self.tmp, &self.path).map_err(io)?;
+        sluice_shm::write_private(&self.tmp, &self.path, text.as_bytes()).map_err(io)?;
         self.last = Some(Instant::now());
         Ok(())
     }

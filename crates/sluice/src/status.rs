@@ -6,7 +6,7 @@
 //! removed when it ends. [`snapshot`] reads them all, drops those of dead processes,
 //! and joins each topic's subscribers to its producer to tell their lag.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -130,6 +130,7 @@ pub struct SubscriberStatus {
 /// Writes one process's report, at most every [`REPORT_INTERVAL`].
 #[derive(Debug)]
 pub(crate) struct Reporter {
+    namespace: Namespace,
     path: PathBuf,
     tmp: PathBuf,
     last: Option<(Instant, u64)>,
@@ -149,6 +150,7 @@ impl Reporter {
         let mut tmp = path.clone().into_os_string();
         tmp.push(".tmp");
         Self {
+            namespace: namespace.clone(),
             path,
             tmp: tmp.into(),
             last: None,
@@ -183,15 +185,17 @@ impl Reporter {
         };
         self.last = Some((now, rows));
         let report = fill(rate);
-        let result = create_state_dir(&self.path)
-            .and_then(|()| {
+        let result = self
+            .namespace
+            .prepare_state_dir()
+            .and_then(|_| {
                 serde_json::to_vec(&report)
                     .map_err(|e| SluiceError::Internal(format!("cannot encode a report: {e}")))
             })
             .and_then(|bytes| {
-                let io = |e| SluiceError::io(format!("cannot write {}", self.path.display()), e);
-                std::fs::write(&self.tmp, bytes).map_err(io)?;
-                std::fs::rename(&self.tmp, &self.path).map_err(io)
+                sluice_shm::write_private(&self.tmp, &self.path, &bytes).map_err(|e| {
+                    SluiceError::io(format!("cannot write {}", self.path.display()), e)
+                })
             });
         if let Err(e) = result
             && !self.failed
@@ -213,18 +217,6 @@ impl Drop for Reporter {
         let _ = std::fs::remove_file(&self.tmp);
         let _ = std::fs::remove_file(&self.path);
     }
-}
-
-fn create_state_dir(path: &Path) -> Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    let Some(dir) = path.parent() else {
-        return Ok(());
-    };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| SluiceError::io(format!("cannot create {}", dir.display()), e))
 }
 
 /// Seconds since the Unix epoch, for reports.

@@ -35,10 +35,15 @@ impl StartPoint {
             xxhash_rust::xxh3::xxh3_64(plan.fingerprint().as_bytes())
         );
         let settings: BTreeMap<_, _> = plan.sequence_settings().into_iter().collect();
-        let path = options
-            .checkpoint
-            .clone()
-            .unwrap_or_else(|| Checkpoint::default_path(namespace, topic));
+        let path = match &options.checkpoint {
+            Some(path) => path.clone(),
+            // The namespace's state directory: checked to be this user's alone before a
+            // checkpoint in it is trusted (or written).
+            None => {
+                namespace.prepare_state_dir()?;
+                Checkpoint::default_path(namespace, topic)
+            }
+        };
         let position = if options.resume {
             match Checkpoint::load(&path)? {
                 Some(c) => {
