@@ -18,10 +18,11 @@
 #   gpu-probe.py     the CUDA IPC probe (ctypes on libcuda)
 #   gpu-check.sh     this script
 #
-# Running executes each step under its own time limit (about 9.5 minutes in all, so that
-# one device call of 10 minutes holds it); a failing step does not stop the others, and
-# the results go to one JSON file, results.json, in $OUT when set (the device tool brings
-# that folder back), else in the bundle. The wheel is installed with
+# Running executes each step under its own time limit (about 9.5 minutes in all without
+# the torch tests, 12 with them; on the H200 of 2026-11-28 the steps before the benchmark
+# took 70 s); a failing step does not stop the others, and the results go to one JSON
+# file, results.json, in $OUT when set (the device tool brings that folder back), else in
+# the bundle, with the JUnit files of the tests and the logs in logs.tar.gz. The wheel is installed with
 # `pip install --no-deps --target` and PYTHONPATH into the machine's own Python, which
 # already has torch, CuPy, JAX, numpy, pyarrow and pytest.
 #
@@ -54,32 +55,38 @@ for line in sys.stdin:
         print(m["executable"])')
   strip -o "$BUNDLE/gpu_ipc" "$binary"
   xz -9 "$BUNDLE/gpu_ipc"
-  unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
-
   # The wheel people carry (profile.dist: fat LTO, DataFusion optimised for size,
   # stripped), in a target directory of its own so that the test build's artifacts stay.
   # SLUICE_GPU_PROFILE=profiling builds the wheel and `stage_rate` with the profile of
   # scripts/bench-bundle.sh instead (release code generation, no LTO), in target/ beside
   # that build: minutes instead of the dist build's long single-threaded link when the
   # benchmark bundle was built first; its wheel is larger.
+  # SLUICE_GPU_PROFILE=dev builds the wheel from the test build (target/debug, opt-level
+  # 1: a relink when the tests ran before) for the tests alone: no `stage_rate`, and the
+  # run skips the benchmark, whose figures would not be a release build's.
   profile=${SLUICE_GPU_PROFILE:-dist}
   case "$profile" in
     dist) target_dir=${SLUICE_DIST_TARGET:-target/dist-build} ;;
-    profiling) target_dir=target ;;
-    *) echo "SLUICE_GPU_PROFILE: dist or profiling, not $profile" >&2; exit 1 ;;
+    profiling | dev) target_dir=target ;;
+    *) echo "SLUICE_GPU_PROFILE: dist, profiling or dev, not $profile" >&2; exit 1 ;;
   esac
+  # The test build's compiler wrapper, kept for the dev wheel so nothing is compiled again.
+  [ "$profile" = dev ] || unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
   CARGO_TARGET_DIR="$target_dir" .venv/bin/maturin build \
     --locked --profile "$profile" --strip --compression-level 9 \
     -m crates/sluice-python/Cargo.toml --out "$BUNDLE" --interpreter "$PYO3_PYTHON"
   # The staging-rate benchmark, built as the wheel is (same target directory and profile,
   # so the dependencies it shares with the wheel are not compiled again).
-  CARGO_TARGET_DIR="$target_dir" cargo build --locked --profile "$profile" \
-    -p sluice-cuda --example stage_rate
-  cp "$target_dir/$profile/examples/stage_rate" "$BUNDLE/stage_rate"
-  strip "$BUNDLE/stage_rate"
+  if [ "$profile" != dev ]; then
+    CARGO_TARGET_DIR="$target_dir" cargo build --locked --profile "$profile" \
+      -p sluice-cuda --example stage_rate
+    cp "$target_dir/$profile/examples/stage_rate" "$BUNDLE/stage_rate"
+    strip "$BUNDLE/stage_rate"
+    cp benches/gpu.py pipelines/images.sql "$BUNDLE/"
+  fi
   cp -r tests/python "$BUNDLE/python"
   rm -rf "$BUNDLE/python/__pycache__"
-  cp benches/gpu.py pipelines/images.sql scripts/gpu-probe.py scripts/gpu-check.sh "$BUNDLE/"
+  cp scripts/gpu-probe.py scripts/gpu-check.sh "$BUNDLE/"
 
   wheel=$(ls "$BUNDLE"/sluice-*.whl)
   wheel_bytes=$(stat -c %s "$wheel")
@@ -139,7 +146,10 @@ export SLUICE_GPU_IPC_TEST="$BUNDLE/gpu_ipc"
 # the tests' processes are mostly waiting.
 step python_gpu_tests 200 "$PY" -m pytest python/test_gpu.py -v -rs -p no:cacheprovider \
   -n 4 --timeout 150 --junitxml="$RESULTS/python_gpu_tests.xml"
-step bench 230 "$PY" gpu.py --out "$RESULTS/gpu-bench.json" --budget 215 --run-timeout 60 \
+# The torch adapter's tests (tests/python/test_torch.py), which CI skips: it has no torch.
+step python_torch_tests 150 "$PY" -m pytest python/test_torch.py -v -rs -p no:cacheprovider \
+  -n 4 --timeout 120 --junitxml="$RESULTS/python_torch_tests.xml"
+[ -x stage_rate ] && step bench 230 "$PY" gpu.py --out "$RESULTS/gpu-bench.json" --budget 215 --run-timeout 60 \
   --stage-rate ./stage_rate
 
 printf '%s\n' "${steps[@]}" | RESULTS="$RESULTS" "$PY" -c '
@@ -160,3 +170,5 @@ json.dump(out, open(os.path.join(results, "results.json"), "w"), indent=2)
 print("== results:", os.path.join(results, "results.json"))
 print(json.dumps({k: v["exit"] for k, v in steps.items()}))
 '
+# The device tool brings back at most 8 files: the logs travel as one archive.
+(cd "$RESULTS" && tar -czf logs.tar.gz ./*.log && rm -f ./*.log)

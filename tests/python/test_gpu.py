@@ -52,7 +52,8 @@ pytestmark = pytest.mark.skipif(
     "reconnect), a trainer holding a dead producer's device batch reconnecting to its "
     "successor, cuda_host to_device with the CPU path's rows and private writes, cuda_host "
     "holding samples only until the copy completes, sluice.torch with device='cuda', "
-    "subscribers and sluice.torch naming their columns on GPU topics)",
+    "subscribers and sluice.torch naming their columns on GPU topics, device views kept after "
+    "their subscriber left never changing)",
 )
 
 import sluice  # noqa: E402
@@ -857,3 +858,125 @@ def test_gpu_subscribers_naming_columns_get_those_columns_of_the_same_slot(plans
     producer.wait(timeout=60)
     for sub in (everything, named, rebatched, wrong):
         sub.close()
+
+
+# Issue 55, part 3: device views a trainer keeps after leaving its subscriber never change.
+# Small sizes (as in test_kept_views.py): the topic has few chunks, and a cuda:N topic
+# binds one device slot to each chunk, so a producer that went on by a hundred messages
+# has reused every slot that no live view pins.
+KEPT_ROUNDS = int(os.environ.get("SLUICE_GPU_TEST_ROUNDS", "5"))
+KEPT_SIZES = ("SET sluice.window = 4;\nSET sluice.max_subscribers = 4;\n"
+              "SET sluice.max_held = 4;\nSET sluice.message_batches = 1;\n")
+# A producer in a process of its own, closed once the file named second exists.
+_LONG_PRODUCER = """
+import os, sys, time, sluice
+p = sluice.Producer(sys.argv[1], min_subscribers=1)
+print("started", flush=True)
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.05)
+p.close()
+"""
+_READER = """
+import sys, sluice
+try:
+    with sluice.subscribe(sys.argv[1], timeout=60) as sub:
+        for batch in sub:
+            del batch
+except sluice.SluiceError as e:
+    print(type(e).__name__, flush=True)
+"""
+
+
+class _KeptOnDevice:
+    """Views of a device batch as a trainer keeps them (the batch, torch tensors through
+    DLPack, a CuPy array through ``__cuda_array_interface__``), with copies taken at
+    receipt. A ``cuda_host`` batch is kept as its ``to_device`` copy, its host batch
+    dropped at once."""
+
+    def __init__(self, batch, torch) -> None:
+        import cupy
+
+        self.torch = torch
+        self.batch = batch.to_device(device=0) if isinstance(batch, sluice.Batch) else batch
+        self.ids = torch.from_dlpack(self.batch["id"])
+        self.vec = torch.from_dlpack(self.batch["vec"])
+        self.x = cupy.asarray(self.batch["x"])
+        self.before = (self.ids.clone(), self.vec.clone(), self.x.copy())
+
+    def check(self, when: str) -> None:
+        torch = self.torch
+        torch.cuda.synchronize()
+        ids, vec, x = self.before
+        assert torch.equal(self.ids, ids), f"a kept device view changed {when}"
+        assert torch.equal(self.vec, vec), f"a kept device view changed {when}"
+        assert bool((self.x == x).all()), f"a kept CuPy view changed {when}"
+        assert torch.equal(torch.from_dlpack(self.batch["id"]), ids), when
+        # And they are the published rows: vec = id + [0, 1, 2, 3].
+        expected = ids[:, None].double() + torch.arange(4, device=ids.device).double()
+        assert torch.equal(self.vec.double(), expected), f"kept rows are not the plan's {when}"
+
+
+def _keep_three_on_device(sub, torch) -> list[_KeptOnDevice]:
+    kept = []
+    for batch in sub:
+        kept.append(_KeptOnDevice(batch, torch))
+        del batch
+        if len(kept) == 3:
+            break
+    return kept
+
+
+def _let_the_producer_go_on(topic: str, batches: int = 100) -> None:
+    with sluice.subscribe(topic, timeout=60) as witness:
+        for i, batch in enumerate(witness):
+            del batch
+            if i + 1 >= batches:
+                break
+
+
+@pytest.mark.parametrize("topic_device", ["cuda:0", "cuda_host:0"])
+@pytest.mark.parametrize("leave", ["break", "close", "gc", "exception"])
+def test_device_views_kept_after_leaving_never_change(plans, run_python, topic_device, leave):
+    """A trainer keeps torch and CuPy views of its first three device batches (on a
+    ``cuda_host`` topic: their ``to_device`` copies, the host batch dropped at once) and
+    leaves its subscriber (``break`` out of the ``with`` block, ``close()``, garbage
+    collection, an exception), while the producer, in its own process, goes on for
+    another subscriber through every free slot: the views never change, nor after the
+    producer finishes."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("cupy")
+    import gc
+
+    plan = plans.plan(rows=640, batch_rows=64, epochs=100000, select=NUMERIC,
+                      extra=f"SET sluice.device = '{topic_device}';\n" + KEPT_SIZES)
+    stop = plan.parent / "stop"
+    producer = _Child(run_python(_LONG_PRODUCER, str(plan), str(stop)))
+    producer.expect("started", 60)
+    run_python(_READER, plans.topic)
+    views: list[_KeptOnDevice] = []
+    for _ in range(KEPT_ROUNDS):
+        if leave == "break":
+            with sluice.subscribe(plans.topic, timeout=60) as sub:
+                views = _keep_three_on_device(sub, torch)
+        elif leave == "close":
+            sub = sluice.subscribe(plans.topic, timeout=60)
+            views = _keep_three_on_device(sub, torch)
+            sub.close()
+        elif leave == "gc":
+            sub = sluice.subscribe(plans.topic, timeout=60)
+            views = _keep_three_on_device(sub, torch)
+            del sub
+            gc.collect()
+        else:
+            views = []
+            with pytest.raises(ZeroDivisionError):
+                with sluice.subscribe(plans.topic, timeout=60) as sub:
+                    views += _keep_three_on_device(sub, torch)
+                    1 / 0
+        _let_the_producer_go_on(plans.topic)
+        for view in views:
+            view.check("while the producer went on")
+    stop.touch()
+    assert producer.finish(60) == 0, producer.stderr()
+    for view in views:
+        view.check("after the producer finished")
