@@ -125,12 +125,7 @@ fn arrow_flight(n: usize) -> (Outlets, Inlets, Keep) {
     let (ns, _, publisher) = topic(n);
     let server = FlightServer::start(
         "127.0.0.1:0".parse().unwrap(),
-        ServeOptions {
-            namespace: ns.0.clone(),
-            token: None,
-            tls: None,
-            threads: None,
-        },
+        ServeOptions::new(ns.0.clone()),
     )
     .unwrap();
     let target = FlightTarget {

@@ -26,8 +26,15 @@ fn plan(h: &Harness, topic: &str, epochs: u64) {
 /// Starts `sluice serve --flight 127.0.0.1:0` (with the test's token) and returns it with
 /// the address it printed.
 pub(crate) fn serve(h: &mut Harness) -> (Proc, String) {
+    serve_with(h, &[])
+}
+
+/// [`serve`] with more arguments.
+fn serve_with(h: &mut Harness, extra: &[&str]) -> (Proc, String) {
     std::fs::write(h.path("token"), format!("{TOKEN}\n")).unwrap();
-    let server = h.spawn(&["serve", "--flight", "127.0.0.1:0", "--token-file", "token"]);
+    let mut args = vec!["serve", "--flight", "127.0.0.1:0", "--token-file", "token"];
+    args.extend_from_slice(extra);
+    let server = h.spawn(&args);
     let start = Instant::now();
     loop {
         if let Some(addr) = server
@@ -203,6 +210,43 @@ fn a_wrong_token_is_refused_and_a_public_address_needs_one() {
         "{}",
         out.stderr
     );
+}
+
+/// A server serves at most `--max-streams` remote subscribers at once: one more is
+/// refused with a message that names the flag. A client that leaves while the server
+/// waits for its topic's producer frees its stream within a second, not after the hour it
+/// asked the server to wait (finding 3 of issue 50: it pinned a thread all that time).
+#[test]
+fn a_server_serves_at_most_max_streams_and_frees_the_stream_of_a_client_that_left() {
+    let mut h = Harness::new();
+    let (server, addr) = serve_with(&mut h, &["--max-streams", "1"]);
+    let url = format!("flight://{addr}/nothing");
+    let waiting = subscribe(&mut h, TOKEN, &[&url, "--timeout", "3600"]);
+    // The server's subscriber declares its interest while it waits for a producer.
+    h.wait_for_interest("nothing", 1, LIMIT);
+    let refused = subscribe(&mut h, TOKEN, &[&url, "--timeout", "5"]).wait(LIMIT);
+    assert_ne!(refused.status.code(), Some(0), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("--max-streams"),
+        "{}",
+        refused.stderr
+    );
+    waiting.kill9();
+    let start = Instant::now();
+    loop {
+        let out = subscribe(&mut h, TOKEN, &[&url, "--timeout", "1"]).wait(LIMIT);
+        if out.stderr.contains("timed out") {
+            break;
+        }
+        assert!(out.stderr.contains("--max-streams"), "{}", out.stderr);
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the stream of a client that left was not freed: {}",
+            out.stderr
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    server.kill9();
 }
 
 /// The threads of a process named `name` (Linux's `comm`, as tokio names its workers).

@@ -149,10 +149,8 @@ pub fn sluice(
         Reach::Remote => Some(sluice::flight::FlightServer::start(
             SocketAddr::from(([127, 0, 0, 1], 0)),
             sluice::flight::ServeOptions {
-                namespace: ns.clone(),
-                token: None,
-                tls: None,
                 threads: crate::data::flight_threads(),
+                ..sluice::flight::ServeOptions::new(ns.clone())
             },
         )?),
     };

@@ -29,6 +29,9 @@ pub(crate) struct ServeArgs {
     /// besides, for its shared-memory subscriber and the encoding.
     #[arg(long, value_name = "N")]
     threads: Option<NonZeroUsize>,
+    /// Remote subscribers served at once; one more is refused until one leaves.
+    #[arg(long, value_name = "N", default_value_t = sluice::flight::DEFAULT_MAX_STREAMS)]
+    max_streams: NonZeroUsize,
 }
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -72,6 +75,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             token,
             tls,
             threads: args.threads,
+            max_streams: args.max_streams,
         },
     )?;
     // The address on stdout (scripts read the port of --flight HOST:0 from it).

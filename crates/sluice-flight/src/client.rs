@@ -65,6 +65,10 @@ impl std::fmt::Display for FlightTarget {
     }
 }
 
+/// The largest Flight message a subscriber accepts: far beyond a training batch (a
+/// topic's messages are a few batches), and a bound on what a server can make it buffer.
+pub const MAX_MESSAGE_BYTES: usize = 4 << 30;
+
 /// How a remote subscriber connects.
 #[derive(Clone, Default)]
 pub struct ClientOptions {
@@ -249,9 +253,9 @@ async fn open(target: &FlightTarget, options: &ClientOptions) -> Result<FlightDa
     }
     // A message carries as many bytes as the producer's (a batch, or several batches):
     // tonic's default limit of 4 MiB would refuse larger ones that local subscribers
-    // take.
+    // take. Not unbounded: a server must not make a subscriber buffer what it likes.
     let response = FlightServiceClient::new(channel)
-        .max_decoding_message_size(usize::MAX)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .do_get(request)
         .await
         .map_err(|status| from_status(&status, target))?;
@@ -321,6 +325,12 @@ fn from_status(status: &Status, target: &FlightTarget) -> SluiceError {
         Code::FailedPrecondition | Code::InvalidArgument => {
             SluiceError::Config(status.message().to_string())
         }
+        Code::OutOfRange => SluiceError::Corrupt(format!(
+            "{target} sent a message over the {} GiB a subscriber accepts ({}); is it a \
+             Sluice server?",
+            MAX_MESSAGE_BYTES >> 30,
+            status.message()
+        )),
         _ => SluiceError::Transport(format!(
             "{target}: {} ({:?})",
             status.message(),

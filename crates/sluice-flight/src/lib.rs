@@ -40,7 +40,9 @@ pub mod meta;
 mod server;
 
 pub use client::{ClientOptions, FlightInlet, FlightTarget};
-pub use server::{FlightServer, ServeOptions, TlsIdentity};
+pub use server::{
+    DEFAULT_MAX_STREAMS, FlightServer, MAX_TICKET_COLUMNS, ServeOptions, TlsIdentity,
+};
 
 /// What a client asks for in its `do_get` ticket (JSON).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -21,6 +21,7 @@ use futures::stream::BoxStream;
 use sluice_core::wire::{self, MessageParts};
 use sluice_core::{Columns, Result, SluiceError, TopicName};
 use sluice_shm::{BatchForm, Frame, Namespace, SamplePayload, TopicSubscriber};
+use tokio::sync::Semaphore;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
@@ -39,9 +40,13 @@ pub(crate) const WINDOW: u32 = 1 << 20;
 /// How often the server's subscriber looks whether its client is still there, and, while
 /// its client takes nothing, whether the topic's producer is.
 const POLL: Duration = Duration::from_millis(200);
+/// How long the server waits for a producer before it looks whether its client left.
+const CONNECT_SLICE: Duration = Duration::from_millis(500);
+/// How often an idle connection is pinged, and how long a ping may go unanswered.
+const KEEPALIVE: Duration = Duration::from_secs(20);
 
 /// How to serve.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServeOptions {
     /// The namespace whose topics are served.
     pub namespace: Namespace,
@@ -56,7 +61,44 @@ pub struct ServeOptions {
     /// stream (its shared-memory subscriber, and the IPC encoding of named columns) runs
     /// on a thread of its own besides.
     pub threads: Option<NonZeroUsize>,
+    /// Remote subscribers served at once (each has a thread and a shared-memory
+    /// subscriber of its own); one more is refused with `RESOURCE_EXHAUSTED`.
+    pub max_streams: NonZeroUsize,
 }
+
+impl ServeOptions {
+    /// Serves `namespace` with the defaults: no token (loopback only), no TLS, a worker
+    /// per core, [`DEFAULT_MAX_STREAMS`] streams.
+    pub fn new(namespace: Namespace) -> Self {
+        Self {
+            namespace,
+            token: None,
+            tls: None,
+            threads: None,
+            max_streams: DEFAULT_MAX_STREAMS,
+        }
+    }
+}
+
+// By hand: the token must not appear in logs or error messages.
+impl std::fmt::Debug for ServeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeOptions")
+            .field("namespace", &self.namespace.name())
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls.is_some())
+            .field("threads", &self.threads)
+            .field("max_streams", &self.max_streams)
+            .finish()
+    }
+}
+
+/// Remote subscribers a server serves at once unless told otherwise.
+pub const DEFAULT_MAX_STREAMS: NonZeroUsize = NonZeroUsize::new(64).expect("64 is not zero");
+
+/// Columns a ticket may name: more than any table has, far fewer than a ticket of
+/// megabytes of repeated names (each name is matched against the schema per batch).
+pub const MAX_TICKET_COLUMNS: usize = 10_000;
 
 /// A server's TLS certificate chain and private key, PEM-encoded.
 #[derive(Clone)]
@@ -130,6 +172,7 @@ impl FlightServer {
                 .clone()
                 .filter(|t| !t.is_empty())
                 .map(Arc::new),
+            streams: Arc::new(Semaphore::new(options.max_streams.get())),
         });
         let mut builder = Server::builder();
         if let Some(tls) = &options.tls {
@@ -144,6 +187,10 @@ impl FlightServer {
         }
         let task = rt.spawn(
             builder
+                // A peer that vanished (a machine off, a cable out) never closes its
+                // connection: pings find it, and its streams' threads end.
+                .http2_keepalive_interval(Some(KEEPALIVE))
+                .http2_keepalive_timeout(Some(KEEPALIVE))
                 .initial_stream_window_size(WINDOW)
                 .initial_connection_window_size(2 * WINDOW)
                 .add_service(service)
@@ -209,6 +256,8 @@ impl Drop for FlightServer {
 struct TopicService {
     namespace: Namespace,
     token: Option<Arc<String>>,
+    /// A permit per stream served.
+    streams: Arc<Semaphore>,
 }
 
 type Resp<T> = BoxStream<'static, std::result::Result<T, Status>>;
@@ -592,8 +641,10 @@ fn forward(
         sub.set_columns(columns.clone());
         sub.set_batch_form(form);
     };
-    let mut sub =
-        TopicSubscriber::connect(namespace, &topic, Some(wait), request.replay).map_err(status)?;
+    let Some(mut sub) = connect_while_wanted(namespace, &topic, wait, request.replay, outbox)?
+    else {
+        return Ok(());
+    };
     prepare(&mut sub);
     let mut messages = Messages::default();
     loop {
@@ -614,13 +665,15 @@ fn forward(
                         drop(sub);
                         end
                     }
-                    (None, Some(wait_s)) => match successor(namespace, &topic, sub, wait_s) {
-                        Ok(next) => {
+                    (None, Some(wait_s)) => match successor(namespace, &topic, sub, wait_s, outbox)
+                    {
+                        Ok(Some(next)) => {
                             sub = next;
                             prepare(&mut sub);
                             messages.control(Meta::Reconnected);
                             continue;
                         }
+                        Ok(None) => return Ok(()),
                         // No successor (the old subscriber is gone with it).
                         Err(e) => Err(e),
                     },
@@ -649,7 +702,11 @@ fn forward(
                 // Messages lent to gRPC that a slow client has not taken yet would keep
                 // the dead producer's topic.
                 outbox.revoke();
-                sub = successor(namespace, &topic, sub, request.reconnect_s.unwrap_or(0.0))?;
+                let wait_s = request.reconnect_s.unwrap_or(0.0);
+                let Some(next) = successor(namespace, &topic, sub, wait_s, outbox)? else {
+                    return Ok(());
+                };
+                sub = next;
                 prepare(&mut sub);
                 messages.control(Meta::Reconnected);
                 continue;
@@ -679,14 +736,18 @@ fn successor(
     topic: &TopicName,
     old: TopicSubscriber,
     wait_s: f64,
-) -> std::result::Result<TopicSubscriber, Status> {
+    outbox: &Outbox,
+) -> std::result::Result<Option<TopicSubscriber>, Status> {
     let _interest = sluice_shm::Interest::declare(namespace, topic).map_err(status)?;
     drop(old);
     let wait = bounded_wait(wait_s);
     tracing::info!(%topic, "producer lost; waiting up to {wait:?} for a restarted one");
-    TopicSubscriber::connect(namespace, topic, Some(wait), true).map_err(|e| match e {
-        SluiceError::Timeout { .. } => status(SluiceError::ProducerLost(topic.to_string())),
-        other => status(other),
+    connect_while_wanted(namespace, topic, wait, true, outbox).map_err(|e| {
+        if e.code() == tonic::Code::DeadlineExceeded {
+            status(SluiceError::ProducerLost(topic.to_string()))
+        } else {
+            e
+        }
     })
 }
 
@@ -845,10 +906,18 @@ impl FlightService for TopicService {
         self.authorize(&request)?;
         let ticket: TicketRequest = serde_json::from_slice(&request.get_ref().ticket)
             .map_err(|e| Status::invalid_argument(format!("not a Sluice ticket: {e}")))?;
+        check_ticket(&ticket)?;
+        let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(
+                "the server serves as many remote subscribers as it was allowed \
+                 (sluice serve --max-streams); try again later, or raise the limit",
+            )
+        })?;
         let (tx, mut rx) = mpsc::channel(2);
         let namespace = self.namespace.clone();
         let runtime = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             let mut outbox = Outbox {
                 tx,
                 runtime,
@@ -930,6 +999,59 @@ impl FlightService for TopicService {
         _request: Request<Streaming<FlightData>>,
     ) -> std::result::Result<Response<Self::DoExchangeStream>, Status> {
         Err(Status::unimplemented("do_exchange"))
+    }
+}
+
+/// Refuses a ticket that names too many columns or one column twice.
+fn check_ticket(ticket: &TicketRequest) -> std::result::Result<(), Status> {
+    let Some(columns) = &ticket.columns else {
+        return Ok(());
+    };
+    if columns.len() > MAX_TICKET_COLUMNS {
+        return Err(Status::invalid_argument(format!(
+            "the ticket names {} columns; at most {MAX_TICKET_COLUMNS} may be named",
+            columns.len()
+        )));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(columns.len());
+    match columns.iter().find(|c| !seen.insert(c.as_str())) {
+        Some(twice) => Err(Status::invalid_argument(format!(
+            "the ticket names column '{twice}' twice; name each column once"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Attaches to `topic` within `wait`, looking between slices whether the client is still
+/// there: a client that leaves while the server waits for a producer frees its stream and
+/// thread at once, not after the wait it asked for. `None`: the client left. Interest is
+/// declared for the whole wait, so that a producer starting meanwhile waits for it.
+fn connect_while_wanted(
+    namespace: &Namespace,
+    topic: &TopicName,
+    wait: Duration,
+    replay: bool,
+    outbox: &Outbox,
+) -> std::result::Result<Option<TopicSubscriber>, Status> {
+    let _interest = sluice_shm::Interest::declare(namespace, topic).map_err(status)?;
+    let started = Instant::now();
+    loop {
+        let left = wait.saturating_sub(started.elapsed());
+        match TopicSubscriber::connect(namespace, topic, Some(left.min(CONNECT_SLICE)), replay) {
+            Err(SluiceError::Timeout { what, .. }) if left > CONNECT_SLICE => {
+                if outbox.tx.is_closed() {
+                    tracing::debug!(%topic, "the client left while waiting for {what}");
+                    return Ok(None);
+                }
+            }
+            Err(SluiceError::Timeout { what, .. }) => {
+                return Err(status(SluiceError::Timeout {
+                    what,
+                    seconds: started.elapsed().as_secs_f64(),
+                }));
+            }
+            other => return other.map(Some).map_err(status),
+        }
     }
 }
 
@@ -1021,6 +1143,28 @@ mod tests {
         outbox.revoke();
         let _again = lent(&mut outbox, &Arc::new(AtomicBool::new(false)));
         assert_eq!(outbox.loans.len(), 1);
+    }
+
+    fn ticket(columns: Vec<String>) -> TicketRequest {
+        serde_json::from_value(serde_json::json!({ "topic": "t", "columns": columns })).unwrap()
+    }
+
+    #[test]
+    fn a_ticket_naming_a_column_twice_or_too_many_columns_is_refused() {
+        let names = |n: usize| (0..n).map(|i| format!("c{i}")).collect::<Vec<_>>();
+        assert!(check_ticket(&ticket(names(MAX_TICKET_COLUMNS))).is_ok());
+        let many = check_ticket(&ticket(names(MAX_TICKET_COLUMNS + 1))).unwrap_err();
+        assert_eq!(many.code(), tonic::Code::InvalidArgument);
+        assert!(many.message().contains("at most"), "{}", many.message());
+        let twice = check_ticket(&ticket(vec!["id".into(), "x".into(), "id".into()])).unwrap_err();
+        assert_eq!(twice.code(), tonic::Code::InvalidArgument);
+        assert!(
+            twice.message().contains("'id' twice"),
+            "{}",
+            twice.message()
+        );
+        let every: TicketRequest = serde_json::from_str(r#"{"topic": "t"}"#).unwrap();
+        assert!(check_ticket(&every).is_ok());
     }
 
     #[test]
