@@ -35,6 +35,12 @@ fn serve_with(h: &mut Harness, extra: &[&str]) -> (Proc, String) {
     let mut args = vec!["serve", "--flight", "127.0.0.1:0", "--token-file", "token"];
     args.extend_from_slice(extra);
     let server = h.spawn(&args);
+    let addr = address_of(&server);
+    (server, addr)
+}
+
+/// The address a starting `sluice serve` prints.
+fn address_of(server: &Proc) -> String {
     let start = Instant::now();
     loop {
         if let Some(addr) = server
@@ -42,7 +48,7 @@ fn serve_with(h: &mut Harness, extra: &[&str]) -> (Proc, String) {
             .lines()
             .find_map(|l| l.strip_prefix("serving on ").map(str::to_string))
         {
-            return (server, addr);
+            return addr;
         }
         assert!(start.elapsed() < LIMIT, "the server did not start");
         std::thread::sleep(Duration::from_millis(20));
@@ -210,6 +216,81 @@ fn a_wrong_token_is_refused_and_a_public_address_needs_one() {
         "{}",
         out.stderr
     );
+}
+
+/// A loopback server started without a token still requires one: it makes its own, in a
+/// file only its user can read; a subscriber of that user finds it and is served, one that
+/// cannot read it (with another private directory here; as another user where the tests
+/// run as root) is refused; the file goes when the server stops (finding 2 of issue 50: a
+/// loopback server served every local user the topics of its own).
+#[test]
+fn a_loopback_server_without_a_token_serves_its_own_user_alone() {
+    let mut h = Harness::new();
+    let server = h.spawn(&["serve", "--flight", "127.0.0.1:0"]);
+    let addr = address_of(&server);
+    let url = format!("flight://{addr}/nothing");
+    // Served: it times out waiting for a producer that never comes.
+    let own = h.run(&["subscribe", &url, "--timeout", "1"]);
+    assert!(own.stderr.contains("timed out"), "{}", own.stderr);
+
+    let elsewhere = h.path("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    h.env
+        .push(("XDG_RUNTIME_DIR".into(), elsewhere.display().to_string()));
+    let other = h.run(&["subscribe", &url, "--timeout", "1"]);
+    h.env.pop();
+    assert_eq!(other.status.code(), Some(2), "{}", other.stderr);
+    assert!(other.stderr.contains("SLUICE_TOKEN"), "{}", other.stderr);
+
+    match as_another_user(&["subscribe", &url, "--timeout", "1"]) {
+        Some(out) => {
+            assert_eq!(out.status.code(), Some(2), "{out:?}");
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains("SLUICE_TOKEN"),
+                "{out:?}"
+            );
+        }
+        None => eprintln!("skipped the other user's subscriber: the tests do not run as root"),
+    }
+
+    let file = server
+        .stderr_so_far()
+        .lines()
+        .find_map(|l| {
+            l.split_once("the token in ")
+                .map(|(_, rest)| rest.to_string())
+        })
+        .and_then(|rest| rest.split_once(", which").map(|(path, _)| path.to_string()))
+        .expect("the server names its token's file");
+    assert!(std::path::Path::new(&file).exists(), "{file}");
+    server.signal(libc::SIGINT);
+    let out = server.wait(LIMIT);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(
+        !std::path::Path::new(&file).exists(),
+        "{file} outlived its server"
+    );
+}
+
+/// `sluice ARGS` as user nobody (65534) in a namespace of its own, where the tests run as
+/// root; `None` otherwise.
+fn as_another_user(args: &[&str]) -> Option<std::process::Output> {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    if unsafe { libc::getuid() } != 0 {
+        return None;
+    }
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .current_dir("/")
+        .env("TMPDIR", "/tmp")
+        .env_remove("XDG_RUNTIME_DIR")
+        .env("SLUICE_NAMESPACE", format!("nobody{}", std::process::id()))
+        .env("SLUICE_LOG", "warn")
+        .output()
+        .ok()?;
+    Some(out)
 }
 
 /// A server serves at most `--max-streams` remote subscribers at once: one more is

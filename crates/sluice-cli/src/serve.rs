@@ -12,7 +12,8 @@ use sluice::flight::{FlightServer, ServeOptions, TlsIdentity};
 #[derive(Debug, clap::Args)]
 pub(crate) struct ServeArgs {
     /// Serve over Arrow Flight on HOST:PORT (port 0: any free port, printed at start).
-    /// Anything but a loopback address needs --token-file.
+    /// Anything but a loopback address needs --token-file; on loopback without one, the
+    /// server makes a token that only you can read, and your subscribers find it.
     #[arg(long, value_name = "HOST:PORT")]
     flight: String,
     /// A file holding the bearer token clients must send (SLUICE_TOKEN on their side).
@@ -80,6 +81,12 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     )?;
     // The address on stdout (scripts read the port of --flight HOST:0 from it).
     println!("serving on {}", server.local_addr());
+    if let Some(file) = server.token_file() {
+        eprintln!(
+            "no --token-file: subscribers need the token in {}, which only you can read;              yours on this machine find it there, others need SLUICE_TOKEN",
+            file.display()
+        );
+    }
     eprintln!(
         "serving this node's topics over Arrow Flight on {}: subscribe with \
          `sluice subscribe {scheme}://{}/TOPIC`; Ctrl-C stops",

@@ -245,7 +245,13 @@ async fn open(target: &FlightTarget, options: &ClientOptions) -> Result<FlightDa
         ))
     })?;
     let mut request = tonic::Request::new(Ticket::new(ticket));
-    if let Some(token) = &options.token {
+    let found = || crate::token::find(&target.server);
+    if let Some(token) = options
+        .token
+        .clone()
+        .filter(|t| !t.is_empty())
+        .or_else(found)
+    {
         let value = format!("Bearer {token}")
             .parse()
             .map_err(|e| SluiceError::Config(format!("unusable token: {e}")))?;
@@ -312,7 +318,8 @@ fn from_status(status: &Status, target: &FlightTarget) -> SluiceError {
         }
         Code::Unauthenticated => SluiceError::Config(format!(
             "the Flight server at {} refused this subscriber: set SLUICE_TOKEN to the \
-             contents of the server's --token-file",
+             contents of the server's --token-file (a loopback server started without one \
+             keeps its token where only the user who started it can read it)",
             target.server
         )),
         Code::DeadlineExceeded => SluiceError::Timeout {

@@ -38,6 +38,7 @@
 mod client;
 pub mod meta;
 mod server;
+mod token;
 
 pub use client::{ClientOptions, FlightInlet, FlightTarget};
 pub use server::{

@@ -29,6 +29,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::TicketRequest;
 use crate::meta::Meta;
+use crate::token::LoopbackToken;
 
 /// HTTP/2 stream window (the connection's is twice as large). It bounds what a remote
 /// subscriber can have in flight beyond the server's queue of two messages, so it is
@@ -50,8 +51,9 @@ const KEEPALIVE: Duration = Duration::from_secs(20);
 pub struct ServeOptions {
     /// The namespace whose topics are served.
     pub namespace: Namespace,
-    /// The bearer token every request must carry; required unless the server listens on
-    /// loopback.
+    /// The bearer token every request must carry. Required off loopback; on loopback
+    /// `None` makes the server create one that only this user can read, where this
+    /// user's subscribers find it ([`FlightServer::token_file`]).
     pub token: Option<String>,
     /// TLS: the server's certificate chain and private key (PEM); clients then use
     /// `flight+tls://`.
@@ -67,7 +69,7 @@ pub struct ServeOptions {
 }
 
 impl ServeOptions {
-    /// Serves `namespace` with the defaults: no token (loopback only), no TLS, a worker
+    /// Serves `namespace` with the defaults: a token of its own (loopback only), no TLS, a worker
     /// per core, [`DEFAULT_MAX_STREAMS`] streams.
     pub fn new(namespace: Namespace) -> Self {
         Self {
@@ -122,6 +124,8 @@ pub struct FlightServer {
     addr: SocketAddr,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>>>,
+    /// The token made for a loopback server started without one; its file goes with it.
+    made_token: Option<LoopbackToken>,
 }
 
 impl std::fmt::Debug for FlightServer {
@@ -165,13 +169,23 @@ impl FlightServer {
             .local_addr()
             .map_err(|e| SluiceError::Transport(format!("the server's address: {e}")))?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let given = options.token.clone().filter(|t| !t.is_empty());
+        if given.is_some() && options.tls.is_none() && !addr.ip().is_loopback() {
+            tracing::warn!(
+                %addr,
+                "serving without TLS: the bearer token and the batches cross the network in                  clear text (--tls-cert and --tls-key encrypt them)"
+            );
+        }
+        // Loopback is every local user's: without a token of its own, the server makes
+        // one that only this user can read (`token.rs`).
+        let made = match given {
+            Some(_) => None,
+            None => Some(LoopbackToken::create(addr.port())?),
+        };
+        let token = given.or_else(|| made.as_ref().map(|t| t.value().to_string()));
         let service = FlightServiceServer::new(TopicService {
             namespace: options.namespace.clone(),
-            token: options
-                .token
-                .clone()
-                .filter(|t| !t.is_empty())
-                .map(Arc::new),
+            token: token.map(Arc::new),
             streams: Arc::new(Semaphore::new(options.max_streams.get())),
         });
         let mut builder = Server::builder();
@@ -204,12 +218,19 @@ impl FlightServer {
             addr,
             shutdown: Some(tx),
             task: Some(task),
+            made_token: made,
         })
     }
 
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The file holding the token this server made (started on loopback without one):
+    /// readable by this user alone, where this user's subscribers find it.
+    pub fn token_file(&self) -> Option<&std::path::Path> {
+        self.made_token.as_ref().map(LoopbackToken::path)
     }
 
     /// Serves until `stop` completes (Ctrl-C in the CLI), then stops.

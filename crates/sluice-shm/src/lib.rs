@@ -58,7 +58,7 @@ pub use departure::{DepartedSubscriber, departed_subscribers};
 pub use frame::{BatchForm, Frame, OnMaxHeld};
 pub use header::{FrameHeader, monotonic_ns};
 pub use interest::{Interest, pending_interest};
-pub use namespace::{Namespace, shm_available, write_private};
+pub use namespace::{Namespace, existing_user_dir, shm_available, user_dir, write_private};
 pub use pacing::{Pacing, pacing};
 pub use publisher::TopicPublisher;
 pub use sample::SamplePayload;

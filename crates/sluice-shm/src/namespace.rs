@@ -768,6 +768,39 @@ fn private_dir(dir: &Path, otherwise: &str) -> Result<()> {
     Ok(())
 }
 
+/// This user's private directory for what other local users must not read (a loopback
+/// Flight server's token): `sluice-u<uid>` in `$XDG_RUNTIME_DIR` where it is set, else
+/// in the temporary directory; created owner-only, or checked to be this user's own
+/// directory (not a link) and narrowed to owner-only, as the state directory is.
+pub fn user_dir() -> Result<PathBuf> {
+    let dir = user_dir_path();
+    private_dir(
+        &dir,
+        "set TMPDIR or XDG_RUNTIME_DIR to a directory of your own",
+    )?;
+    Ok(dir)
+}
+
+/// [`user_dir`] if it exists as that (this user's, not a link, owner-only), without
+/// creating it: for readers.
+pub fn existing_user_dir() -> Option<PathBuf> {
+    let dir = user_dir_path();
+    let meta = std::fs::symlink_metadata(&dir).ok()?;
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    (meta.is_dir() && meta.uid() == uid && meta.mode() & 0o077 == 0).then_some(dir)
+}
+
+fn user_dir_path() -> PathBuf {
+    let base = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|dir| dir.is_absolute() && dir.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    base.join(format!("sluice-u{uid}"))
+}
+
 /// Writes `bytes` to `path` (in a private directory) as a new file of this user's, then
 /// renames it to `to`: never through a link someone left at `path`.
 pub fn write_private(path: &Path, to: &Path, bytes: &[u8]) -> std::io::Result<()> {
