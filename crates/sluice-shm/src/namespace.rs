@@ -50,14 +50,16 @@ pub struct Namespace {
 }
 
 impl Namespace {
-    /// The namespace from `SLUICE_NAMESPACE`, or the current user's.
+    /// The namespace from `SLUICE_NAMESPACE`, or the current user's (`u<uid>`, or a
+    /// private name where another user took that one first: [`default_name`]).
     pub fn from_env() -> Result<Self> {
         match std::env::var("SLUICE_NAMESPACE") {
             Ok(name) if !name.is_empty() => Self::new(&name),
             _ => {
                 // SAFETY: getuid has no preconditions and cannot fail.
                 let uid = unsafe { libc::getuid() };
-                Self::new(&format!("u{uid}"))
+                let name = default_name(&Self::base_dir(), Path::new(SHM_DIR), uid, user_dir)?;
+                Self::new(&name)
             }
         }
     }
@@ -766,6 +768,105 @@ fn private_dir(dir: &Path, otherwise: &str) -> Result<()> {
             .map_err(|e| SluiceError::io(format!("cannot restrict {}", dir.display()), e))?;
     }
     Ok(())
+}
+
+/// The default namespace of user `uid`: `u<uid>`, unless another user made its service
+/// directory (in `base`) or a shared-memory file of its prefix (in `shm`) first, which
+/// would deny this user every topic. Then a private name, `u<uid>x` and 6 random hex
+/// digits, drawn once and kept in `keep()`'s directory (this user's private one), so
+/// that every process of this user takes the same; a warning says so.
+pub(crate) fn default_name(
+    base: &Path,
+    shm: &Path,
+    uid: u32,
+    keep: impl FnOnce() -> Result<PathBuf>,
+) -> Result<String> {
+    let name = format!("u{uid}");
+    let Some((path, owner)) = taken_by_another(base, shm, &name, uid) else {
+        return Ok(name);
+    };
+    let private = private_name(&keep()?, uid)?;
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!(
+            "{} belongs to another user (uid {owner}), which would deny you every topic: \
+             using the namespace '{private}' instead (kept in your private directory; set \
+             SLUICE_NAMESPACE to choose one)",
+            path.display()
+        )
+    });
+    Ok(private)
+}
+
+/// What of namespace `name` another user made (its service directory in `base`, or a
+/// shared-memory file of its prefix in `shm`), and that user's uid.
+fn taken_by_another(base: &Path, shm: &Path, name: &str, uid: u32) -> Option<(PathBuf, u32)> {
+    let root = base.join(format!("sluice-{name}"));
+    if let Ok(meta) = std::fs::symlink_metadata(&root)
+        && meta.uid() != uid
+    {
+        return Some((root, meta.uid()));
+    }
+    let prefix = format!("iox2_sluice_{name}_");
+    std::fs::read_dir(shm)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .find_map(|e| {
+            let owner = e.metadata().ok()?.uid();
+            (owner != uid).then(|| (e.path(), owner))
+        })
+}
+
+/// The private namespace name kept in `dir` (a private directory), drawn and written
+/// there if it is not yet: exclusively, so that processes starting together agree.
+fn private_name(dir: &Path, uid: u32) -> Result<String> {
+    let path = dir.join("namespace");
+    let valid =
+        |n: &str| n.starts_with(&format!("u{uid}x")) && n.len() == format!("u{uid}x").len() + 6;
+    if let Ok(kept) = std::fs::read_to_string(&path)
+        && valid(kept.trim())
+    {
+        return Ok(kept.trim().to_string());
+    }
+    let mut random = [0u8; 3];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut random))
+        .map_err(|e| SluiceError::io("cannot read /dev/urandom", e))?;
+    let drawn = format!("u{uid}x{:02x}{:02x}{:02x}", random[0], random[1], random[2]);
+    let tmp = dir.join(format!("namespace.tmp{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    use std::os::unix::fs::OpenOptionsExt;
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, drawn.as_bytes()));
+    // A link fails where the name exists: the first process to draw one wins.
+    let linked = written.and_then(|()| std::fs::hard_link(&tmp, &path));
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(drawn),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let kept = std::fs::read_to_string(&path)
+                .map_err(|e| SluiceError::io(format!("cannot read {}", path.display()), e))?;
+            if valid(kept.trim()) {
+                Ok(kept.trim().to_string())
+            } else {
+                Err(SluiceError::Config(format!(
+                    "{} does not hold a namespace name: remove it, or set SLUICE_NAMESPACE",
+                    path.display()
+                )))
+            }
+        }
+        Err(e) => Err(SluiceError::io(
+            format!("cannot write {}", path.display()),
+            e,
+        )),
+    }
 }
 
 /// This user's private directory for what other local users must not read (a loopback

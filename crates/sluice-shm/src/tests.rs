@@ -1305,3 +1305,59 @@ fn state_is_never_written_through_a_planted_link() {
     assert_eq!(std::fs::read(dir.join("report.json")).unwrap(), b"{}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The default namespace of a user whose `u<uid>` another user took first (its service
+/// directory, or a shared-memory file of its prefix) is a private name drawn once, kept
+/// in the user's private directory, the same for every later process; untaken, it is
+/// `u<uid>` (finding 6 of issue 50: a squatter denied the user every topic).
+#[test]
+fn a_default_namespace_another_user_took_first_falls_back_to_a_private_name() {
+    use std::os::unix::fs::MetadataExt;
+    let scratch = std::env::temp_dir().join(format!("sluice-squat-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let (base, shm, keep) = (
+        scratch.join("base"),
+        scratch.join("shm"),
+        scratch.join("keep"),
+    );
+    for dir in [&base, &shm, &keep] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let uid = std::fs::metadata(&scratch).unwrap().uid();
+    let kept = || Ok(keep.clone());
+    let name = crate::namespace::default_name(&base, &shm, uid, kept).unwrap();
+    assert_eq!(name, format!("u{uid}"));
+    // Ours: still the default.
+    std::fs::create_dir(base.join(format!("sluice-u{uid}"))).unwrap();
+    std::fs::write(shm.join(format!("iox2_sluice_u{uid}_x_global_mgmt")), b"").unwrap();
+    assert_eq!(
+        crate::namespace::default_name(&base, &shm, uid, kept).unwrap(),
+        name
+    );
+
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: a namespace taken by another user is not tried");
+        std::fs::remove_dir_all(&scratch).unwrap();
+        return;
+    }
+    for taken in [
+        base.join(format!("sluice-u{uid}")),
+        shm.join(format!("iox2_sluice_u{uid}_x_global_mgmt")),
+    ] {
+        std::os::unix::fs::chown(&taken, Some(65534), Some(65534)).unwrap();
+        let first = crate::namespace::default_name(&base, &shm, uid, kept).unwrap();
+        assert!(
+            first.starts_with(&format!("u{uid}x")) && first.len() == name.len() + 7,
+            "{first}"
+        );
+        assert!(Namespace::new(&first).is_ok(), "{first}");
+        let again = crate::namespace::default_name(&base, &shm, uid, kept).unwrap();
+        assert_eq!(
+            first, again,
+            "every process of the user takes the same name"
+        );
+        std::os::unix::fs::chown(&taken, Some(uid), Some(uid)).unwrap();
+    }
+    std::fs::remove_dir_all(&scratch).unwrap();
+}
