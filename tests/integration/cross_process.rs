@@ -817,8 +817,9 @@ fn a_restarted_producer_waits_for_a_slow_trainer_to_take_what_was_queued() {
 /// what to set, instead of publishing other batches at the positions subscribers already
 /// have: here `datafusion.execution.target_partitions`, which defaults to the machine's
 /// cores (a producer restarted in a container with other cores, or under `taskset`,
-/// splits the files into other partitions). With the setting pinned in the plan, the
-/// resume delivers every row exactly once.
+/// splits the files into other partitions). A file added to the data since is refused
+/// too. With the setting pinned in the plan and the files as they were, the resume
+/// delivers every row exactly once.
 #[test]
 fn a_resume_with_other_partitions_is_refused_and_says_what_to_set() {
     let mut h = Harness::new();
@@ -869,7 +870,25 @@ fn a_resume_with_other_partitions_is_refused_and_says_what_to_set() {
         refused.stderr
     );
 
+    // A file added since the crash: the rows would move (finding 7 of issue 50).
     h.plan("p.sql", &sql(2));
+    let first_file = std::fs::read_dir(h.path("data"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .expect("a Parquet file in data/");
+    let added = h.path("data/zz-added.parquet");
+    std::fs::copy(&first_file, &added).unwrap();
+    let refused = h.run(&["run", "p.sql", "--quiet", "--resume"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("the data changed since checkpoint"),
+        "{}",
+        refused.stderr
+    );
+    std::fs::remove_file(&added).unwrap();
+
     let second = h.spawn(&["run", "p.sql", "--quiet", "--resume"]);
     assert_exactly_once(&trainer.wait(LIMIT), 2, rows, &sum);
     let out = second.wait(LIMIT);

@@ -20,6 +20,8 @@
 
 mod engine;
 pub mod functions;
+mod listing;
+pub use listing::Listing;
 mod options;
 mod planner;
 mod read_ahead;
@@ -317,6 +319,27 @@ impl Plan {
         Ok((plan, task))
     }
 
+    /// The files the plan reads, as listed now, for the whole run (every shard's): a
+    /// resumed checkpoint must have been taken over the same (see [`Listing`]). Lists
+    /// each table's files once more (a LIST request per table on object storage).
+    pub async fn listing(&self) -> Result<Listing> {
+        let mut state = self.ctx.state();
+        state
+            .config_mut()
+            .options_mut()
+            .extensions
+            .insert(functions::FunctionContext {
+                seed: self.options.shuffle_seed.unwrap_or(0),
+                epoch: 0,
+            });
+        state.mark_start_execution();
+        let plan = state
+            .create_physical_plan(&self.query)
+            .await
+            .map_err(|e| SluiceError::Execution(self.redact(&df_message(e))))?;
+        Ok(listing::of(&plan))
+    }
+
     /// Requests and bytes read through the plan's object stores so far (local files
     /// included), e.g. to check that a run reads each file about once.
     pub fn store_stats(&self) -> StoreStats {
@@ -347,6 +370,8 @@ impl Plan {
                 if field.is_nullable() { "" } else { " not null" }
             );
         }
+        // What a resumed checkpoint must match, and the shards of one run must agree on.
+        let _ = writeln!(out, "\ndata: {}", self.listing().await?);
         let physical = self.physical_plan().await?;
         let _ = writeln!(out, "\nphysical plan:");
         let _ = write!(out, "{}", displayable(physical.as_ref()).indent(true));

@@ -160,6 +160,54 @@ async fn order(plan: &Plan) -> Vec<i64> {
     ids
 }
 
+/// The listing counts every file a plan's tables list, once, whatever the shard, and
+/// changes with a file added, and with one rewritten in place (same name and size, another
+/// modification time): a checkpoint taken over other files is refused on resume.
+#[tokio::test]
+async fn the_listing_follows_the_files_a_plan_reads() {
+    let dir = dataset();
+    let listing = |extra: &str| {
+        let sql = format!(
+            "{extra}CREATE EXTERNAL TABLE src STORED AS PARQUET LOCATION '{}/pq/';
+SELECT id FROM src",
+            dir.path().display()
+        );
+        async move {
+            Plan::from_sql("p.sql", &sql)
+                .await
+                .unwrap()
+                .listing()
+                .await
+                .unwrap()
+        }
+    };
+    let before = listing("").await;
+    let sizes: u64 = (0..2)
+        .map(|part| {
+            std::fs::metadata(dir.path().join(format!("pq/part-{part}.parquet")))
+                .unwrap()
+                .len()
+        })
+        .sum();
+    assert_eq!((before.files, before.bytes), (2, sizes));
+    assert_eq!(listing("").await, before);
+    // Every shard lists the whole run's files.
+    assert_eq!(listing("SET sluice.shard = '1/3';\n").await, before);
+
+    let part = dir.path().join("pq/part-0.parquet");
+    let file = File::options().write(true).open(&part).unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(60);
+    file.set_modified(later).unwrap();
+    let rewritten = listing("").await;
+    assert_eq!((rewritten.files, rewritten.bytes), (2, sizes));
+    assert_ne!(rewritten.digest, before.digest);
+
+    std::fs::copy(&part, dir.path().join("pq/part-2.parquet")).unwrap();
+    let added = listing("").await;
+    assert_eq!(added.files, 3);
+    assert_ne!(added.digest, rewritten.digest);
+}
+
 /// The same query orders its rows differently with other partitions or another DataFusion
 /// batch size (batches are taken round-robin from the partitions), so both are part of
 /// the fingerprint that a resumed checkpoint must match, and are named among the

@@ -20,8 +20,31 @@ use sluice_shm::Namespace;
 /// How often, at most, a checkpoint is written while batches flow.
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Version 2 added `settings`, and the settings to the plan's fingerprint.
-const VERSION: u32 = 2;
+/// Version 2 added `settings`, and the settings to the plan's fingerprint; version 3
+/// the listing of the data (`data`). Version 2 is still read: its data is not checked.
+const VERSION: u32 = 3;
+const OLDEST_READ: u32 = 2;
+
+/// The files a run read ([`sluice_plan::Listing`]), as a checkpoint keeps them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataListing {
+    /// Files.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Digest of every file's path, size, modification time and entity tag.
+    pub digest: String,
+}
+
+impl From<&sluice_plan::Listing> for DataListing {
+    fn from(l: &sluice_plan::Listing) -> Self {
+        Self {
+            files: l.files,
+            bytes: l.bytes,
+            digest: l.digest.clone(),
+        }
+    }
+}
 
 /// The saved state of a run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +61,9 @@ pub struct Checkpoint {
     /// version.)
     #[serde(default)]
     pub settings: BTreeMap<String, String>,
+    /// The files the run read (absent from version 2).
+    #[serde(default)]
+    pub data: Option<DataListing>,
     /// The next epoch to publish.
     pub epoch: u64,
     /// The next batch of that epoch to publish.
@@ -75,7 +101,7 @@ impl Checkpoint {
                 path.display()
             ))
         })?;
-        if checkpoint.version != VERSION {
+        if !(OLDEST_READ..=VERSION).contains(&checkpoint.version) {
             return Err(SluiceError::Config(format!(
                 "checkpoint {} has version {}, this Sluice writes version {VERSION}; remove it to start over",
                 path.display(),
@@ -93,6 +119,7 @@ impl Checkpoint {
         topic: &TopicName,
         plan: &str,
         settings: &BTreeMap<String, String>,
+        data: &DataListing,
     ) -> Result<()> {
         if self.topic != topic.as_str() {
             return Err(SluiceError::Config(format!(
@@ -163,7 +190,37 @@ impl Checkpoint {
                 path.display()
             )));
         }
-        Ok(())
+        self.check_data(path, data)
+    }
+
+    /// The data must be what the run that took the checkpoint read: files added,
+    /// removed or rewritten shift the rows at the positions subscribers already have.
+    fn check_data(&self, path: &Path, data: &DataListing) -> Result<()> {
+        match &self.data {
+            None => {
+                tracing::warn!(
+                    "checkpoint {} was written by an older Sluice without the data's listing: \
+                     resuming as if the files had not changed",
+                    path.display()
+                );
+                Ok(())
+            }
+            Some(then) if then == data => Ok(()),
+            Some(then) => Err(SluiceError::Config(format!(
+                "the data changed since checkpoint {} was taken: the plan's tables listed {} \
+                 files of {} bytes then (listing {}) and list {} files of {} bytes now (listing \
+                 {}); files added, removed or rewritten move rows to other positions, so \
+                 resuming would repeat some and skip others. Put the files back as they were \
+                 to resume, or run without --resume to start over",
+                path.display(),
+                then.files,
+                then.bytes,
+                then.digest,
+                data.files,
+                data.bytes,
+                data.digest
+            ))),
+        }
     }
 }
 
@@ -178,6 +235,7 @@ pub(crate) struct CheckpointWriter {
     topic: String,
     plan: String,
     settings: BTreeMap<String, String>,
+    data: DataListing,
     last: Option<Instant>,
 }
 
@@ -187,6 +245,7 @@ impl CheckpointWriter {
         topic: &TopicName,
         plan: String,
         settings: BTreeMap<String, String>,
+        data: DataListing,
     ) -> Result<Self> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             use std::os::unix::fs::DirBuilderExt;
@@ -210,6 +269,7 @@ impl CheckpointWriter {
             topic: topic.to_string(),
             plan,
             settings,
+            data,
             last: None,
         })
     }
@@ -224,6 +284,7 @@ impl CheckpointWriter {
             topic: self.topic.clone(),
             plan: self.plan.clone(),
             settings: self.settings.clone(),
+            data: Some(self.data.clone()),
             epoch: at.epoch,
             batch: at.index,
         };
@@ -271,24 +332,34 @@ mod tests {
                 ("datafusion.execution.batch_size", "8192"),
                 ("datafusion.execution.target_partitions", "2"),
             ]),
+            data: Some(data(3, 300, "d1")),
             epoch: 1,
             batch: 7,
+        }
+    }
+
+    fn data(files: u64, bytes: u64, digest: &str) -> DataListing {
+        DataListing {
+            files,
+            bytes,
+            digest: digest.into(),
         }
     }
 
     #[test]
     fn a_resume_with_other_settings_is_told_what_to_set() {
         let c = checkpoint();
+        let d = data(3, 300, "d1");
         let path = Path::new("/x/t.checkpoint.json");
         let topic = TopicName::new("t").unwrap();
-        c.check(path, &topic, "abc", &c.settings).unwrap();
+        c.check(path, &topic, "abc", &c.settings, &d).unwrap();
 
         let now = settings(&[
             ("datafusion.execution.batch_size", "8192"),
             ("datafusion.execution.target_partitions", "16"),
             ("datafusion.execution.new_option", "x"),
         ]);
-        let Err(SluiceError::Config(m)) = c.check(path, &topic, "abd", &now) else {
+        let Err(SluiceError::Config(m)) = c.check(path, &topic, "abd", &now, &d) else {
             panic!("resumed with other settings");
         };
         assert!(
@@ -305,7 +376,7 @@ mod tests {
             ("datafusion.execution.batch_size", "8192"),
             ("datafusion.execution.target_partitions", "16"),
         ]);
-        let Err(SluiceError::Config(m)) = c.check(path, &topic, "abd", &now) else {
+        let Err(SluiceError::Config(m)) = c.check(path, &topic, "abd", &now, &d) else {
             panic!("resumed with other settings");
         };
         assert!(
@@ -318,7 +389,7 @@ mod tests {
         sharded.settings.insert("sluice.shard".into(), "0/4".into());
         let mut now = sharded.settings.clone();
         now.insert("sluice.shard".into(), "1/4".into());
-        let Err(SluiceError::Config(m)) = sharded.check(path, &topic, "abd", &now) else {
+        let Err(SluiceError::Config(m)) = sharded.check(path, &topic, "abd", &now, &d) else {
             panic!("resumed with another shard");
         };
         assert!(
@@ -328,15 +399,50 @@ mod tests {
             "{m}"
         );
 
-        let Err(SluiceError::Config(m)) = c.check(path, &topic, "abd", &c.settings) else {
+        let Err(SluiceError::Config(m)) = c.check(path, &topic, "abd", &c.settings, &d) else {
             panic!("resumed with another plan");
         };
         assert!(m.contains("another plan"), "{m}");
         let other = TopicName::new("u").unwrap();
-        let Err(SluiceError::Config(m)) = c.check(path, &other, "abc", &c.settings) else {
+        let Err(SluiceError::Config(m)) = c.check(path, &other, "abc", &c.settings, &d) else {
             panic!("resumed on another topic");
         };
         assert!(m.contains("taken on topic 't', not 'u'"), "{m}");
+    }
+
+    /// Files added, removed or rewritten since the checkpoint: refused with both
+    /// listings and what to do (finding 7 of issue 50); a version-2 checkpoint, which has
+    /// no listing, resumes.
+    #[test]
+    fn a_resume_over_changed_data_is_refused() {
+        let c = checkpoint();
+        let path = Path::new("/x/t.checkpoint.json");
+        let topic = TopicName::new("t").unwrap();
+        let Err(SluiceError::Config(m)) =
+            c.check(path, &topic, "abc", &c.settings, &data(4, 400, "d2"))
+        else {
+            panic!("resumed over other data");
+        };
+        assert!(
+            m.contains("the data changed")
+                && m.contains("3 files of 300 bytes then (listing d1)")
+                && m.contains("4 files of 400 bytes now (listing d2)")
+                && m.contains("run without --resume"),
+            "{m}"
+        );
+        // Same counts, another digest (a file rewritten in place).
+        assert!(
+            c.check(path, &topic, "abc", &c.settings, &data(3, 300, "d3"))
+                .is_err()
+        );
+        let older = Checkpoint {
+            version: 2,
+            data: None,
+            ..c.clone()
+        };
+        older
+            .check(path, &topic, "abc", &c.settings, &data(4, 400, "d2"))
+            .unwrap();
     }
 
     #[test]
@@ -357,7 +463,14 @@ mod tests {
         let c = checkpoint();
         std::fs::write(&path, serde_json::to_string(&c).unwrap()).unwrap();
         let loaded = Checkpoint::load(&path);
-        let _ = std::fs::remove_file(&path);
         assert_eq!(loaded.unwrap(), Some(c));
+        std::fs::write(
+            &path,
+            r#"{"version":2,"topic":"t","plan":"abc","settings":{},"epoch":0,"batch":3}"#,
+        )
+        .unwrap();
+        let loaded = Checkpoint::load(&path);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(loaded.unwrap().and_then(|c| c.data), None);
     }
 }

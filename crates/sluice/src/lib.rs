@@ -46,7 +46,7 @@ mod producer;
 pub mod status;
 mod subscriber;
 
-pub use checkpoint::Checkpoint;
+pub use checkpoint::{Checkpoint, DataListing};
 pub use gpu::batch::{DeviceBatch, DeviceColumn, DevicePart};
 pub use gpu::host_copy::HostCopier;
 pub use producer::{

@@ -21,6 +21,7 @@ mod start;
 pub use handle::ProducerHandle;
 pub use sizing::auto_message_batches;
 
+use crate::checkpoint::DataListing;
 use report::ProducerReporter;
 use run::{Run, Sink, wait_for_interested};
 use sizing::{First, SHORT_WINDOW, TopicPlan};
@@ -144,7 +145,9 @@ impl Producer {
         opts.validate()?;
         let device = crate::gpu::open_device(opts.device()?)?;
         let topic = opts.topic_name()?;
-        let start = StartPoint::resolve(&self.plan, &self.namespace, &topic, options)?;
+        // The files as listed now: what a checkpoint of this run is taken over.
+        let data = DataListing::from(&handle.block_on(self.plan.listing())?);
+        let start = StartPoint::resolve(&self.plan, &self.namespace, &topic, options, data)?;
         let position = start.position;
         let mut source = PlanSource::new(&self.plan, &opts);
         // The first message tells how large messages are, which sizes the shared memory.

@@ -8,7 +8,7 @@ use sluice_plan::Plan;
 use sluice_shm::Namespace;
 
 use super::RunOptions;
-use crate::checkpoint::{Checkpoint, CheckpointWriter};
+use crate::checkpoint::{Checkpoint, CheckpointWriter, DataListing};
 
 /// A run's start and the identity its checkpoints carry.
 #[derive(Debug)]
@@ -18,6 +18,7 @@ pub(crate) struct StartPoint {
     path: PathBuf,
     fingerprint: String,
     settings: BTreeMap<String, String>,
+    data: DataListing,
 }
 
 impl StartPoint {
@@ -29,6 +30,7 @@ impl StartPoint {
         namespace: &Namespace,
         topic: &TopicName,
         options: &RunOptions,
+        data: DataListing,
     ) -> Result<Self> {
         let fingerprint = format!(
             "{:016x}",
@@ -47,7 +49,7 @@ impl StartPoint {
         let position = if options.resume {
             match Checkpoint::load(&path)? {
                 Some(c) => {
-                    c.check(&path, topic, &fingerprint, &settings)?;
+                    c.check(&path, topic, &fingerprint, &settings, &data)?;
                     tracing::info!(topic = %topic, "resuming from {}", c.position());
                     c.position()
                 }
@@ -67,11 +69,12 @@ impl StartPoint {
             path,
             fingerprint,
             settings,
+            data,
         })
     }
 
     /// The writer of this run's checkpoints.
     pub(crate) fn writer(self, topic: &TopicName) -> Result<CheckpointWriter> {
-        CheckpointWriter::new(self.path, topic, self.fingerprint, self.settings)
+        CheckpointWriter::new(self.path, topic, self.fingerprint, self.settings, self.data)
     }
 }
