@@ -291,6 +291,14 @@ fn a_remote_ballista_cluster_of_sluice_processes_runs_the_plan() {
     let mut h = Harness::new();
     h.dataset(8_000);
     let scheduler = start_cluster(&mut h);
+    // The executor's work directory (its spills and shuffle files: the rows of the jobs'
+    // tables) is owner-only (finding 8 of issue 50: it was made with the umask).
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(h.path("ballista-work"))
+            .unwrap()
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o700, "{mode:o}");
     let engine = format!("SET sluice.engine = 'ballista://127.0.0.1:{scheduler}';");
     let local = h.plan("local.sql", &join_plan("rb", "", ""));
     let expected = h.source_checksum(&local);

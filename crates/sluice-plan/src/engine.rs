@@ -302,13 +302,27 @@ pub async fn run_executor(options: ExecutorOptions) -> Result<()> {
         ballista_core::registry::BallistaFunctionRegistry::from(&cluster_state(cluster_config()));
     // Shuffle files and spills go under the work directory, as with Ballista's own
     // runtime; each job's runtime also gets the object stores its settings declare.
-    let spill_dir = match &options.work_dir {
-        Some(dir) => std::path::PathBuf::from(dir),
-        None => std::env::temp_dir().join(format!("sluice-ballista-{}", std::process::id())),
+    // Spills hold the rows of the jobs' tables: owner-only, and, by default, under a
+    // random name (a predictable one in a shared temporary directory could be made
+    // first by another user), removed when the executor stops.
+    let (spill_dir, _removed_at_exit) = match &options.work_dir {
+        Some(dir) => {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| SluiceError::io(format!("cannot create {dir}"), e))?;
+            (dir.clone(), None)
+        }
+        None => {
+            let dir = tempfile::Builder::new()
+                .prefix("sluice-ballista-")
+                .tempdir()
+                .map_err(|e| SluiceError::io("cannot create a spill directory", e))?;
+            (dir.path().display().to_string(), Some(dir))
+        }
     };
-    std::fs::create_dir_all(&spill_dir)
-        .map_err(|e| SluiceError::io(format!("cannot create {}", spill_dir.display()), e))?;
-    let spill_dir = spill_dir.display().to_string();
     let runtime_producer: ballista_core::RuntimeProducer =
         Arc::new(move |config: &SessionConfig| {
             let runtime = RuntimeEnvBuilder::new()

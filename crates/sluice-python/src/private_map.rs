@@ -56,21 +56,32 @@ impl PrivateMapping {
         match backing_file(bytes.as_ptr() as usize, bytes.len()) {
             Shared::NotShared => Backing::NotShared,
             Shared::Unusable => Backing::Unavailable,
-            Shared::File { path, offset, .. } => match Self::map(&path, offset, bytes.len()) {
+            Shared::File {
+                path,
+                inode,
+                offset,
+            } => match Self::map(&path, inode, offset, bytes.len()) {
                 Some((mapping, data)) => Backing::Private(mapping, data),
                 None => Backing::Unavailable,
             },
         }
     }
 
-    fn map(file: &std::path::Path, file_offset: usize, len: usize) -> Option<(Self, *mut u8)> {
+    fn map(
+        file: &std::path::Path,
+        inode: u64,
+        file_offset: usize,
+        len: usize,
+    ) -> Option<(Self, *mut u8)> {
         // SAFETY: sysconf has no preconditions.
         let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
         let aligned = file_offset - file_offset % page;
         let delta = file_offset - aligned;
         let len = delta + len;
-        // Read access to the file is all a private writable mapping needs.
-        let file = std::fs::File::open(file).ok()?;
+        // Read access to the file is all a private writable mapping needs; the file
+        // must still be the mapped one (a segment removed and created again under its
+        // name would give another producer's pages).
+        let file = sluice::shm::open_inode(file, inode).ok()?;
         let offset = libc::off_t::try_from(aligned).ok()?;
         // SAFETY: a new mapping at an address the kernel chooses (no MAP_FIXED), so no
         // existing memory is affected; `file` is an open descriptor, `len` is non-zero and

@@ -62,7 +62,7 @@ pub use namespace::{Namespace, existing_user_dir, shm_available, user_dir, write
 pub use pacing::{Pacing, pacing};
 pub use publisher::TopicPublisher;
 pub use sample::SamplePayload;
-pub use segment::{Backing, Maps, SegmentMap, backing_file};
+pub use segment::{Backing, Maps, SegmentMap, backing_file, open_inode};
 pub use subscriber::{TopicSubscriber, subscriber_count};
 
 /// The iceoryx2 service flavour Sluice uses: inter-process, with thread-safe ports so

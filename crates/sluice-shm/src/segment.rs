@@ -16,6 +16,21 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
+/// Opens `path` for reading if it is still the file of inode `inode`: a path found in
+/// `/proc/self/maps` may name another file by the time it is opened (a segment removed
+/// and created again), whose pages must not be taken for the mapped ones.
+pub fn open_inode(path: &Path, inode: u64) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::File::open(path)?;
+    if file.metadata()?.ino() != inode {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{} is another file than the one mapped", path.display()),
+        ));
+    }
+    Ok(file)
+}
+
 /// What is behind an address range of this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backing {
@@ -411,6 +426,23 @@ mod tests {
         );
         std::fs::remove_file(&path).unwrap();
         assert!(!second.is_current());
+    }
+
+    #[test]
+    fn a_path_is_opened_again_only_while_it_names_the_same_inode() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::env::temp_dir().join(format!("sluice-inode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (path, other) = (dir.join("segment"), dir.join("other"));
+        std::fs::write(&path, b"mapped").unwrap();
+        let inode = std::fs::metadata(&path).unwrap().ino();
+        assert!(open_inode(&path, inode).is_ok());
+        // Removed and created again under the same name: another file.
+        std::fs::write(&other, b"someone else's").unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        let err = open_inode(&path, inode).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
