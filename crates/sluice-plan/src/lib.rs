@@ -121,6 +121,7 @@ impl Plan {
     pub async fn from_sql(file: &str, sql: &str) -> Result<Self> {
         let mut secrets = store::Secrets::default();
         store::env_secrets(&mut secrets);
+        secrets.add_literals(sql);
         // Secrets found in the file so far are blanked out of any error, whatever its source.
         Self::plan_sql(file, sql, &mut secrets)
             .await

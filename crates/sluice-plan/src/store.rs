@@ -107,10 +107,57 @@ impl Retry {
 
 /// Values that must never be printed (keys, tokens), collected from the environment
 /// and from table options.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub(crate) struct Secrets(Vec<String>);
 
+// By hand: the values are what must never be printed.
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secrets({} values)", self.0.len())
+    }
+}
+
 impl Secrets {
+    /// Adds the values that follow a secret key (`'aws.secret_access_key' 'value'`,
+    /// with or without quotes or `=`) anywhere in `sql`, read from its tokens before it
+    /// is parsed: a syntax error, found before any statement is planned, can quote
+    /// them.
+    pub(crate) fn add_literals(&mut self, sql: &str) {
+        use datafusion::sql::sqlparser::dialect::GenericDialect;
+        use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+        let Ok(tokens) = Tokenizer::new(&GenericDialect {}, sql).tokenize() else {
+            return;
+        };
+        // Option keys are quoted ('aws.secret_access_key') or dotted words
+        // (aws.secret_access_key): a plain word (a column named `key`) is no option.
+        let mut items: Vec<(String, bool)> = Vec::new();
+        let mut dotted = false;
+        for token in tokens.iter().filter(|t| !matches!(t, Token::Whitespace(_))) {
+            match token {
+                Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => {
+                    items.push((s.clone(), true))
+                }
+                Token::Word(w) if dotted => {
+                    if let Some((last, is_key)) = items.last_mut() {
+                        last.push('.');
+                        last.push_str(&w.value);
+                        *is_key = true;
+                    }
+                }
+                Token::Word(w) => items.push((w.value.clone(), false)),
+                Token::Period => {}
+                Token::Eq => continue,
+                _ => items.push((String::new(), false)),
+            }
+            dotted = matches!(token, Token::Period);
+        }
+        for pair in items.windows(2) {
+            if pair[0].1 && is_secret_key(&pair[0].0) {
+                self.add(&pair[1].0);
+            }
+        }
+    }
+
     fn add(&mut self, value: &str) {
         // Very short values ("1", "true") are no secret and would blank out too much.
         if value.len() >= 6 && !self.0.iter().any(|s| s == value) {
@@ -633,9 +680,16 @@ impl ObjectStore for Counting {
 /// One entry, `sluice_stores.json`: a JSON list of `{"location", "options",
 /// "retries", "retry_timeout_s"}`. The options are the table's `aws.*`, `gcp.*`,
 /// `azure.*` and `http.*` keys, credentials included: they travel in the job's settings.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct StoreSpecs {
     json: String,
+}
+
+// By hand: the specs hold credentials.
+impl std::fmt::Debug for StoreSpecs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreSpecs(<redacted>)")
+    }
 }
 
 impl StoreSpecs {

@@ -343,3 +343,43 @@ async fn runtime_failures_surface_as_execution_errors() {
     }
     assert!(failed);
 }
+
+/// The value of a secret option is blanked out of a syntax error, which is found before
+/// any statement is planned (finding 8 of issue 50: it was quoted, and published to
+/// subscribers), whether its key is quoted or a dotted word; a column that is merely
+/// named like a key is no option; `Secrets` and `StoreSpecs` never print values.
+#[tokio::test]
+async fn secret_values_are_blanked_out_of_syntax_errors() {
+    for key in ["'aws.secret_access_key'", "aws.secret_access_key"] {
+        let sql = format!(
+            "CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION 's3://b/p/' \
+             OPTIONS ({key} 'supersecret123' 'supersecret123');\nSELECT * FROM t;"
+        );
+        let (line, _, message) = plan_error(Plan::from_sql("p.sql", &sql).await);
+        assert_eq!(line, 1);
+        assert!(
+            message.contains("syntax error") && message.contains("***"),
+            "{message}"
+        );
+        assert!(!message.contains("supersecret123"), "{message}");
+    }
+    let mut secrets = store::Secrets::default();
+    secrets.add_literals("SELECT key, password_hash FROM users WHERE name = 'someone_long'");
+    secrets.add_literals("OPTIONS ('azure.sas_token' = 'tokenvalue1')");
+    assert_eq!(format!("{secrets:?}"), "Secrets(1 values)");
+    assert_eq!(
+        secrets.redact("x 'tokenvalue1' someone_long"),
+        "x '***' someone_long"
+    );
+    let mut specs = StoreSpecs::default();
+    let retry = store::Retry {
+        max_retries: 1,
+        timeout: std::time::Duration::from_secs(1),
+    };
+    specs.add(
+        "s3://b/",
+        &[("aws.secret_access_key".into(), "supersecret123".into())],
+        retry,
+    );
+    assert!(!format!("{specs:?}").contains("supersecret123"));
+}
