@@ -21,6 +21,7 @@
 mod engine;
 pub mod functions;
 mod listing;
+mod memory;
 pub use listing::Listing;
 mod options;
 mod planner;

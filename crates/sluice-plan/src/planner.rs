@@ -263,7 +263,7 @@ fn session() -> (SessionContext, Arc<store::Counters>) {
         // Registered up front so that its keys travel with a Ballista job's settings;
         // each epoch sets its values.
         .with_option_extension(functions::FunctionContext::default());
-    let ctx = SessionContext::new_with_config(config);
+    let ctx = SessionContext::new_with_config_rt(config, crate::memory::default_runtime());
     functions::register(&ctx);
     // Local files go through a counting store too, so that local and remote runs report
     // their requests alike.

@@ -383,3 +383,25 @@ async fn secret_values_are_blanked_out_of_syntax_errors() {
     );
     assert!(!format!("{specs:?}").contains("supersecret123"));
 }
+
+/// A plan's operators get half the memory the process may use unless the plan sets
+/// `datafusion.runtime.memory_limit` (finding 8 of issue 50: DataFusion's default is no
+/// limit, and a large sort or join ended in the OOM killer).
+#[tokio::test]
+async fn a_plan_has_a_memory_limit_unless_it_sets_its_own() {
+    use datafusion::execution::memory_pool::MemoryLimit;
+    let limit = |plan: &Plan| plan.ctx.runtime_env().memory_pool.memory_limit();
+    let plan = Plan::from_sql("p.sql", "SELECT 1 AS x").await.unwrap();
+    let usable = memory::usable_memory().expect("/proc/meminfo is readable here");
+    assert!(
+        matches!(limit(&plan), MemoryLimit::Finite(b) if b == usable / 2),
+        "not half of {usable} bytes"
+    );
+    let plan = Plan::from_sql(
+        "p.sql",
+        "SET datafusion.runtime.memory_limit = '64M';\nSELECT 1 AS x",
+    )
+    .await
+    .unwrap();
+    assert!(matches!(limit(&plan), MemoryLimit::Finite(b) if b == 64 << 20));
+}
