@@ -980,3 +980,44 @@ def test_device_views_kept_after_leaving_never_change(plans, run_python, topic_d
     assert producer.finish(60) == 0, producer.stderr()
     for view in views:
         view.check("after the producer finished")
+
+
+def test_the_torch_dataset_on_a_cuda_topic_makes_writing_a_choice(plans):
+    """Issue 50, finding 8: torch ignores DLPack's read-only flag, so an in-place write into
+    a ``cuda:N`` topic's tensor changes every trainer's batch. ``writable=True`` yields
+    copies of the trainer's own: a trainer that zeroes each of its tensors in place, while
+    it holds them, leaves another subscriber of the same batches reading the published
+    values; the default warns (``SharedTensorWarning``) that the tensors are shared."""
+    torch = pytest.importorskip("torch")
+    import sluice.torch as sluice_torch
+
+    producer = sluice.Producer(
+        plans.plan(rows=500, batch_rows=100, select=NUMERIC,
+                   extra=GPU + "SET sluice.window = 8;\n"),
+        min_subscribers=2)
+    reader = sluice.subscribe(plans.topic, timeout=60)
+    writer = iter(sluice_torch.IterableDataset(plans.topic, timeout=60, writable=True))
+    ids = []
+    for mine in writer:
+        mine["id"].zero_()
+        mine["x"].mul_(-1)
+        theirs = next(reader)
+        read = torch.from_dlpack(theirs["id"])
+        assert read.shape == mine["id"].shape
+        assert torch.equal(torch.from_dlpack(theirs["x"]), read.double() * 0.5), \
+            "a writable tensor's write reached the shared slot"
+        ids += read.cpu().tolist()
+        del mine, theirs, read
+    reader.close()
+    producer.wait(timeout=60)
+    assert sorted(ids) == list(range(500))
+
+    producer = sluice.Producer(
+        plans.plan(rows=100, batch_rows=100, select=NUMERIC, extra=GPU, name="warn.sql"),
+        min_subscribers=1)
+    sluice_torch._warned_shared = False
+    with pytest.warns(sluice_torch.SharedTensorWarning, match="writable=True"):
+        batches = list(sluice_torch.IterableDataset(plans.topic, timeout=60))
+    assert len(batches) == 1
+    del batches
+    producer.wait(timeout=60)

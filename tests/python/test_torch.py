@@ -34,6 +34,23 @@ def test_the_dataset_yields_one_epoch_per_pass_as_tensors(plans):
     producer.wait(timeout=30)
 
 
+def test_cpu_tensors_are_written_privately_without_a_warning(plans):
+    """On a host topic every tensor is safe to write (a write copies the pages it touches),
+    so no ``SharedTensorWarning`` comes, whatever ``writable`` says; a writable that is
+    not a bool is refused when the dataset is built."""
+    import warnings
+
+    with pytest.raises(TypeError, match="writable must be"):
+        sluice.torch.IterableDataset(plans.topic, writable="yes")
+    producer = sluice.Producer(plans.plan(rows=100, batch_rows=50), min_subscribers=1)
+    sluice.torch._warned_shared = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sluice.torch.SharedTensorWarning)
+        for batch in sluice.torch.IterableDataset(plans.topic, timeout=30, columns=["id"]):
+            batch["id"].mul_(0)
+    producer.wait(timeout=30)
+
+
 # A trainer script with a DataLoader worker: argv = topic, start method, persistent
 # workers (0/1), passes; prints the sorted ids of each pass (or the error).
 DATALOADER_TRAINER = """

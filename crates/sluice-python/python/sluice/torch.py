@@ -18,7 +18,9 @@ and kept between passes.
 
 On a GPU topic (``sluice.device = 'cuda:N'``) numeric columns become CUDA tensors on
 torch's current stream, without a host copy; they are shared with the other trainers,
-so ``.clone()`` what you modify.
+and torch does not enforce read-only, so say which you want: ``writable=True`` gives
+tensors of your own (a device copy per batch), ``writable=False`` the shared ones (write
+nothing into them); the default gives the shared ones with a ``SharedTensorWarning``.
 
 ``device="cuda"`` (or ``"cuda:N"``, or a ``torch.device``) asks for CUDA tensors whatever
 the topic::
@@ -148,11 +150,39 @@ def _cuda_index(torch: Any, device: Any) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+class SharedTensorWarning(UserWarning):
+    """CUDA tensors of a ``cuda:N`` topic view the producer's device memory, which every
+    trainer on that GPU reads: torch has no read-only tensors, so an in-place write in
+    one trainer changes the others' batches. Choose with ``writable=``."""
+
+
+_warned_shared = False
+
+
+def _warn_shared_once() -> None:
+    global _warned_shared
+    if not _warned_shared:
+        _warned_shared = True
+        import warnings
+
+        warnings.warn(
+            "the CUDA tensors of this cuda:N topic are the producer's device memory, shared "
+            "with every trainer on this GPU, and torch does not enforce read-only: an "
+            "in-place operation (x.mul_(...), x /= 255, x[mask] = 0) changes what the other "
+            "trainers read. Pass writable=True for tensors of your own (a device copy per "
+            "batch), or writable=False to say you never write into them (no copy; this "
+            "warning goes)",
+            SharedTensorWarning,
+            stacklevel=4,
+        )
+
+
 def batch_to_tensors(
     batch: sluice.Batch | sluice.DeviceBatch,
     columns: Sequence[str] | None = None,
     *,
     device: Any = None,
+    writable: bool | None = None,
 ) -> dict[str, Any]:
     """The batch as a dict: DLPack-able columns as tensors, others as pyarrow arrays.
 
@@ -161,6 +191,13 @@ def batch_to_tensors(
     a ``torch.device``): a host batch is copied to that GPU first
     (:meth:`sluice.Batch.to_device` on torch's current stream there); a GPU batch must
     already be on it. ``device="cpu"``: a GPU batch is copied back to the host first.
+
+    ``writable`` matters for the CUDA tensors of a ``cuda:N`` topic, which view memory
+    every trainer on the GPU reads: ``True`` gives copies of this process's own (a
+    device copy per column, on torch's current stream), ``False`` the shared views (no
+    copy; write nothing into them), and ``None`` the shared views with a
+    :class:`SharedTensorWarning`, once. CPU tensors are always safe to write: a write
+    makes a private copy of the pages it touches.
     """
     torch = _require_torch()
     device = _parse_device(device)
@@ -179,7 +216,13 @@ def batch_to_tensors(
         if isinstance(column, sluice.DeviceColumn):
             # A GPU topic: torch passes its current stream, which waits for the data; the
             # tensor views the producer's device slot (or this subscriber's assembled copy).
-            out[name] = torch.from_dlpack(column)
+            tensor = torch.from_dlpack(column)
+            if writable:
+                # Queued on the same stream: the slot is retired after the copy has read it.
+                tensor = tensor.clone()
+            elif writable is None:
+                _warn_shared_once()
+            out[name] = tensor
         elif column.shape is not None:
             # The unversioned capsule: torch versions differ in how they treat read-only
             # DLPack tensors; the memory is shared either way.
@@ -310,6 +353,11 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
     ``cuda:N`` topic it must be the topic's GPU. ``"cpu"``: GPU batches are copied back.
     With ``transform``, the function receives the moved batch (a
     :class:`sluice.DeviceBatch` after a copy to the GPU).
+
+    ``writable``: on a ``cuda:N`` topic, ``True`` yields CUDA tensors of this process's
+    own (a device copy per column), ``False`` the views every trainer on the GPU shares
+    (write nothing into them), ``None`` (the default) the shared views with a
+    :class:`SharedTensorWarning` (see :func:`batch_to_tensors`).
     """
 
     def __init__(
@@ -323,9 +371,13 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         columns: Sequence[str] | None = None,
         transform: Callable[[sluice.Batch], Any] | None = None,
         device: Any = None,
+        writable: bool | None = None,
     ) -> None:
         _require_torch()
         super().__init__()
+        if writable not in (None, True, False):
+            raise TypeError(f"writable must be True, False or None, not {writable!r}")
+        self.writable = writable
         # Parsed here so that a wrong value fails when the dataset is built, not at the
         # first batch; "cuda" without an index is resolved per batch (see _cuda_index).
         self.device = _parse_device(device)
@@ -368,11 +420,12 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         if epoch is None:
             return
         transform, device, columns = self.transform, self.device, self.columns
+        writable = self.writable
 
         def convert(batch: sluice.Batch | sluice.DeviceBatch) -> Any:
             if transform is not None:
                 return transform(move_batch(batch, device))
-            return batch_to_tensors(batch, columns, device=device)
+            return batch_to_tensors(batch, columns, device=device, writable=writable)
 
         for batch in epoch:
             converted = convert(batch)
