@@ -925,9 +925,7 @@ impl FlightService for TopicService {
         request: Request<Ticket>,
     ) -> std::result::Result<Response<Self::DoGetStream>, Status> {
         self.authorize(&request)?;
-        let ticket: TicketRequest = serde_json::from_slice(&request.get_ref().ticket)
-            .map_err(|e| Status::invalid_argument(format!("not a Sluice ticket: {e}")))?;
-        check_ticket(&ticket)?;
+        let ticket = parse_ticket(&request.get_ref().ticket)?;
         let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(
                 "the server serves as many remote subscribers as it was allowed \
@@ -1021,6 +1019,15 @@ impl FlightService for TopicService {
     ) -> std::result::Result<Response<Self::DoExchangeStream>, Status> {
         Err(Status::unimplemented("do_exchange"))
     }
+}
+
+/// A client's ticket: JSON of a [`TicketRequest`] that names at most
+/// [`MAX_TICKET_COLUMNS`] columns, each once (`INVALID_ARGUMENT` otherwise).
+pub fn parse_ticket(bytes: &[u8]) -> std::result::Result<TicketRequest, Status> {
+    let ticket: TicketRequest = serde_json::from_slice(bytes)
+        .map_err(|e| Status::invalid_argument(format!("not a Sluice ticket: {e}")))?;
+    check_ticket(&ticket)?;
+    Ok(ticket)
 }
 
 /// Refuses a ticket that names too many columns or one column twice.

@@ -95,7 +95,12 @@ impl Checkpoint {
                 ));
             }
         };
-        let checkpoint: Self = serde_json::from_str(&text).map_err(|e| {
+        Self::parse(&text, path).map(Some)
+    }
+
+    /// A checkpoint from the JSON `text` of the file at `path` (named in errors).
+    pub fn parse(text: &str, path: &Path) -> Result<Self> {
+        let checkpoint: Self = serde_json::from_str(text).map_err(|e| {
             SluiceError::Config(format!(
                 "checkpoint {} is unreadable ({e}); remove it to start from the beginning",
                 path.display()
@@ -108,7 +113,7 @@ impl Checkpoint {
                 checkpoint.version
             )));
         }
-        Ok(Some(checkpoint))
+        Ok(checkpoint)
     }
 
     /// Checks that this checkpoint was taken by the same plan, with the same
