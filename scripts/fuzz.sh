@@ -5,15 +5,16 @@
 #
 # The targets are crates/sluice-fuzz's functions (wire messages, device descriptors,
 # Flight tickets and metadata, plan options, checkpoints, status reports); fuzz/ is the
-# cargo-fuzz project that wraps them, and fuzz/corpus/<target>/ their corpora, which the
-# test command replays on stable (crates/sluice-fuzz/tests/corpus.rs). Needs the nightly
+# cargo-fuzz project that wraps them, and fuzz/corpus/<target>/ their seeds and the inputs
+# of crashes once fixed, which the test command replays on stable
+# (crates/sluice-fuzz/tests/corpus.rs); what a run adds goes to fuzz/work/ (ignored). Needs the nightly
 # toolchain and cargo-fuzz (installed into .tools/ on first use); without nightly it says
 # so and exits 0. A crash is left in fuzz/artifacts/<target>/ and fails the run: add the
-# input to the target's corpus once fixed.
+# input to fuzz/corpus/<target>/ as regression-<what> once fixed.
 #
 # Not part of scripts/test.sh: the first build (the whole dependency tree, DataFusion
-# included, with sanitizer instrumentation) took 25 minutes on the 2-core machine, more
-# than CI's budget leaves; later runs rebuild only what changed.
+# included, with sanitizer instrumentation) took 80 minutes on the 2-core machine (beside
+# other work), more than CI's budget; later runs relink only what changed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
@@ -30,9 +31,12 @@ status=0
 mkdir -p fuzz/logs
 for target in wire descriptor ticket meta plan checkpoint status; do
   echo "== fuzz $target for ${seconds} s"
+  # New inputs go to fuzz/work/ (ignored); fuzz/corpus/ keeps the seeds and the inputs
+  # of crashes once fixed (regression-*), which the tests replay.
+  mkdir -p "fuzz/work/$target"
   RUSTUP_TOOLCHAIN=nightly .tools/bin/cargo-fuzz fuzz run --fuzz-dir fuzz "$target" \
-    "fuzz/corpus/$target" -- -max_total_time="$seconds" -rss_limit_mb=4096 -timeout=10 \
-    -print_final_stats=1 > "fuzz/logs/$target.log" 2>&1
+    "fuzz/work/$target" "fuzz/corpus/$target" -- -max_total_time="$seconds" \
+    -rss_limit_mb=4096 -timeout=10 -print_final_stats=1 > "fuzz/logs/$target.log" 2>&1
   rc=$?
   grep -E "^(stat::number_of_executed_units|stat::new_units_added|Done |SUMMARY|==[0-9]+==ERROR)" \
     "fuzz/logs/$target.log"

@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| sluice_fuzz::checkpoint(data));
+libfuzzer_sys::fuzz_target!(init: sluice_fuzz::init(), |data: &[u8]| sluice_fuzz::checkpoint(data));
