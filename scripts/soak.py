@@ -200,7 +200,20 @@ def main() -> int:
         args.out.write_text(text)
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
     subprocess.run([sl, "status"], env=env, cwd=work)
-    return 0 if flat and ok else 1
+    # Every process of the namespace has exited: what it leaves (empty directories, the
+    # node counter, the state directory) goes, as the tests' namespaces do.
+    import shutil
+    shutil.rmtree(f"/dev/shm/sluice-{ns}", ignore_errors=True)
+    for leftover in Path("/dev/shm").glob(f"iox2_sluice_{ns}_*"):
+        leftover.unlink(missing_ok=True)
+    for base in (os.environ.get("XDG_RUNTIME_DIR"), tempfile.gettempdir()):
+        if base:
+            shutil.rmtree(Path(base) / f"sluice-{ns}.state", ignore_errors=True)
+    if flat and ok:
+        shutil.rmtree(work, ignore_errors=True)
+        return 0
+    print(f"logs and reports kept in {work}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":
