@@ -288,21 +288,7 @@ impl Plan {
     ) -> Result<(Arc<dyn ExecutionPlan>, Arc<TaskContext>)> {
         // Options may have been overridden since the plan was loaded (`--shard`).
         self.options.validate()?;
-        let mut state = self.ctx.state();
-        state
-            .config_mut()
-            .options_mut()
-            .extensions
-            .insert(functions::FunctionContext {
-                seed: self.options.shuffle_seed.unwrap_or(0),
-                epoch,
-            });
-        // The planner hands the config in the execution props to every scalar function.
-        state.mark_start_execution();
-        let plan = state
-            .create_physical_plan(&self.query)
-            .await
-            .map_err(|e| SluiceError::Execution(self.redact(&df_message(e))))?;
+        let (plan, state) = self.unsharded_plan(epoch).await?;
         let task = Arc::new(TaskContext::from(&state));
         let plan = shard::apply(plan, self.options.shard()?)?;
         // A Ballista plan's scans run on the cluster's executors, with their own readers.
@@ -325,6 +311,15 @@ impl Plan {
     /// resumed checkpoint must have been taken over the same (see [`Listing`]). Lists
     /// each table's files once more (a LIST request per table on object storage).
     pub async fn listing(&self) -> Result<Listing> {
+        Ok(listing::of(&self.unsharded_plan(0).await?.0))
+    }
+
+    /// DataFusion's physical plan of `epoch`, before sharding, and the session state it
+    /// was planned with (carrying the epoch's [`functions::FunctionContext`]).
+    async fn unsharded_plan(
+        &self,
+        epoch: u64,
+    ) -> Result<(Arc<dyn ExecutionPlan>, datafusion::execution::SessionState)> {
         let mut state = self.ctx.state();
         state
             .config_mut()
@@ -332,14 +327,15 @@ impl Plan {
             .extensions
             .insert(functions::FunctionContext {
                 seed: self.options.shuffle_seed.unwrap_or(0),
-                epoch: 0,
+                epoch,
             });
+        // The planner hands the config in the execution props to every scalar function.
         state.mark_start_execution();
         let plan = state
             .create_physical_plan(&self.query)
             .await
             .map_err(|e| SluiceError::Execution(self.redact(&df_message(e))))?;
-        Ok(listing::of(&plan))
+        Ok((plan, state))
     }
 
     /// Requests and bytes read through the plan's object stores so far (local files
