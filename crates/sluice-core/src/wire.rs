@@ -398,6 +398,11 @@ impl Decoder {
         }
     }
 
+    /// The columns it decodes.
+    pub fn columns(&self) -> &Columns {
+        &self.columns
+    }
+
     /// This decoder, validating every array as arrow-ipc builds it, as arrow's
     /// `StreamDecoder` does, instead of deferring the validation of batches with string
     /// or binary columns (see [`Decoder`]). Both check the same; this way is slower. It

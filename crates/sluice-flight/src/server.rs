@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -41,8 +41,6 @@ pub(crate) const WINDOW: u32 = 1 << 20;
 /// How often the server's subscriber looks whether its client is still there, and, while
 /// its client takes nothing, whether the topic's producer is.
 const POLL: Duration = Duration::from_millis(200);
-/// How long the server waits for a producer before it looks whether its client left.
-const CONNECT_SLICE: Duration = Duration::from_millis(500);
 /// How often an idle connection is pinged, and how long a ping may go unanswered.
 const KEEPALIVE: Duration = Duration::from_secs(20);
 
@@ -658,15 +656,15 @@ fn forward(
         (Columns::All, false) => BatchForm::EncodedValidated,
         (Columns::Named(_), _) => BatchForm::Decoded,
     };
-    let prepare = |sub: &mut TopicSubscriber| {
-        sub.set_columns(columns.clone());
-        sub.set_batch_form(form);
-    };
-    let Some(mut sub) = connect_while_wanted(namespace, &topic, wait, request.replay, outbox)?
-    else {
+    let wanted = || !outbox.tx.is_closed();
+    let connected =
+        sluice_shm::connect_while(namespace, &topic, Some(wait), request.replay, wanted);
+    let Some(mut sub) = connected.map_err(status)? else {
         return Ok(());
     };
-    prepare(&mut sub);
+    // A successor keeps these (see `TopicSubscriber::successor`).
+    sub.set_columns(columns);
+    sub.set_batch_form(form);
     let mut messages = Messages::default();
     loop {
         match flush(outbox, &mut messages.pending, &sub) {
@@ -686,11 +684,9 @@ fn forward(
                         drop(sub);
                         end
                     }
-                    (None, Some(wait_s)) => match successor(namespace, &topic, sub, wait_s, outbox)
-                    {
+                    (None, Some(wait_s)) => match successor(sub, wait_s, outbox) {
                         Ok(Some(next)) => {
                             sub = next;
-                            prepare(&mut sub);
                             messages.control(Meta::Reconnected);
                             continue;
                         }
@@ -724,11 +720,10 @@ fn forward(
                 // the dead producer's topic.
                 outbox.revoke();
                 let wait_s = request.reconnect_s.unwrap_or(0.0);
-                let Some(next) = successor(namespace, &topic, sub, wait_s, outbox)? else {
+                let Some(next) = successor(sub, wait_s, outbox)? else {
                     return Ok(());
                 };
                 sub = next;
-                prepare(&mut sub);
                 messages.control(Meta::Reconnected);
                 continue;
             }
@@ -748,28 +743,15 @@ fn forward(
     }
 }
 
-/// The producer of `topic` is gone: lets go of its topic (a restarted producer can create
-/// it only once every subscriber has), having declared interest first so that the
-/// successor waits for this subscriber, and attaches to the successor with replay (it may
-/// have published a few messages already; the client drops what it had).
+/// The producer of `old`'s topic is gone: attaches to its successor (see
+/// [`TopicSubscriber::successor`]) while the client still waits for it.
 fn successor(
-    namespace: &Namespace,
-    topic: &TopicName,
     old: TopicSubscriber,
     wait_s: f64,
     outbox: &Outbox,
 ) -> std::result::Result<Option<TopicSubscriber>, Status> {
-    let _interest = sluice_shm::Interest::declare(namespace, topic).map_err(status)?;
-    drop(old);
-    let wait = bounded_wait(wait_s);
-    tracing::info!(%topic, "producer lost; waiting up to {wait:?} for a restarted one");
-    connect_while_wanted(namespace, topic, wait, true, outbox).map_err(|e| {
-        if e.code() == tonic::Code::DeadlineExceeded {
-            status(SluiceError::ProducerLost(topic.to_string()))
-        } else {
-            e
-        }
-    })
+    old.successor(bounded_wait(wait_s), || !outbox.tx.is_closed())
+        .map_err(status)
 }
 
 /// Encodes one stream's batches as Flight messages: the schema when it is new, each
@@ -1047,39 +1029,6 @@ fn check_ticket(ticket: &TicketRequest) -> std::result::Result<(), Status> {
             "the ticket names column '{twice}' twice; name each column once"
         ))),
         None => Ok(()),
-    }
-}
-
-/// Attaches to `topic` within `wait`, looking between slices whether the client is still
-/// there: a client that leaves while the server waits for a producer frees its stream and
-/// thread at once, not after the wait it asked for. `None`: the client left. Interest is
-/// declared for the whole wait, so that a producer starting meanwhile waits for it.
-fn connect_while_wanted(
-    namespace: &Namespace,
-    topic: &TopicName,
-    wait: Duration,
-    replay: bool,
-    outbox: &Outbox,
-) -> std::result::Result<Option<TopicSubscriber>, Status> {
-    let _interest = sluice_shm::Interest::declare(namespace, topic).map_err(status)?;
-    let started = Instant::now();
-    loop {
-        let left = wait.saturating_sub(started.elapsed());
-        match TopicSubscriber::connect(namespace, topic, Some(left.min(CONNECT_SLICE)), replay) {
-            Err(SluiceError::Timeout { what, .. }) if left > CONNECT_SLICE => {
-                if outbox.tx.is_closed() {
-                    tracing::debug!(%topic, "the client left while waiting for {what}");
-                    return Ok(None);
-                }
-            }
-            Err(SluiceError::Timeout { what, .. }) => {
-                return Err(status(SluiceError::Timeout {
-                    what,
-                    seconds: started.elapsed().as_secs_f64(),
-                }));
-            }
-            other => return other.map(Some).map_err(status),
-        }
     }
 }
 

@@ -39,6 +39,13 @@ const LIVENESS_INTERVAL: Duration = Duration::from_millis(100);
 /// is free (see [`TopicSubscriber::recv`]).
 const RELEASES_PER_QUEUE: usize = 4;
 
+/// What a subscriber was told about handing its batches over.
+pub(crate) struct Settings {
+    columns: wire::Columns,
+    form: BatchForm,
+    on_max_held: OnMaxHeld,
+}
+
 /// The subscriber end of a topic.
 pub struct TopicSubscriber {
     topic: TopicName,
@@ -197,6 +204,28 @@ impl TopicSubscriber {
     /// The topic's name.
     pub fn topic(&self) -> &TopicName {
         &self.topic
+    }
+
+    /// The namespace of the topic.
+    pub(crate) fn namespace(&self) -> &Namespace {
+        &self.namespace
+    }
+
+    /// How this subscriber hands its batches over, for its successor (see
+    /// [`TopicSubscriber::successor`]).
+    pub(crate) fn settings(&self) -> Settings {
+        Settings {
+            columns: self.decoder.columns().clone(),
+            form: self.form,
+            on_max_held: self.on_max_held,
+        }
+    }
+
+    /// Hands batches over as `settings` say.
+    pub(crate) fn apply(&mut self, settings: Settings) {
+        self.set_columns(settings.columns);
+        self.set_batch_form(settings.form);
+        self.set_on_max_held(settings.on_max_held);
     }
 
     /// Batches received from this topic whose shared memory is still in use (some Arrow

@@ -239,10 +239,8 @@ impl Subscriber {
         let max_held = inner.max_held();
         let port = Port::Local(Box::new(LocalInlet::new(
             inner,
-            namespace.clone(),
             options.reconnect,
             options.columns.clone(),
-            options.on_max_held,
         )));
         let shown = topic.to_string();
         Self::new(topic, shown, namespace, options, port, max_held)

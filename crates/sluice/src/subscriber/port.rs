@@ -9,7 +9,7 @@ use arrow::record_batch::RecordBatch;
 use sluice_core::delivery::Inbound;
 use sluice_core::{Columns, Inlet, Result, Rows, SluiceError, TopicName};
 use sluice_flight::FlightInlet;
-use sluice_shm::{Frame, Namespace, OnMaxHeld, TopicSubscriber};
+use sluice_shm::{Frame, TopicSubscriber};
 
 use super::payload::Payload;
 use crate::gpu::batch::{DeviceBatch, ImporterCell};
@@ -78,11 +78,10 @@ impl Inlet<Payload> for Port {
 pub(crate) struct LocalInlet {
     /// The port; `None` only after a reconnection failed (the producer is lost).
     pub(crate) inner: Option<TopicSubscriber>,
-    namespace: Namespace,
     topic: TopicName,
     reconnect: Option<Duration>,
+    /// The columns decoded, which a GPU topic's batches are imported with.
     columns: Columns,
-    on_max_held: OnMaxHeld,
     /// Opens the device slots of a GPU topic, on first use.
     importer: Arc<ImporterCell>,
 }
@@ -90,18 +89,14 @@ pub(crate) struct LocalInlet {
 impl LocalInlet {
     pub(crate) fn new(
         inner: TopicSubscriber,
-        namespace: Namespace,
         reconnect: Option<Duration>,
         columns: Columns,
-        on_max_held: OnMaxHeld,
     ) -> Self {
         Self {
             topic: inner.topic().clone(),
             inner: Some(inner),
-            namespace,
             reconnect,
             columns,
-            on_max_held,
             importer: Arc::default(),
         }
     }
@@ -171,29 +166,14 @@ impl LocalInlet {
         }
     }
 
-    /// The producer is gone: lets go of its topic (a restarted producer can only create
-    /// it once every subscriber has), then waits for a successor and attaches to it. The
-    /// protocol, told [`Inbound::Reconnected`], drops the successor's repeats of what
-    /// this subscriber already had. Batches still held keep the dead producer's memory
-    /// mapped, not its topic.
+    /// The producer is gone: attaches to its successor (see
+    /// [`TopicSubscriber::successor`]). The protocol, told [`Inbound::Reconnected`],
+    /// drops the successor's repeats of what this subscriber already had.
     fn reconnect_to_successor(&mut self, wait: Duration) -> Result<()> {
-        let topic = self.topic.clone();
-        tracing::info!(topic = %topic, "producer lost; waiting up to {wait:?} for a restarted one");
-        // Declared before letting go of the old topic: the successor can create the topic
-        // only once every subscriber has let go, and must then find this one waiting.
-        let _interest = sluice_shm::Interest::declare(&self.namespace, &topic)?;
-        // Every port and service handle of the old topic goes before waiting.
-        self.inner = None;
-        // Replay: the successor may have published a few messages before this
-        // subscriber attached; the resume filter drops the ones already seen.
-        let mut successor = TopicSubscriber::connect(&self.namespace, &topic, Some(wait), true)
-            .map_err(|e| match e {
-                SluiceError::Timeout { .. } => SluiceError::ProducerLost(topic.to_string()),
-                other => other,
-            })?;
-        successor.set_columns(self.columns.clone());
-        successor.set_on_max_held(self.on_max_held);
-        self.inner = Some(successor);
+        // A failure leaves no port: the producer is lost for good.
+        if let Some(old) = self.inner.take() {
+            self.inner = old.successor(wait, || true)?;
+        }
         Ok(())
     }
 }
