@@ -38,7 +38,7 @@ type Epoch = (Vec<i64>, Vec<usize>, bool);
 type Keep = Box<dyn std::any::Any + Send>;
 
 fn in_memory(n: usize) -> (Outlets, Inlets, Keep) {
-    let (outlet, inlets) = memory::topic::<RecordBatch>("conformance", 2, n);
+    let (outlet, inlets) = memory::topic::<RecordBatch>("conformance", WINDOW, n);
     (
         Box::new(outlet),
         inlets.into_iter().map(|i| Box::new(i) as _).collect(),
@@ -46,14 +46,18 @@ fn in_memory(n: usize) -> (Outlets, Inlets, Keep) {
     )
 }
 
-/// A topic of its own namespace for `n` subscribers, with queues of two messages.
+/// Messages a subscriber's queue holds: a burst wakes subscribers at least every
+/// three.
+const WINDOW: usize = 6;
+
+/// A topic of its own namespace for `n` subscribers, with queues of [`WINDOW`] messages.
 fn topic(n: usize) -> (TestNamespace, TopicName, TopicPublisher) {
     let guard = TestNamespace::new();
     let ns = guard.0.clone();
     let topic = TopicName::new("conformance").unwrap();
     let config = TopicConfig {
         topic: topic.clone(),
-        window: 2,
+        window: WINDOW,
         max_subscribers: n,
         max_held: 4,
         max_message_bytes: 1 << 12,
@@ -82,8 +86,9 @@ impl Outlet<RecordBatch> for Draining {
         index: u64,
         batch_rows: usize,
         payload: &RecordBatch,
+        more: bool,
     ) -> sluice::core::Result<()> {
-        self.0.message(epoch, index, batch_rows, payload)
+        self.0.message(epoch, index, batch_rows, payload, more)
     }
 
     fn end_of_epoch(&mut self, epoch: u64, batches: u64, rows: u64) -> sluice::core::Result<()> {
@@ -164,18 +169,37 @@ fn ids(first: i64, n: usize) -> RecordBatch {
     .unwrap()
 }
 
-/// Publishes `epochs` epochs of batches of the given sizes (ids from epoch × 10⁶); with
-/// `grouped` > 1, consecutive batches of `sizes[0]` rows go `grouped` to a message (the
-/// sizes must then all be equal but the last).
-fn produce(mut outlet: Outlets, epochs: u64, sizes: Vec<usize>, grouped: usize) {
+/// How a producer hands its batches to the outlet.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    /// Consecutive batches of `sizes[0]` rows to a message (the sizes must then all be
+    /// equal but the last); 1: one batch per message, through [`Outlet::batch`].
+    grouped: usize,
+    /// Every message but an epoch's last is sent as part of a burst (`more`), as a
+    /// producer sends the batches cut from one DataFusion batch.
+    burst: bool,
+}
+
+const ONE_BY_ONE: Shape = Shape {
+    grouped: 1,
+    burst: false,
+};
+
+/// Publishes `epochs` epochs of batches of the given sizes (ids from epoch × 10⁶), in
+/// messages of the given shape.
+fn produce(mut outlet: Outlets, epochs: u64, sizes: Vec<usize>, shape: Shape) {
+    let grouped = shape.grouped.max(1);
     for e in 0..epochs {
         let mut row = 0;
-        for (first, group) in sizes.chunks(grouped.max(1)).enumerate() {
-            let index = (first * grouped.max(1)) as u64;
+        let messages = sizes.len().div_ceil(grouped);
+        for (first, group) in sizes.chunks(grouped).enumerate() {
+            let index = (first * grouped) as u64;
             let n: usize = group.iter().sum();
             let rows = ids(e as i64 * 1_000_000 + row, n);
-            if grouped > 1 {
-                outlet.message(e, index, group[0], &rows).unwrap();
+            let more = shape.burst && first + 1 < messages;
+            if grouped > 1 || shape.burst {
+                let batch_rows = if grouped > 1 { group[0] } else { 0 };
+                outlet.message(e, index, batch_rows, &rows, more).unwrap();
             } else {
                 outlet.batch(e, index, &rows).unwrap();
             }
@@ -241,15 +265,15 @@ fn run(
     sizes: Vec<usize>,
     subscribers: Vec<(Option<usize>, Duration)>,
 ) -> Vec<Vec<Epoch>> {
-    run_grouped(backend, epochs, sizes, 1, subscribers)
+    run_shaped(backend, epochs, sizes, ONE_BY_ONE, subscribers)
 }
 
-/// [`run`] with `grouped` batches to a message.
-fn run_grouped(
+/// [`run`] with messages of the given shape.
+fn run_shaped(
     backend: fn(usize) -> (Outlets, Inlets, Keep),
     epochs: u64,
     sizes: Vec<usize>,
-    grouped: usize,
+    shape: Shape,
     subscribers: Vec<(Option<usize>, Duration)>,
 ) -> Vec<Vec<Epoch>> {
     let (outlet, inlets, _keep) = backend(subscribers.len());
@@ -258,7 +282,7 @@ fn run_grouped(
         .zip(subscribers)
         .map(|(inlet, (size, delay))| std::thread::spawn(move || consume(inlet, size, delay)))
         .collect();
-    let producer = std::thread::spawn(move || produce(outlet, epochs, sizes, grouped));
+    let producer = std::thread::spawn(move || produce(outlet, epochs, sizes, shape));
     let got = handles.into_iter().map(|h| h.join().unwrap()).collect();
     producer.join().unwrap();
     got
@@ -299,7 +323,7 @@ fn every_row_once_in_each_subscribers_batch_size(backend: fn(usize) -> (Outlets,
     }
 }
 
-/// A slow subscriber paces the producer (queues of two messages) and nobody loses a
+/// A slow subscriber paces the producer (queues of a few messages) and nobody loses a
 /// row: the fast one is held back, not the slow one skipped.
 fn a_slow_subscriber_sets_the_pace_and_nothing_is_lost(
     backend: fn(usize) -> (Outlets, Inlets, Keep),
@@ -332,29 +356,60 @@ fn an_empty_epoch_still_ends(backend: fn(usize) -> (Outlets, Inlets, Keep)) {
 
 /// Messages of several batches (a producer's `sluice.message_batches`) arrive as their
 /// batches, in every subscriber's own batch size, and each epoch whole: positions count
-/// batches, not messages.
+/// batches, not messages. With and without bursts.
 fn messages_of_several_batches_arrive_as_their_batches(
     backend: fn(usize) -> (Outlets, Inlets, Keep),
 ) {
     // Four batches of 8 to a message; each epoch's last message is two batches, the
     // last of them short.
     let sizes = vec![8, 8, 8, 8, 8, 8, 8, 8, 8, 5];
+    for burst in [false, true] {
+        let shape = Shape { grouped: 4, burst };
+        every_row_once_in_every_shape(backend, 2, sizes.clone(), shape);
+    }
+}
+
+/// Bursts (subscribers woken once for messages ready at once, at least every half
+/// window) lose nothing and keep the order, with subscribers kept idle between messages
+/// and a slow one that fills its queue while a wake-up is owed: epochs longer than the
+/// window, one batch or several to a message.
+fn bursts_lose_nothing_and_keep_the_order(backend: fn(usize) -> (Outlets, Inlets, Keep)) {
+    let sizes = vec![4; 24];
+    for grouped in [1, 3] {
+        let shape = Shape {
+            grouped,
+            burst: true,
+        };
+        every_row_once_in_every_shape(backend, 3, sizes.clone(), shape);
+    }
+}
+
+/// Every row of every epoch once, in order, to a subscriber of the producer's batches,
+/// one of 5 and one of 13 rows, and a slow one of 4.
+fn every_row_once_in_every_shape(
+    backend: fn(usize) -> (Outlets, Inlets, Keep),
+    epochs: u64,
+    sizes: Vec<usize>,
+    shape: Shape,
+) {
     let subs = vec![
         (None, Duration::ZERO),
         (Some(5), Duration::ZERO),
         (Some(13), Duration::ZERO),
+        (Some(4), Duration::from_millis(2)),
     ];
-    let got = run_grouped(backend, 2, sizes.clone(), 4, subs.clone());
-    for (epochs, (size, _)) in got.iter().zip(&subs) {
-        assert_eq!(epochs.len(), 2);
-        for (e, (rows, batches, complete)) in epochs.iter().enumerate() {
-            assert_eq!(rows, &expected(e as u64, &sizes));
-            assert!(complete);
+    let got = run_shaped(backend, epochs, sizes.clone(), shape, subs.clone());
+    for (epochs_got, (size, _)) in got.iter().zip(&subs) {
+        assert_eq!(epochs_got.len(), epochs as usize, "{shape:?}");
+        for (e, (rows, batches, complete)) in epochs_got.iter().enumerate() {
+            assert_eq!(rows, &expected(e as u64, &sizes), "{shape:?}");
+            assert!(complete, "{shape:?}");
             match size {
-                None => assert_eq!(batches, &sizes),
+                None => assert_eq!(batches, &sizes, "{shape:?}"),
                 Some(n) => {
                     let (last, full) = batches.split_last().unwrap();
-                    assert!(full.iter().all(|b| b == n) && last <= n, "{batches:?}");
+                    let ok = full.iter().all(|b| b == n) && last <= n;
+                    assert!(ok, "{shape:?}: {batches:?}");
                 }
             }
         }
@@ -379,6 +434,10 @@ macro_rules! conformance {
             #[test]
             fn messages_of_several_batches_arrive_as_their_batches() {
                 super::messages_of_several_batches_arrive_as_their_batches(super::$backend);
+            }
+            #[test]
+            fn bursts_lose_nothing_and_keep_the_order() {
+                super::bursts_lose_nothing_and_keep_the_order(super::$backend);
             }
         }
     )*};

@@ -750,15 +750,28 @@ pub trait Outlet<P> {
     /// Batch `index` of `epoch`.
     fn batch(&mut self, epoch: u64, index: u64, payload: &P) -> Result<()>;
     /// Consecutive batches of `batch_rows` rows of `epoch` from batch `index` on (the
-    /// last may be shorter), as one message where the transport carries messages of
-    /// several batches (subscribers cut it, see [`Inbound::Batch`]); one by one where it
-    /// does not.
-    fn message(&mut self, epoch: u64, index: u64, batch_rows: usize, payload: &P) -> Result<()>
+    /// last may be shorter; `batch_rows` 0 is one batch), as one message where the
+    /// transport carries messages of several batches (subscribers cut it, see
+    /// [`Inbound::Batch`]); one by one where it does not. `more`: another message is
+    /// ready to follow at once, so the transport may wake its subscribers once for the
+    /// burst ([`crate::Burst`]) instead of once per message.
+    fn message(
+        &mut self,
+        epoch: u64,
+        index: u64,
+        batch_rows: usize,
+        payload: &P,
+        more: bool,
+    ) -> Result<()>
     where
         P: Rows,
     {
+        let _ = more;
         let rows = payload.num_rows();
-        let step = batch_rows.max(1);
+        let step = match batch_rows {
+            0 => rows.max(1),
+            n => n,
+        };
         for (k, offset) in (0..rows).step_by(step).enumerate() {
             let len = step.min(rows - offset);
             self.batch(epoch, index + k as u64, &payload.slice(offset, len))?;
@@ -887,6 +900,7 @@ pub mod memory {
             index: u64,
             batch_rows: usize,
             payload: &P,
+            _more: bool,
         ) -> Result<()> {
             self.send(|| Inbound::Batch {
                 epoch,

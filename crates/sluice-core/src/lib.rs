@@ -14,6 +14,7 @@
 //!   once into shared memory, and validates and decodes them in place on the other side.
 //! * [`checksum`] is an order-independent fingerprint of a set of rows, so delivery can
 //!   be checked against the source whatever the order or batching.
+//! * [`burst`] decides when a producer wakes its subscribers for a burst of messages.
 //! * [`frame`] names the kinds of message that travel on a topic.
 //! * [`position`] is where a stream is, and how a subscriber joins a restarted
 //!   producer's stream onto what it already received (no duplicates, no gaps).
@@ -22,6 +23,7 @@
 //! * [`panics`] keeps the panics Sluice catches (and reports as errors) off stderr.
 #![warn(missing_docs)]
 
+pub mod burst;
 pub mod checksum;
 pub mod delivery;
 pub mod error;
@@ -35,6 +37,7 @@ pub mod shaper;
 pub mod shuffle;
 pub mod wire;
 
+pub use burst::{Burst, Wake};
 pub use checksum::Checksum;
 pub use delivery::{
     EpochSummary, Inbound, Inlet, Join, OnLag, Outbound, Outlet, Receiver, ReceiverOptions,

@@ -10,7 +10,7 @@ use iceoryx2::port::publisher::Publisher;
 use iceoryx2::port::update_connections::UpdateConnections;
 use iceoryx2::prelude::*;
 use sluice_core::wire::Encoded;
-use sluice_core::{FrameKind, Result, SluiceError};
+use sluice_core::{Burst, FrameKind, Outlet, Result, SluiceError, Wake};
 
 use crate::backpressure::{BackpressureWaiter, DEAD_CHECK_INTERVAL, Wakeups};
 use crate::claim::Claim;
@@ -52,8 +52,10 @@ pub struct TopicPublisher {
     shared_seq: Arc<AtomicU64>,
     /// How the stream ended, once it did (see [`crate::ending`]).
     ended: Local<Option<EndRecord>>,
-    /// Messages sent since the last wake-up.
-    unwoken: usize,
+    /// When to wake subscribers for a burst of messages.
+    burst: Burst,
+    /// Bytes of host batches published (see [`Self::payload_bytes`]).
+    payload_bytes: u64,
     seq: u64,
     /// Encodes the batches given as Arrow (the delivery protocol's [`Outlet`]), keeping
     /// their schema message from one to the next.
@@ -170,6 +172,7 @@ impl TopicPublisher {
             .create()
             .map_err(transport("cannot create publisher"))?;
         log_created(&config, generation, available);
+        let burst = Burst::new(config.window, config.lag_limit.is_some());
         Ok(Self {
             namespace: namespace.clone(),
             config,
@@ -183,7 +186,8 @@ impl TopicPublisher {
             pacing: Local::new(pacing),
             shared_seq,
             ended: Local::new(None),
-            unwoken: 0,
+            burst,
+            payload_bytes: 0,
             seq: 0,
             encoder: sluice_core::wire::Encoder::new(),
             _node: Local::new(node),
@@ -314,16 +318,9 @@ impl TopicPublisher {
 
     /// Publishes one record batch, already encoded; with `more` (another batch is ready
     /// to follow at once), idle subscribers may be woken once for the burst instead of
-    /// once per batch.
-    ///
-    /// Every wake-up of an idle subscriber costs the producer a system call and the
-    /// subscriber a context switch, for each subscriber: with a fast subscriber (idle
-    /// between batches) that is a large part of a batch's cost on both sides (profiles
-    /// in docs/benchmarks.md). A burst owes its wake-up for at most half the window (so
-    /// that subscribers start on a burst before their queues fill; with a lag limit it
-    /// owes none, see `burst_limit`), and the wake-up is paid before the producer ever
-    /// waits for a full queue, with the last batch of the burst (`more = false`), and
-    /// with every control message.
+    /// once per batch, as [`sluice_core::Burst`] decides. An owed wake-up is paid before
+    /// the producer ever waits for a full queue, with the last batch of the burst
+    /// (`more = false`), and with every control message.
     pub fn publish_batch_in_burst(
         &mut self,
         epoch: u64,
@@ -378,18 +375,15 @@ impl TopicPublisher {
             more,
         );
         self.sending_batch.store(false, Ordering::Relaxed);
+        if sent.is_ok() {
+            self.payload_bytes += encoded.len() as u64;
+        }
         sent
     }
 
-    /// Messages a burst may send before it wakes subscribers: half a queue, so that they
-    /// start on it before their queues fill. With a lag limit, none: a subscriber asleep
-    /// through a burst would have less than the limit to catch up before it misses a
-    /// batch.
-    fn burst_limit(&self) -> usize {
-        match self.config.lag_limit {
-            Some(_) => 0,
-            None => self.config.window / 2,
-        }
+    /// Bytes of host batches (Arrow IPC) published since the topic was created.
+    pub fn payload_bytes(&self) -> u64 {
+        self.payload_bytes
     }
 
     /// How long this publisher has spent, in all, on subscribers' full queues (asleep
@@ -401,7 +395,7 @@ impl TopicPublisher {
 
     /// Wakes subscribers for messages sent in a burst whose wake-up is still owed.
     pub fn flush(&mut self) -> Result<()> {
-        self.unwoken = 0;
+        self.burst.woken();
         self.wakeups
             .pay()
             .map_err(transport("cannot wake subscribers"))
@@ -568,14 +562,13 @@ impl TopicPublisher {
         self.pacing.resumed();
         self.seq += 1;
         self.shared_seq.store(self.seq, Ordering::Relaxed);
-        self.unwoken += 1;
         // (The backpressure handler runs on this thread, inside `send`: the flag needs
         // no ordering, only sharing with the handler's closure.)
         self.wakeups.owe();
-        if defer_wake && self.unwoken < self.burst_limit() {
-            return Ok(());
+        match self.burst.sent(defer_wake) {
+            Wake::Later => Ok(()),
+            Wake::Now => self.flush(),
         }
-        self.flush()
     }
 
     /// Waits (bounded by `timeout`) until every subscriber has read everything, so that a
@@ -618,7 +611,7 @@ fn log_created(config: &TopicConfig, generation: u32, available: u64) {
 
 /// The topic as a transport of the delivery protocol (`sluice_core::delivery`): each
 /// batch is encoded and written once into shared memory.
-impl sluice_core::Outlet<arrow::record_batch::RecordBatch> for TopicPublisher {
+impl Outlet<arrow::record_batch::RecordBatch> for TopicPublisher {
     fn batch(
         &mut self,
         epoch: u64,
@@ -635,14 +628,21 @@ impl sluice_core::Outlet<arrow::record_batch::RecordBatch> for TopicPublisher {
         index: u64,
         batch_rows: usize,
         payload: &arrow::record_batch::RecordBatch,
+        more: bool,
     ) -> Result<()> {
-        let encoded = self.encoder.encode(payload)?;
         let rows = payload.num_rows() as u64;
-        // A batch size the header cannot carry: one batch per message.
-        let Ok(header_rows) = u32::try_from(batch_rows) else {
-            return self.publish_batch(epoch, index, rows, &encoded);
+        // 0, or at least the message's rows: one batch.
+        let header_rows = match batch_rows as u64 {
+            n if n == 0 || n >= rows => 0,
+            n => u32::try_from(n).map_err(|_| {
+                SluiceError::Config(format!(
+                    "batches of {n} rows: a message's batches hold at most {} rows",
+                    u32::MAX
+                ))
+            })?,
         };
-        self.publish_batches_in_burst(epoch, index, rows, header_rows, &encoded, false)
+        let encoded = self.encoder.encode(payload)?;
+        self.publish_batches_in_burst(epoch, index, rows, header_rows, &encoded, more)
     }
 
     fn end_of_epoch(&mut self, epoch: u64, batches: u64, rows: u64) -> Result<()> {

@@ -175,14 +175,16 @@ impl Producer {
             first.as_ref().ok().and_then(Option::as_ref),
             plan.device,
         ) {
-            (None, _, _) => Sink::Host(encoder),
-            (Some(device), Some(first), Some(sizing)) => Sink::Device(Some(crate::gpu::stager(
-                device,
-                &first.message.rows,
-                sizing,
-                plan.config.chunks(),
-                opts.device_memory()?.0,
-            )?)),
+            (None, _, _) => Sink::Host,
+            (Some(device), Some(first), Some(sizing)) => {
+                Sink::Device(Some(Box::new(crate::gpu::stager(
+                    device,
+                    &first.message.rows,
+                    sizing,
+                    plan.config.chunks(),
+                    opts.device_memory()?.0,
+                )?)))
+            }
             (Some(_), _, _) => Sink::Device(None),
         };
         let publisher = TopicPublisher::create(&self.namespace, plan.config, options.stop.clone())?;

@@ -3,8 +3,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sluice_core::wire::{self, Encoded};
-use sluice_core::{Position, Result, SluiceError};
+use sluice_core::{Outlet, Position, Result, SluiceError};
 use sluice_cuda::DeviceStager;
 use sluice_plan::SluiceOptions;
 use sluice_shm::TopicPublisher;
@@ -18,48 +17,34 @@ use crate::checkpoint::CheckpointWriter;
 
 /// Where a run's messages go: Arrow IPC in shared memory, or the device ring.
 pub(crate) enum Sink {
-    /// A host topic (`cpu`, `cuda_host:N`): each batch encoded once, schema cached.
-    Host(wire::Encoder),
+    /// A host topic (`cpu`, `cuda_host:N`): the topic's [`Outlet`], each message encoded
+    /// once.
+    Host,
     /// A `cuda:N` topic: the ring, `None` where the first epoch had no batch to size it.
-    Device(Option<DeviceStager>),
+    Device(Option<Box<DeviceStager>>),
 }
 
 impl Sink {
-    /// Publishes `message` of `epoch` (`encoded` already where the first message was
-    /// encoded to size the topic); `more`: another message is ready at once. Returns the
-    /// payload bytes written.
+    /// Publishes `message` of `epoch`; `more`: another message is ready at once (a burst,
+    /// see [`sluice_core::Burst`]). Returns the payload bytes written.
     fn publish(
         &mut self,
         publisher: &mut TopicPublisher,
         epoch: u64,
         message: &Message,
-        encoded: Option<Encoded>,
         header_batch_rows: u32,
         more: bool,
     ) -> Result<u64> {
         let rows = message.rows.num_rows() as u64;
         match self {
-            Sink::Host(encoder) => {
-                let encoded = match encoded {
-                    Some(encoded) => encoded,
-                    None => encoder.encode(&message.rows)?,
+            Sink::Host => {
+                let batch_rows = match message.batches {
+                    1 => 0,
+                    _ => header_batch_rows as usize,
                 };
-                let batch_rows = if message.batches > 1 {
-                    header_batch_rows
-                } else {
-                    0
-                };
-                // Batches already cut from one DataFusion batch follow at once:
-                // subscribers are woken once for them.
-                publisher.publish_batches_in_burst(
-                    epoch,
-                    message.index,
-                    rows,
-                    batch_rows,
-                    &encoded,
-                    more,
-                )?;
-                Ok(encoded.len() as u64)
+                let before = publisher.payload_bytes();
+                publisher.message(epoch, message.index, batch_rows, &message.rows, more)?;
+                Ok(publisher.payload_bytes() - before)
             }
             Sink::Device(Some(stager)) => {
                 let mut bytes = 0;
@@ -188,10 +173,11 @@ impl<S: Source> Run<S> {
                     self.progress.batches
                 )));
             }
-            let (message, encoded) = match first.take() {
-                Some(First { message, encoded }) => (message, encoded),
+            let message = match first.take() {
+                // Its encoding sized the topic; the topic's outlet encodes it again.
+                Some(First { message, .. }) => message,
                 None => match self.source.next(handle)? {
-                    Some(message) => (message, None),
+                    Some(message) => message,
                     None => break,
                 },
             };
@@ -200,7 +186,6 @@ impl<S: Source> Run<S> {
                 &mut self.publisher,
                 epoch,
                 &message,
-                encoded,
                 self.header_batch_rows,
                 more,
             )?;
