@@ -1,14 +1,21 @@
 //! The benchmark's dataset: the demo dataset of `sluice demo` (same schema and values),
-//! written as four Parquet files, and the plan that reads it.
+//! written as four Parquet files, the plan that reads it, and its batches (the plan's
+//! output, run once) that comparisons 3 and 4 serve.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use arrow::record_batch::RecordBatch;
+use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
+use sluice::core::Shaper;
 use sluice::demo::demo_batch;
+use sluice::prelude::*;
+
+use crate::BATCH_ROWS;
 
 /// Parquet files the dataset is split into.
 const FILES: usize = 4;
@@ -148,4 +155,38 @@ pub fn plan_sql(
         window = window_option(),
         message_batches = message_batches_option(),
     )
+}
+
+/// The dataset's plan, run once and re-batched: the batches that the Flight and
+/// transport comparisons serve.
+pub fn materialize(data: &Dataset) -> Result<Vec<RecordBatch>> {
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let sql = plan_sql(
+            "unused",
+            &format!("{}/", data.dir.display()),
+            "",
+            BATCH_ROWS,
+            1,
+        );
+        let plan = Plan::from_sql("bench.sql", &sql).await?;
+        let mut shaper = Shaper::new(BATCH_ROWS, 0, None)?;
+        let mut stream = plan.execute_epoch(0).await?;
+        let mut out = Vec::new();
+        while let Some(batch) = stream.next().await {
+            out.extend(shaper.push(batch?)?);
+        }
+        out.extend(shaper.finish()?);
+        Ok::<_, anyhow::Error>(out)
+    })
+}
+
+/// Bytes of one epoch of `batches` encoded as Arrow IPC, and its rows.
+pub fn epoch_size(batches: &[RecordBatch]) -> Result<(usize, u64)> {
+    let bytes_per_epoch: usize = batches
+        .iter()
+        .map(|b| sluice::core::wire::encode(b).map(|e| e.len()))
+        .sum::<sluice::Result<usize>>()?;
+    let rows_per_epoch: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+    Ok((bytes_per_epoch, rows_per_epoch))
 }

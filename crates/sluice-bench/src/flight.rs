@@ -11,8 +11,13 @@
 //! (`FlightClient`, its own thread and runtime) decodes the stream
 //! (`FlightRecordBatchStream`). HTTP/2 windows are raised to
 //! 8 MiB per stream so that flow control does not throttle Flight.
+//!
+//! Comparison 3b (remote subscribers through `sluice-flight`) runs with it, and both
+//! sections are rendered here.
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
@@ -34,6 +39,12 @@ use sluice::shm::{TopicConfig, TopicPublisher};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
+
+use crate::data;
+use crate::plot::{self, Series, XAxis};
+use crate::report::{Report, ratio_summary, verdict};
+use crate::stats::{Summary, against};
+use crate::{Bench, N4, NS};
 
 const WINDOW: u32 = 8 << 20;
 
@@ -521,4 +532,207 @@ impl Drop for FlightServer {
                 .block_on(async { tokio::time::timeout(Duration::from_secs(5), task).await });
         }
     }
+}
+
+/// Comparisons 3 and 3b: the same batches through Sluice and through Arrow Flight.
+pub(crate) fn compare(bench: &Bench<'_>, report: &mut Report) -> Result<()> {
+    let (ns, batches, scale, rows_per_epoch) =
+        (bench.ns, bench.batches, bench.scale, bench.rows_per_epoch);
+    eprintln!("3. Sluice against Arrow Flight over loopback");
+    let server = FlightServer::start(batches.clone(), scale.epochs)?;
+    let mut fl = vec![Vec::new(); NS.len()];
+    let mut remote = vec![Vec::new(); NS.len()];
+    let mut floors = Vec::new();
+    for rep in 0..scale.reps {
+        floors.push(copy_floor(batches, scale.epochs)?);
+        for (i, &n) in NS.iter().enumerate() {
+            let topic = format!("fl{n}r{rep}");
+            let s = sluice(ns, batches, n, scale.epochs, &topic, Reach::Local)?;
+            let f = server.fetch(n, rows_per_epoch * scale.epochs)?;
+            let topic = format!("fr{n}r{rep}");
+            let r = sluice(ns, batches, n, scale.epochs, &topic, Reach::Remote)?;
+            fl[i].push((s, f));
+            remote[i].push((r, f, s));
+        }
+    }
+    drop(server);
+    report.flight(&fl, &floors, bench.bytes_per_row, bench.img, bench.plots)?;
+    report.remote(&remote)
+}
+
+impl Report {
+    /// Comparison 3's section and its plot.
+    fn flight(
+        &mut self,
+        runs: &[Vec<(f64, f64)>],
+        floors: &[(f64, usize)],
+        bytes_per_row: f64,
+        img: &Path,
+        plots: bool,
+    ) -> Result<()> {
+        let b = &mut self.body;
+        writeln!(b, "\n## 3. Sluice against Arrow Flight over loopback\n")?;
+        writeln!(
+            b,
+            "The same batches (the plan's output, computed once, {bytes_per_row:.0} bytes per row as Arrow IPC) \
+             to N consumers. Sluice: a topic publisher groups consecutive batches into messages as `sluice run` \
+             does (`sluice.message_batches = {}`), encodes each message and writes it once into shared memory \
+             (an epoch's messages as one burst, as a producer publishes what it has ready: idle subscribers are \
+             woken once per half window, not per message), N subscribers decode it in place and receive its \
+             batches one by one. Flight: an arrow-flight 59 server (tonic, 127.0.0.1, HTTP/2 \
+             windows of 8 MiB) answers each client's `do_get` with the batches; N `FlightClient`s decode them. \
+             Baseline: Flight at the same N in the same repetition. Target: ≥ 10×.\n",
+            data::message_batches_option(),
+        )?;
+        writeln!(
+            b,
+            "| N | Sluice rows/s per subscriber | Flight rows/s per client | Sluice / Flight | Sluice GB/s per subscriber | Flight GB/s per client |"
+        )?;
+        writeln!(b, "|---:|---:|---:|---:|---:|---:|")?;
+        let mut ps = Vec::new();
+        let mut pf = Vec::new();
+        let mut worst = f64::INFINITY;
+        let mut at4 = Summary::of(&[]);
+        for (i, &n) in NS.iter().enumerate() {
+            let s = Summary::of(&runs[i].iter().map(|r| r.0).collect::<Vec<_>>());
+            let f = Summary::of(&runs[i].iter().map(|r| r.1).collect::<Vec<_>>());
+            let ratio = ratio_summary(runs[i].iter().copied());
+            writeln!(
+                b,
+                "| {n} | {} | {} | **{}** | {:.2} | {:.2} |",
+                s.show_count(),
+                f.show_count(),
+                ratio.show(1),
+                s.median * bytes_per_row / 1e9,
+                f.median * bytes_per_row / 1e9
+            )?;
+            ps.push((
+                n as f64,
+                Summary::of(&runs[i].iter().map(|r| r.0 / 1e6).collect::<Vec<_>>()),
+            ));
+            pf.push((
+                n as f64,
+                Summary::of(&runs[i].iter().map(|r| r.1 / 1e6).collect::<Vec<_>>()),
+            ));
+            worst = worst.min(ratio.median);
+            if i == N4 {
+                at4 = ratio;
+            }
+        }
+        let shown = against(at4.median, 10.0, 1);
+        writeln!(
+            b,
+            "\nSluice / Flight is **{shown}×** at N = 4 and at least {worst:.1}× at every N (target ≥ 10× at N = 4: {}).",
+            verdict(at4.median >= 10.0)
+        )?;
+        flight_floor(b, runs, floors, bytes_per_row)?;
+        self.goals.push((
+            "Sluice against Arrow Flight, per consumer at N = 4".into(),
+            format!("{}×", at4.show_against(10.0, 1)),
+            "≥ 10×",
+            Some(at4.median >= 10.0),
+        ));
+        self.image(
+            plots,
+            img,
+            "bench-flight.png",
+            "Sluice against Arrow Flight",
+            |p| {
+                plot::lines(
+                    p,
+                    "Same batches to N consumers: Sluice against Arrow Flight",
+                    "N (consumers)",
+                    "million rows/s per consumer",
+                    XAxis::Log2,
+                    &[
+                        Series {
+                            name: "Sluice (shared memory)".into(),
+                            points: ps,
+                        },
+                        Series {
+                            name: "Arrow Flight (loopback gRPC)".into(),
+                            points: pf,
+                        },
+                    ],
+                )
+            },
+        )
+    }
+
+    /// Remote subscribers through `sluice serve --flight` against plain Arrow Flight (the
+    /// same N, same repetition), and against local shared memory.
+    fn remote(&mut self, runs: &[Vec<(f64, f64, f64)>]) -> Result<()> {
+        let b = &mut self.body;
+        writeln!(b, "\n### 3b. Remote Sluice subscribers over Arrow Flight\n")?;
+        writeln!(
+            b,
+            "The same stream to N subscribers through `sluice-flight`'s server on 127.0.0.1 (the \
+             producer's topic in shared memory, one shared-memory subscriber per remote client in \
+             the server, the delivery protocol on the client), against the plain Flight server \
+             of comparison 3 at the same N (what the protocol and the extra hop cost: goal ≈ 1×), \
+             and local shared-memory subscribers of the same stream (what staying on the machine \
+             saves).\n"
+        )?;
+        writeln!(
+            b,
+            "| N | remote Sluice rows/s per subscriber | remote / plain Flight | local / remote |"
+        )?;
+        writeln!(b, "|---:|---:|---:|---:|")?;
+        let mut worst = f64::INFINITY;
+        for (i, &n) in NS.iter().enumerate() {
+            let r = Summary::of(&runs[i].iter().map(|x| x.0).collect::<Vec<_>>());
+            let vs_flight = ratio_summary(runs[i].iter().map(|x| (x.0, x.1)));
+            let local = ratio_summary(runs[i].iter().map(|x| (x.2, x.0)));
+            writeln!(
+                b,
+                "| {n} | {} | **{}** | {} |",
+                r.show_count(),
+                vs_flight.show(2),
+                local.show(1)
+            )?;
+            worst = worst.min(vs_flight.median);
+        }
+        self.summary.push(format!(
+            "Remote Sluice subscribers over Arrow Flight: ≥ {worst:.2}× plain Arrow Flight per consumer at every N"
+        ));
+        Ok(())
+    }
+}
+
+/// Comparison 3's floor: one thread's copy of the same batches, per repetition; against
+/// it, Sluice at N = 1 and what 10× Flight at N = 4 would take.
+fn flight_floor(
+    b: &mut String,
+    runs: &[Vec<(f64, f64)>],
+    floors: &[(f64, usize)],
+    bytes_per_row: f64,
+) -> Result<()> {
+    let window = floors.first().map_or(0, |f| f.1);
+    let floors: Vec<f64> = floors.iter().map(|f| f.0).collect();
+    let floor = Summary::of(&floors);
+    let at_floor = ratio_summary(runs[0].iter().map(|r| r.0).zip(floors.iter().copied()));
+    let needed = ratio_summary(
+        runs[N4]
+            .iter()
+            .map(|r| 10.0 * r.1)
+            .zip(floors.iter().copied()),
+    );
+    writeln!(
+        b,
+        "\nThe publisher's floor, same repetitions: one thread copying the same encoded messages, \
+         once each, into a ring as deep as the topic's window ({window} messages), what the publishing thread \
+         does at the least for every batch. {} rows/s ({:.2} GB/s). Sluice at N = 1 receives \
+         **{}** of it per subscriber; 10× Flight at N = 4 would take **{}** of it per subscriber, \
+         which one publishing thread {}.",
+        floor.show_count(),
+        floor.median * bytes_per_row / 1e9,
+        at_floor.show(2),
+        needed.show(2),
+        if needed.median > 1.0 {
+            "cannot reach: each batch is copied once, by one thread"
+        } else {
+            "could reach"
+        }
+    )?;
+    Ok(())
 }

@@ -7,9 +7,13 @@
 //! against N independent loaders on the input-bound image pipeline), which needs a
 //! Python with torch and the Sluice wheel, and reports its output.
 
+use std::fmt::Write as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::Bench;
+use crate::report::Report;
 
 /// What the GPU part found or measured.
 pub enum Gpu {
@@ -99,5 +103,27 @@ pub fn run(repo: &Path, quick: bool) -> Gpu {
     match std::fs::read_to_string(&out) {
         Ok(json) => Gpu::Ran { device, json },
         Err(e) => Gpu::Skipped(format!("{device}: benches/gpu.py wrote no results: {e}")),
+    }
+}
+
+/// Comparison 7: runs it where it can and renders its section.
+pub(crate) fn compare(bench: &Bench<'_>, report: &mut Report) {
+    bench.step("7. GPU");
+    match run(bench.repo, bench.quick) {
+        Gpu::Skipped(why) => report.skipped("7. GPU", &why),
+        Gpu::Ran { device, json } => report.gpu(&device, &json),
+    }
+}
+
+impl Report {
+    /// Comparison 7's section: the output of `benches/gpu.py`.
+    fn gpu(&mut self, device: &str, json: &str) {
+        let _ = writeln!(
+            self.body,
+            "\n## 7. GPU ({device})\n\nOutput of `benches/gpu.py`:\n\n```json\n{}\n```",
+            json.trim()
+        );
+        self.summary
+            .push(format!("GPU: ran on {device} (see section 7)"));
     }
 }

@@ -5,7 +5,11 @@
 //! `scripts/s3-server.sh` when set, or else `sluice-s3-test-server` (s3s-fs, a member of
 //! this workspace) from the directory of this executable, started here on 127.0.0.1 and
 //! stopped at the end. Without either the comparison is skipped, and the report says why.
+//!
+//! Comparisons 6b and 6c (against pyarrow's scan of the same files, without and with
+//! latency) run on the same servers, and the sections of all three are rendered here.
 
+use std::fmt::Write as _;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -19,6 +23,11 @@ use sluice::core::Shaper;
 use sluice::prelude::*;
 
 use crate::data::{Dataset, plan_sql};
+use crate::plot;
+use crate::python;
+use crate::report::{Report, ratio_summary};
+use crate::stats::Summary;
+use crate::{BATCH_ROWS, Bench};
 
 /// An S3-compatible server to read from.
 pub struct S3Server {
@@ -301,4 +310,266 @@ pub fn pass(
         }
         Ok::<_, anyhow::Error>(rows as f64 / start.elapsed().as_secs_f64())
     })
+}
+
+/// The goal of comparison 6b, in the report's table of goals.
+const S3_GOAL: &str =
+    "loopback S3 scan: Sluice against pyarrow's S3 dataset scan of the same files, same server";
+
+/// Comparisons 6, 6b and 6c: S3 against local files and against pyarrow.
+pub(crate) fn compare(bench: &Bench<'_>, report: &mut Report) -> Result<()> {
+    let (repo, data, scale) = (bench.repo, bench.data, bench.scale);
+    eprintln!("6. S3 against local files");
+    match S3Server::find() {
+        Ok(server) => {
+            let (location, options) = server.upload(data, "data")?;
+            let local = format!("{}/", data.dir.display());
+            let mut python = python::Python::find(repo, "pyarrow.dataset, pyarrow.fs");
+            let (runs, pyarrow, requests) = passes(
+                &server,
+                (&location, &options),
+                Some(&local),
+                &mut python,
+                repo,
+                data,
+                scale.reps,
+            )?;
+            report.s3(&server.description, &runs, bench.img, bench.plots)?;
+            match &python {
+                Ok(_) => report.s3_pyarrow(None, &pyarrow, &requests, data.files.len())?,
+                Err(why) => {
+                    report.skipped("6b. S3: Sluice against pyarrow", why);
+                    report.goal(S3_GOAL.into(), "skipped".into(), "≥ 1.0", None);
+                }
+            }
+        }
+        Err(why) => {
+            report.skipped("6. S3 against local files", &why);
+            report.goal(S3_GOAL.into(), "skipped".into(), "≥ 1.0", None);
+        }
+    }
+    // A real store answers in tens of milliseconds, not in the loopback server's fraction
+    // of one: what read-ahead is for.
+    match (
+        S3Server::started(S3_LATENCY_MS),
+        python::Python::find(repo, "pyarrow.dataset, pyarrow.fs"),
+    ) {
+        (Ok(server), Ok(py)) => {
+            let (location, options) = server.upload(data, "data")?;
+            let mut python = Ok(py);
+            let (_, pyarrow, requests) = passes(
+                &server,
+                (&location, &options),
+                None,
+                &mut python,
+                repo,
+                data,
+                scale.reps,
+            )?;
+            match python {
+                Ok(_) => {
+                    report.s3_pyarrow(Some(S3_LATENCY_MS), &pyarrow, &requests, data.files.len())?
+                }
+                Err(why) => report.skipped("6c. S3 with latency", &why),
+            }
+        }
+        (Err(why), _) | (_, Err(why)) => report.skipped("6c. S3 with latency", &why),
+    }
+
+    Ok(())
+}
+
+/// Comparison 6b's request counts (from the server's log, when it has one).
+#[derive(Debug, Default)]
+struct S3Requests {
+    sluice: Option<Requests>,
+    no_read_ahead: Option<Requests>,
+    pyarrow: Option<Requests>,
+}
+
+/// Milliseconds comparison 6c's server adds to every response.
+const S3_LATENCY_MS: u64 = 20;
+
+/// Comparison 6's passes over `server`, `reps` times: (local rows/s, Sluice rows/s) when
+/// `local` is given, (Sluice, pyarrow, Sluice without read-ahead) rows/s while `python`
+/// works (it becomes the reason when pyarrow fails), and the last repetition's requests.
+#[allow(clippy::type_complexity)]
+fn passes(
+    server: &S3Server,
+    (location, options): (&str, &str),
+    local: Option<&str>,
+    python: &mut Result<python::Python, String>,
+    repo: &Path,
+    data: &Dataset,
+    reps: usize,
+) -> Result<(Vec<(f64, f64)>, Vec<(f64, f64, f64)>, S3Requests)> {
+    let mut runs = Vec::new();
+    let mut pyarrow = Vec::new();
+    let mut requests = S3Requests::default();
+    for _ in 0..reps {
+        let l = match local {
+            Some(local) => Some(pass(local, "", "", BATCH_ROWS, data.rows)?),
+            None => None,
+        };
+        let mark = server.log_mark();
+        let s = pass(location, options, "", BATCH_ROWS, data.rows)?;
+        requests.sluice = server.requests(mark);
+        if let Some(l) = l {
+            runs.push((l, s));
+        }
+        if let Ok(py) = &*python {
+            // The same pass without read-ahead: what `sluice.read_ahead` gains.
+            let mark = server.log_mark();
+            let off = pass(
+                location,
+                options,
+                "SET sluice.read_ahead = '0';\n",
+                BATCH_ROWS,
+                data.rows,
+            )?;
+            requests.no_read_ahead = server.requests(mark);
+            let mark = server.log_mark();
+            match server.pyarrow_pass(py, repo, data, "data", BATCH_ROWS) {
+                Ok(p) => {
+                    requests.pyarrow = server.requests(mark);
+                    pyarrow.push((s, p, off));
+                }
+                Err(e) => *python = Err(format!("pyarrow's scan failed: {e:#}")),
+            }
+        }
+    }
+    Ok((runs, pyarrow, requests))
+}
+
+impl Report {
+    /// Comparison 6's section and its plot.
+    fn s3(&mut self, server: &str, runs: &[(f64, f64)], img: &Path, plots: bool) -> Result<()> {
+        let b = &mut self.body;
+        writeln!(b, "\n## 6. S3 against local files\n")?;
+        writeln!(
+            b,
+            "The dataset streamed once per pass through the producer's pipeline without shared memory (plan, \
+             DataFusion scan, re-batching), from local disk and from {server} (the same files, uploaded). \
+             Baseline: local disk in the same repetition. More detail (requests, bytes, memory): \
+             `cargo bench -p sluice-cli --bench object_store`.\n"
+        )?;
+        let l = Summary::of(&runs.iter().map(|r| r.0).collect::<Vec<_>>());
+        let s = Summary::of(&runs.iter().map(|r| r.1).collect::<Vec<_>>());
+        let ratio = ratio_summary(runs.iter().map(|r| (r.1, r.0)));
+        writeln!(b, "| source | rows/s | vs local |")?;
+        writeln!(b, "|---|---:|---:|")?;
+        writeln!(b, "| local disk | {} | 1.00 |", l.show_count())?;
+        writeln!(
+            b,
+            "| S3 (loopback) | {} | **{}** |",
+            s.show_count(),
+            ratio.show(2)
+        )?;
+        self.summary.push(format!(
+            "S3 (loopback) streams at {:.2} of local disk",
+            ratio.median
+        ));
+        let mb = |v: Summary| Summary {
+            median: v.median / 1e6,
+            min: v.min / 1e6,
+            max: v.max / 1e6,
+            n: v.n,
+        };
+        self.image(plots, img, "bench-s3.png", "S3 against local files", |p| {
+            plot::bars(
+                p,
+                "Scan rate: S3 (loopback) against local disk",
+                "million rows/s",
+                &[
+                    ("local disk".into(), mb(l)),
+                    ("S3 (loopback)".into(), mb(s)),
+                ],
+            )
+        })
+    }
+
+    /// Comparison 6b's section (6c's with `latency_ms`): Sluice against pyarrow on the same
+    /// server.
+    fn s3_pyarrow(
+        &mut self,
+        latency_ms: Option<u64>,
+        runs: &[(f64, f64, f64)],
+        requests: &S3Requests,
+        files: usize,
+    ) -> Result<()> {
+        let b = &mut self.body;
+        if let Some(ms) = latency_ms {
+            writeln!(
+                b,
+                "\n### 6c. S3 with {ms} ms of latency: Sluice against pyarrow\n"
+            )?;
+            writeln!(
+                b,
+                "As 6b, on a second server started with `--latency-ms {ms}`: every response \
+                 waits {ms} ms, a loopback stand-in for the first-byte latency of a real object \
+                 store, where every request round trip counts.\n"
+            )?;
+        } else {
+            writeln!(b, "\n### 6b. S3: Sluice against pyarrow\n")?;
+        }
+        writeln!(
+            b,
+            "The same files on the same server, in the same repetition: pyarrow's S3 dataset scan \
+             (`pyarrow.dataset` over `pyarrow.fs.S3FileSystem`, the same four columns, {BATCH_ROWS}-row \
+             batches, one Python process) against Sluice's pass above, and the same pass with \
+             `sluice.read_ahead = '0'`. All are timed after planning (Sluice) or dataset discovery \
+             (pyarrow). Requests, bytes and concurrency come from the server's request log, for the \
+             whole pass of the last repetition, planning or discovery included ({files} files).\n"
+        )?;
+        let s = Summary::of(&runs.iter().map(|r| r.0).collect::<Vec<_>>());
+        let p = Summary::of(&runs.iter().map(|r| r.1).collect::<Vec<_>>());
+        let o = Summary::of(&runs.iter().map(|r| r.2).collect::<Vec<_>>());
+        let ratio = ratio_summary(runs.iter().map(|r| (r.0, r.1)));
+        let off_ratio = ratio_summary(runs.iter().map(|r| (r.2, r.1)));
+        let show = |r: Option<Requests>| match r {
+            Some(r) => format!(
+                "{} | {} | {} | {:.1} MiB | {}",
+                r.gets,
+                r.heads,
+                r.lists,
+                r.bytes as f64 / (1 << 20) as f64,
+                r.most_at_once
+            ),
+            None => "– | – | – | – | –".into(),
+        };
+        writeln!(
+            b,
+            "| reader | rows/s | vs pyarrow | GETs | HEADs | LISTs | bytes | most requests at once |"
+        )?;
+        writeln!(b, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
+        writeln!(
+            b,
+            "| pyarrow S3 dataset scan | {} | 1.00 | {} |",
+            p.show_count(),
+            show(requests.pyarrow)
+        )?;
+        writeln!(
+            b,
+            "| Sluice (DataFusion + object_store, read-ahead) | {} | **{}** | {} |",
+            s.show_count(),
+            ratio.show(2),
+            show(requests.sluice)
+        )?;
+        writeln!(
+            b,
+            "| Sluice without read-ahead | {} | {} | {} |",
+            o.show_count(),
+            off_ratio.show(2),
+            show(requests.no_read_ahead)
+        )?;
+        if latency_ms.is_none() {
+            self.goals.push((
+                S3_GOAL.into(),
+                format!("{}×", ratio.show_against(1.0, 2)),
+                "≥ 1.0",
+                Some(ratio.median >= 1.0),
+            ));
+        }
+        Ok(())
+    }
 }
