@@ -60,9 +60,19 @@ pub enum SluiceError {
     /// where it was.
     #[error("stopped {0}")]
     Stopped(String),
-    /// The shared-memory transport failed.
+    /// The shared-memory transport failed (Sluice's own checks of it).
     #[error("transport error: {0}")]
     Transport(String),
+    /// iceoryx2, the shared-memory transport, failed at `what`. `source` is iceoryx2's
+    /// own error, kept as its type: downcast it to match on its enum (e.g.
+    /// `source.downcast_ref::<iceoryx2::port::LoanError>()`).
+    #[error("transport error: {what}: {source}")]
+    SharedMemory {
+        /// What Sluice was doing.
+        what: String,
+        /// iceoryx2's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// Not enough shared memory for the topic.
     #[error(
         "topic '{topic}' needs {needed} bytes of shared memory but {path} has only {available} bytes free; \

@@ -186,9 +186,11 @@ impl FlightInlet {
                     self.stream = stream;
                     return Ok(());
                 }
-                Err(SluiceError::ProducerLost(_) | SluiceError::Transport(_)) => {
-                    std::thread::sleep(RETRY.min(left))
-                }
+                Err(
+                    SluiceError::ProducerLost(_)
+                    | SluiceError::Transport(_)
+                    | SluiceError::SharedMemory { .. },
+                ) => std::thread::sleep(RETRY.min(left)),
                 // The server waited for a restarted producer as long as asked.
                 Err(SluiceError::Timeout { .. }) => return Err(lost),
                 Err(e) => return Err(e),

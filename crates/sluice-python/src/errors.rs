@@ -79,6 +79,7 @@ pub fn to_py(err: &RustError) -> PyErr {
         RustError::Lagged { .. } => Lagged::new_err(message),
         RustError::Timeout { .. } => Timeout::new_err(message),
         RustError::Transport(_)
+        | RustError::SharedMemory { .. }
         | RustError::TopicBusy(_)
         | RustError::ShmTooSmall { .. }
         | RustError::Forked { .. }

@@ -179,12 +179,10 @@ impl<'a> Search<'a> {
                 namespace.reclaim_dead();
                 Ok(None)
             }
-            Err(e @ OpenError::ExceedsMaxNumberOfNodes) => Err(SluiceError::Transport(format!(
-                "topic '{topic}' has no room for another subscriber; raise sluice.max_subscribers ({e:?})"
-            ))),
-            Err(other) => Err(SluiceError::Transport(format!(
-                "cannot open topic '{topic}': {other:?}"
-            ))),
+            Err(e @ OpenError::ExceedsMaxNumberOfNodes) => Err(transport(format!(
+                "topic '{topic}' has no room for another subscriber; raise sluice.max_subscribers"
+            ))(e)),
+            Err(other) => Err(transport(format!("cannot open topic '{topic}'"))(other)),
         }
     }
 

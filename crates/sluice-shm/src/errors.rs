@@ -2,11 +2,15 @@
 
 use crate::Namespace;
 
-/// Maps an iceoryx2 error of `what` to [`SluiceError::Transport`](sluice_core::SluiceError::Transport).
-pub(crate) fn transport<E: std::fmt::Debug>(
-    what: &str,
-) -> impl FnOnce(E) -> sluice_core::SluiceError + '_ {
-    move |e| sluice_core::SluiceError::Transport(format!("{what}: {e:?}"))
+/// Maps an iceoryx2 error of `what` to [`SluiceError::SharedMemory`](sluice_core::SluiceError::SharedMemory),
+/// which keeps it as its type.
+pub(crate) fn transport<E: std::error::Error + Send + Sync + 'static>(
+    what: impl Into<String>,
+) -> impl FnOnce(E) -> sluice_core::SluiceError {
+    move |e| sluice_core::SluiceError::SharedMemory {
+        what: what.into(),
+        source: Box::new(e),
+    }
 }
 
 /// The error for a topic whose shared memory or service files this user may not use.

@@ -17,7 +17,7 @@ use iceoryx2_cal::named_concept::{
 };
 use sluice_core::{Result, SluiceError};
 
-use crate::Ipc;
+use crate::{Ipc, transport};
 
 /// How often a polling loop reclaims (see [`Namespace::reclaim_dead_now_and_then`]).
 pub(crate) const RECLAIM_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
@@ -94,14 +94,13 @@ impl Namespace {
         }
         let mut config = Config::default();
         let prefix = format!("iox2_sluice_{name}_");
-        config.global.prefix = FileName::new(prefix.as_bytes()).map_err(|e| {
-            SluiceError::Config(format!("bad shared-memory prefix {prefix}: {e:?}"))
-        })?;
+        config.global.prefix = FileName::new(prefix.as_bytes())
+            .map_err(|e| SluiceError::Config(format!("bad shared-memory prefix {prefix}: {e}")))?;
         let root = base.join(format!("sluice-{name}"));
         let mut root_str = root.display().to_string();
         root_str.push('/');
         let root_path = IoxPath::new(root_str.as_bytes())
-            .map_err(|e| SluiceError::Config(format!("bad service directory {root_str}: {e:?}")))?;
+            .map_err(|e| SluiceError::Config(format!("bad service directory {root_str}: {e}")))?;
         config.global.set_root_path(&root_path);
         // iceoryx2 would remove every dead node's resources whenever a node is created or
         // dropped and whenever a service is opened, that is whenever any process of the
@@ -290,14 +289,14 @@ impl Namespace {
         self.prepare_root()?;
         // The role names the node, so that a reclaimer knows a dead producer's node.
         let name = NodeName::new(role)
-            .map_err(|e| SluiceError::Internal(format!("bad node name '{role}': {e:?}")))?;
+            .map_err(|e| SluiceError::Internal(format!("bad node name '{role}': {e}")))?;
         let node = NodeBuilder::new()
             .name(&name)
             .config(&self.config)
             // Sluice handles signals itself (Ctrl-C in Python, clean producer shutdown).
             .signal_handling_mode(SignalHandlingMode::Disabled)
             .create::<Ipc>()
-            .map_err(|e| SluiceError::Transport(format!("cannot create {role} node: {e:?}")))?;
+            .map_err(transport(format!("cannot create {role} node")))?;
         self.narrow_global_segment();
         Ok(node)
     }

@@ -16,7 +16,6 @@ use iceoryx2::sample::Sample;
 use iceoryx2::service::port_factory::publish_subscribe::PortFactory as DataService;
 use sluice_core::{FrameKind, Result, SluiceError, TopicName, wire};
 
-use crate::Ipc;
 use crate::attach::{Attached, Search};
 use crate::claim::GENERATIONS;
 use crate::config::SPARE_BORROWS;
@@ -29,6 +28,7 @@ use crate::namespace::{Namespace, ReclaimAfter};
 use crate::naming::{events, service_name};
 use crate::process::Local;
 use crate::sample::{Port, PortHold, SampleOwner, SamplePayload};
+use crate::{Ipc, transport};
 
 /// How often a waiting subscriber checks that its producer is alive; bounds the time
 /// to [`SluiceError::ProducerLost`].
@@ -149,9 +149,9 @@ impl TopicSubscriber {
             }
             created => created,
         }
-        .map_err(|e| SluiceError::Transport(format!(
-                "cannot subscribe to topic '{topic}' (is it full? raise sluice.max_subscribers): {e:?}"
-            )))?;
+        .map_err(transport(format!(
+            "cannot subscribe to topic '{topic}' (is it full? raise sluice.max_subscribers)"
+        )))?;
         // Attached: withdraw the declaration, then let a producer waiting for subscribers
         // know that one arrived.
         drop(interest);
@@ -297,7 +297,7 @@ impl TopicSubscriber {
             let received = match subscriber.receive() {
                 Ok(sample) => sample,
                 Err(ReceiveError::ExceedsMaxBorrows) => return Err(self.too_many_held()),
-                Err(e) => return Err(SluiceError::Transport(format!("receive failed: {e:?}"))),
+                Err(e) => return Err(transport("receive failed")(e)),
             };
             // Taking a message frees a place in this subscriber's queue, which a producer
             // asleep on that full queue waits for (`released`). Telling it costs a
@@ -337,11 +337,7 @@ impl TopicSubscriber {
                 // check again, as after any wake-up. Callers that want to react to the
                 // signal (Python) do so between calls.
                 Err(ListenerWaitError::InterruptSignal) => 1,
-                Err(e) => {
-                    return Err(SluiceError::Transport(format!(
-                        "waiting for data failed: {e:?}"
-                    )));
-                }
+                Err(e) => return Err(transport("waiting for data failed")(e)),
             };
             if woken == 0 {
                 self.check_producer()?;

@@ -20,7 +20,7 @@ use crate::header::FrameHeader;
 use crate::liveness::{live_subscribers, producer_state};
 use crate::namespace::{Liveness, Namespace};
 use crate::naming::{DataService, service_name};
-use crate::{Ipc, permission_denied};
+use crate::{Ipc, permission_denied, transport};
 
 /// How long a new producer waits for the subscribers of a dead producer before it says
 /// why it is still waiting.
@@ -147,7 +147,7 @@ pub(crate) fn wait_for_dead_topic(
 }
 
 /// How creating one of a topic's services failed, read from iceoryx2's error enums.
-pub(crate) trait CreateFailure: std::fmt::Debug {
+pub(crate) trait CreateFailure: std::error::Error + Send + Sync + 'static {
     /// Another producer has the topic, or is creating it right now.
     fn busy(&self) -> bool;
     /// The namespace's files belong to someone else.
@@ -212,17 +212,17 @@ pub(crate) fn create_or_rescue<T, E: CreateFailure>(
 fn busy_or(namespace: &Namespace, topic: &TopicName, e: impl CreateFailure) -> SluiceError {
     if e.busy() {
         // The creator holds the topic's claim: no other producer is creating it.
-        SluiceError::Transport(format!(
+        transport(format!(
             "cannot create topic '{topic}': one of its services is left over from a producer \
-             that is gone ({e:?}), and is neither removable yet nor held by a live subscriber; \
-             try again in a moment, or stop the processes of namespace '{}' and remove {}",
+             that is gone, and is neither removable yet nor held by a live subscriber; try \
+             again in a moment, or stop the processes of namespace '{}' and remove {}",
             namespace.name(),
             namespace.root().display()
-        ))
+        ))(e)
     } else if e.denied() {
         permission_denied(namespace, topic)
     } else {
-        SluiceError::Transport(format!("cannot create topic '{topic}': {e:?}"))
+        transport(format!("cannot create topic '{topic}'"))(e)
     }
 }
 

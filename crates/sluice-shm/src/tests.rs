@@ -1361,3 +1361,23 @@ fn a_default_namespace_another_user_took_first_falls_back_to_a_private_name() {
     }
     std::fs::remove_dir_all(&scratch).unwrap();
 }
+
+/// iceoryx2's errors reach the caller as their own types (SluiceError::SharedMemory),
+/// which can be matched without reading their text.
+#[test]
+fn iceoryx2s_errors_keep_their_type() {
+    use iceoryx2::port::LoanError;
+    let err = crate::transport("cannot loan")(LoanError::OutOfMemory);
+    let SluiceError::SharedMemory { what, source } = &err else {
+        panic!("not iceoryx2's error: {err:?}");
+    };
+    assert_eq!(what, "cannot loan");
+    assert_eq!(
+        source.downcast_ref::<LoanError>(),
+        Some(&LoanError::OutOfMemory)
+    );
+    assert_eq!(
+        err.to_string(),
+        "transport error: cannot loan: LoanError::OutOfMemory"
+    );
+}
