@@ -646,9 +646,7 @@ fn a_lag_limit_detaches_or_skips_a_slow_subscriber() {
         slow.signal(libc::SIGSTOP);
         let fast = h.spawn(&["subscribe", &topic, "--json", "--timeout", "60"]);
         // The producer publishes the epoch, then waits to deliver its end to the stopped one.
-        // (Its 500 batches take well under a second; a debug build beside the rest of the
-        // suite on 2 cores has outrun 1.5 s, so it gets 5.)
-        std::thread::sleep(Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(1500));
         slow.signal(libc::SIGCONT);
         assert_exactly_once(&fast.wait(LIMIT), 1, rows, &sum);
         let out = slow.wait(LIMIT);
