@@ -330,6 +330,45 @@ fn a_server_serves_at_most_max_streams_and_frees_the_stream_of_a_client_that_lef
     server.kill9();
 }
 
+/// A remote subscriber that takes nothing for longer than the server's `--max-stall`
+/// while the producer's messages wait for it (a trainer stuck between batches; a client
+/// that answers HTTP/2 pings and reads nothing, which keepalive does not catch) is
+/// detached: a local subscriber gets every epoch without waiting for it, and the stuck one,
+/// reading again, fails with exit code 5 and says which flag to raise.
+#[test]
+fn a_remote_subscriber_that_stops_reading_is_detached_after_max_stall() {
+    let mut h = Harness::new();
+    h.dataset(20_000);
+    plan(&h, "stall", 8);
+    let (rows, sum) = h.source_checksum(&h.path("p.sql"));
+    let (server, addr) = serve_with(&mut h, &["--max-stall", "1"]);
+    let url = format!("flight://{addr}/stall");
+    // Its first batch is the first epoch, after which it sleeps for 8 s: far more than the
+    // socket buffers, the HTTP/2 window and the server's queue hold comes meanwhile.
+    let stuck = subscribe(
+        &mut h,
+        TOKEN,
+        &[
+            &url,
+            "--json",
+            "--timeout",
+            "120",
+            "--batch-size",
+            "20000",
+            "--delay-ms",
+            "8000",
+        ],
+    );
+    let local = h.spawn(&["subscribe", "stall", "--json", "--timeout", "120"]);
+    let producer = h.spawn_producer(2, &[]);
+    assert_exactly_once(&local.wait(LIMIT), 8, rows, &sum);
+    assert!(producer.wait(LIMIT).status.success());
+    let stuck = stuck.wait(LIMIT);
+    assert_eq!(stuck.status.code(), Some(5), "{}", stuck.stderr);
+    assert!(stuck.stderr.contains("--max-stall"), "{}", stuck.stderr);
+    server.kill9();
+}
+
 /// The threads of a process named `name` (Linux's `comm`, as tokio names its workers).
 fn threads_named(pid: i32, name: &str) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task"))

@@ -109,7 +109,8 @@ fn main() -> ExitCode {
 }
 
 /// One place that maps errors to exit codes: 2 for a bad plan or configuration, 3 for a
-/// lost or failed producer, 4 for a timeout, 5 for a subscriber detached for lagging,
+/// lost or failed producer, 4 for a timeout, 5 for a subscriber detached for lagging
+/// (or, remote, for stalling its server),
 /// 1 otherwise.
 fn exit_code(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<SluiceError>() {
@@ -120,7 +121,7 @@ fn exit_code(e: &anyhow::Error) -> u8 {
             | SluiceError::ResumeGap { .. },
         ) => 3,
         Some(SluiceError::Timeout { .. }) => 4,
-        Some(SluiceError::Lagged { .. }) => 5,
+        Some(SluiceError::Lagged { .. } | SluiceError::Stalled { .. }) => 5,
         _ => 1,
     }
 }

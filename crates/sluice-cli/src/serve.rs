@@ -33,6 +33,11 @@ pub(crate) struct ServeArgs {
     /// Remote subscribers served at once; one more is refused until one leaves.
     #[arg(long, value_name = "N", default_value_t = sluice::flight::DEFAULT_MAX_STREAMS)]
     max_streams: NonZeroUsize,
+    /// Detach a remote subscriber that takes nothing for this many seconds while the
+    /// producer's messages wait for it (it fails with exit code 5, Python's `Lagged`), so
+    /// that it does not hold the producer back for every trainer; 0: never.
+    #[arg(long, value_name = "SECONDS", default_value_t = sluice::flight::DEFAULT_MAX_STALL.as_secs_f64())]
+    max_stall: f64,
 }
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -77,6 +82,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             tls,
             threads: args.threads,
             max_streams: args.max_streams,
+            max_stall: Some(crate::seconds("--max-stall", args.max_stall)?)
+                .filter(|s| !s.is_zero()),
         },
     )?;
     // The address on stdout (scripts read the port of --flight HOST:0 from it).

@@ -126,6 +126,21 @@ pub enum SluiceError {
         /// Messages missed.
         missed: u64,
     },
+    /// A remote subscriber took nothing from its Flight server for longer than the
+    /// server's `--max-stall` while the producer's messages waited for it: the server
+    /// detached it, so that it no longer holds the producer back for every trainer.
+    #[error(
+        "this remote subscriber of topic '{topic}' took nothing for {seconds:.0}s while the \
+         producer's messages waited for it; its Flight server detached it so the other \
+         subscribers go on. Read faster, or start the server with a larger --max-stall \
+         (0: never detach)"
+    )]
+    Stalled {
+        /// The topic.
+        topic: String,
+        /// The server's `--max-stall`, in seconds.
+        seconds: f64,
+    },
     /// Waiting took longer than the caller allowed.
     #[error("timed out after {seconds:.1}s waiting for {what}")]
     Timeout {

@@ -309,9 +309,24 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// The server's `--max-stall` if `status` ends a stream it detached for stalling.
+fn stalled(status: &Status) -> Option<f64> {
+    if status.code() != Code::ResourceExhausted {
+        return None;
+    }
+    let value = status.metadata().get(crate::server::STALLED_KEY)?;
+    value.to_str().ok()?.parse().ok()
+}
+
 /// A gRPC status from the server as the error a local subscriber would see.
 fn from_status(status: &Status, target: &FlightTarget) -> SluiceError {
     let topic = &target.topic;
+    if let Some(seconds) = stalled(status) {
+        return SluiceError::Stalled {
+            topic: topic.clone(),
+            seconds,
+        };
+    }
     match status.code() {
         Code::Aborted => SluiceError::ProducerFailed(status.message().to_string()),
         Code::Unavailable | Code::Cancelled | Code::Unknown => {

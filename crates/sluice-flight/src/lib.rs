@@ -42,7 +42,8 @@ mod token;
 
 pub use client::{ClientOptions, FlightInlet, FlightTarget};
 pub use server::{
-    DEFAULT_MAX_STREAMS, FlightServer, MAX_TICKET_COLUMNS, ServeOptions, TlsIdentity, parse_ticket,
+    DEFAULT_MAX_STALL, DEFAULT_MAX_STREAMS, FlightServer, MAX_TICKET_COLUMNS, ServeOptions,
+    TlsIdentity, parse_ticket,
 };
 
 /// What a client asks for in its `do_get` ticket (JSON).

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -64,6 +64,11 @@ pub struct ServeOptions {
     /// Remote subscribers served at once (each has a thread and a shared-memory
     /// subscriber of its own); one more is refused with `RESOURCE_EXHAUSTED`.
     pub max_streams: NonZeroUsize,
+    /// How long a remote subscriber may take nothing while the producer's messages wait
+    /// for it before the server detaches it (ending its stream with
+    /// [`SluiceError::Stalled`]), so that a client that stopped reading does not hold the
+    /// producer back for every trainer; `None`: never.
+    pub max_stall: Option<Duration>,
 }
 
 impl ServeOptions {
@@ -76,6 +81,7 @@ impl ServeOptions {
             tls: None,
             threads: None,
             max_streams: DEFAULT_MAX_STREAMS,
+            max_stall: Some(DEFAULT_MAX_STALL),
         }
     }
 }
@@ -89,12 +95,23 @@ impl std::fmt::Debug for ServeOptions {
             .field("tls", &self.tls.is_some())
             .field("threads", &self.threads)
             .field("max_streams", &self.max_streams)
+            .field("max_stall", &self.max_stall)
             .finish()
     }
 }
 
 /// Remote subscribers a server serves at once unless told otherwise.
 pub const DEFAULT_MAX_STREAMS: NonZeroUsize = NonZeroUsize::new(64).expect("64 is not zero");
+
+/// How long a remote subscriber may stall its stream unless told otherwise: far longer
+/// than a trainer's pause between batches, short enough that one that stopped reading
+/// (a hung loop, a hostile client that answers HTTP/2 pings) does not stop every other
+/// trainer for long.
+pub const DEFAULT_MAX_STALL: Duration = Duration::from_secs(120);
+
+/// The metadata key of a status that ends a stalled stream, with the server's limit in
+/// seconds (the client makes it [`SluiceError::Stalled`] again).
+pub(crate) const STALLED_KEY: &str = "sluice-stalled-s";
 
 /// Columns a ticket may name: more than any table has, far fewer than a ticket of
 /// megabytes of repeated names (each name is matched against the schema per batch).
@@ -185,6 +202,7 @@ impl FlightServer {
             namespace: options.namespace.clone(),
             token: token.map(Arc::new),
             streams: Arc::new(Semaphore::new(options.max_streams.get())),
+            max_stall: options.max_stall,
         });
         let mut builder = Server::builder();
         if let Some(tls) = &options.tls {
@@ -277,6 +295,7 @@ struct TopicService {
     token: Option<Arc<String>>,
     /// A permit per stream served.
     streams: Arc<Semaphore>,
+    max_stall: Option<Duration>,
 }
 
 type Resp<T> = BoxStream<'static, std::result::Result<T, Status>>;
@@ -333,6 +352,13 @@ fn status(e: SluiceError) -> Status {
         // The client makes it a `Config` error again: its message, without the prefix.
         SluiceError::Config(m) => Status::failed_precondition(m),
         e @ SluiceError::Device(_) => Status::failed_precondition(e.to_string()),
+        ref e @ SluiceError::Stalled { seconds, .. } => {
+            let mut status = Status::resource_exhausted(e.to_string());
+            if let Ok(value) = format!("{seconds}").parse() {
+                status.metadata_mut().insert(STALLED_KEY, value);
+            }
+            status
+        }
         e => Status::internal(e.to_string()),
     }
 }
@@ -400,6 +426,8 @@ struct Outbox {
     /// The loans of the messages handed to gRPC or about to be, which gRPC may not have
     /// taken yet (those it took and encoded are dead).
     loans: Vec<Weak<Loan>>,
+    /// How long the client may take nothing while a message waits ([`ServeOptions`]).
+    max_stall: Option<Duration>,
 }
 
 /// What became of a message handed to gRPC.
@@ -608,19 +636,26 @@ enum Flushed {
     ClientGone,
     /// The client takes nothing and the topic's producer is gone.
     ProducerGone,
+    /// The client took nothing for longer than the server's `max_stall`.
+    Stalled(Duration),
 }
 
 /// Hands gRPC every pending message; while the client takes nothing, looks every
-/// [`POLL`] whether `sub`'s producer is gone.
+/// [`POLL`] whether `sub`'s producer is gone and how long the client has stalled.
 fn flush(outbox: &Outbox, pending: &mut VecDeque<Outgoing>, sub: &TopicSubscriber) -> Flushed {
+    let mut waiting_since = None;
     while let Some(message) = pending.pop_front() {
         match outbox.hand(message) {
-            Handed::Yes => {}
+            Handed::Yes => waiting_since = None,
             Handed::ClientGone => return Flushed::ClientGone,
             Handed::NotYet(message) => {
                 pending.push_front(message);
                 if sub.producer_gone() {
                     return Flushed::ProducerGone;
+                }
+                let since = *waiting_since.get_or_insert_with(Instant::now);
+                if let Some(limit) = outbox.max_stall.filter(|&l| since.elapsed() >= l) {
+                    return Flushed::Stalled(limit);
                 }
             }
         }
@@ -672,6 +707,19 @@ fn forward(
             Flushed::ClientGone => {
                 sub.detach();
                 return Ok(());
+            }
+            Flushed::Stalled(limit) => {
+                tracing::warn!(
+                    %topic,
+                    seconds = limit.as_secs_f64(),
+                    "a remote subscriber took nothing while the producer's messages waited \
+                     for it: detached (sluice serve --max-stall)"
+                );
+                sub.detach();
+                return Err(status(SluiceError::Stalled {
+                    topic: topic.to_string(),
+                    seconds: limit.as_secs_f64(),
+                }));
             }
             Flushed::ProducerGone => {
                 // Nothing may keep the dead producer's samples: not the messages lent
@@ -917,12 +965,14 @@ impl FlightService for TopicService {
         let (tx, mut rx) = mpsc::channel(2);
         let namespace = self.namespace.clone();
         let runtime = tokio::runtime::Handle::current();
+        let max_stall = self.max_stall;
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
             let mut outbox = Outbox {
                 tx,
                 runtime,
                 loans: Vec::new(),
+                max_stall,
             };
             if let Err(status) = forward(&namespace, &ticket, &mut outbox) {
                 outbox.fail(status);
@@ -1077,6 +1127,7 @@ mod tests {
             tx,
             runtime: runtime.handle().clone(),
             loans: Vec::new(),
+            max_stall: None,
         };
         (outbox, rx, runtime)
     }

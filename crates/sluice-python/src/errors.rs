@@ -8,7 +8,8 @@
 //! ├── PlanError          Plan, Config: the plan file or a setting is wrong (file:line:col)
 //! ├── ProducerLost       the producer exited or was killed without ending the stream
 //! ├── ProducerFailed     the producer failed and told its subscribers why
-//! ├── Lagged             the subscriber fell behind the producer's lag limit (detached)
+//! ├── Lagged             the subscriber fell behind the producer's lag limit, or stalled
+//! │                      its Flight server longer than its --max-stall (detached)
 //! ├── Timeout            waiting took longer than the caller allowed
 //! ├── TransportError     Transport, TopicBusy, ShmTooSmall, Forked*: shared memory or iceoryx2
 //! └── CorruptMessage     a message in shared memory failed validation
@@ -76,7 +77,7 @@ pub fn to_py(err: &RustError) -> PyErr {
         RustError::Plan { .. } | RustError::Config(_) => PlanError::new_err(message),
         RustError::ProducerLost(_) | RustError::ResumeGap { .. } => ProducerLost::new_err(message),
         RustError::ProducerFailed(_) => ProducerFailed::new_err(message),
-        RustError::Lagged { .. } => Lagged::new_err(message),
+        RustError::Lagged { .. } | RustError::Stalled { .. } => Lagged::new_err(message),
         RustError::Timeout { .. } => Timeout::new_err(message),
         RustError::Transport(_)
         | RustError::SharedMemory { .. }
