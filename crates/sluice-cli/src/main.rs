@@ -56,6 +56,10 @@ enum Command {
         /// Read only shard RANK of WORLD (overrides sluice.shard), e.g. 0/4 on the first of four nodes.
         #[arg(long, value_name = "RANK/WORLD")]
         shard: Option<String>,
+        /// Refuse to run over files other than this listing (`sluice explain` prints it;
+        /// overrides sluice.listing): give every node of a sharded run the same one.
+        #[arg(long, value_name = "DIGEST")]
+        listing: Option<String>,
         /// No progress bar.
         #[arg(long, short)]
         quiet: bool,
@@ -79,6 +83,9 @@ enum Command {
         /// Checksum only shard RANK of WORLD (overrides sluice.shard).
         #[arg(long, value_name = "RANK/WORLD")]
         shard: Option<String>,
+        /// Refuse files other than this listing (overrides sluice.listing).
+        #[arg(long, value_name = "DIGEST")]
+        listing: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -178,11 +185,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             resume,
             checkpoint,
             shard,
+            listing,
             quiet,
         } => {
             let rt = runtime()?;
             let mut plan = load_for_run(&rt, &plan, &topic, min_subscribers, wait_timeout, linger)?;
-            set_shard(&mut plan, shard)?;
+            set_shard(&mut plan, shard, listing)?;
             if let Some(e) = epochs {
                 plan.options_mut().epochs = e;
             }
@@ -224,10 +232,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", rt.block_on(plan.explain())?);
             Ok(())
         }
-        Command::Checksum { plan, shard, json } => {
+        Command::Checksum {
+            plan,
+            shard,
+            listing,
+            json,
+        } => {
             let rt = runtime()?;
             let mut plan = rt.block_on(Plan::load(&plan))?;
-            set_shard(&mut plan, shard)?;
+            set_shard(&mut plan, shard, listing)?;
             let sum = rt.block_on(plan.checksum())?;
             if json {
                 println!(
@@ -273,11 +286,19 @@ fn load_for_run(
     )?)
 }
 
-/// Applies `--shard RANK/WORLD`.
-fn set_shard(plan: &mut Plan, shard: Option<String>) -> anyhow::Result<()> {
+/// Applies `--shard RANK/WORLD` and `--listing DIGEST`.
+fn set_shard(
+    plan: &mut Plan,
+    shard: Option<String>,
+    listing: Option<String>,
+) -> anyhow::Result<()> {
     if let Some(shard) = shard {
         sluice::Shard::parse(&shard)?;
         plan.options_mut().shard = shard;
+    }
+    if let Some(listing) = listing {
+        plan.options_mut().listing = listing;
+        plan.options().listing()?;
     }
     Ok(())
 }

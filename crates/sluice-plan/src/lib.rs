@@ -289,6 +289,7 @@ impl Plan {
         // Options may have been overridden since the plan was loaded (`--shard`).
         self.options.validate()?;
         let (plan, state) = self.unsharded_plan(epoch).await?;
+        self.check_listing(&plan)?;
         let task = Arc::new(TaskContext::from(&state));
         let plan = shard::apply(plan, self.options.shard()?)?;
         // A Ballista plan's scans run on the cluster's executors, with their own readers.
@@ -312,6 +313,38 @@ impl Plan {
     /// each table's files once more (a LIST request per table on object storage).
     pub async fn listing(&self) -> Result<Listing> {
         Ok(listing::of(&self.unsharded_plan(0).await?.0))
+    }
+
+    /// Refuses files other than the pinned `sluice.listing` (every node's shards must be
+    /// cut from the same files); says a sharded run's listing otherwise, for comparing
+    /// nodes.
+    fn check_listing(&self, plan: &Arc<dyn ExecutionPlan>) -> Result<()> {
+        let pinned = self.options.listing()?;
+        let shard = self.options.shard()?;
+        if pinned.is_none() && shard.is_whole() {
+            return Ok(());
+        }
+        let seen = listing::of(plan);
+        match pinned {
+            Some(digest) if !seen.digest.eq_ignore_ascii_case(digest) => {
+                Err(SluiceError::Config(format!(
+                    "the plan's tables list {seen}, not the listing {digest} this run \
+                     expects (sluice.listing): files were added, removed or rewritten, or \
+                     this node sees other files than the others, whose shards would then \
+                     overlap or leave rows out. Give every node the same files, or run \
+                     `sluice explain` once more and set its listing on every node"
+                )))
+            }
+            Some(_) => Ok(()),
+            None => {
+                tracing::info!(
+                    %shard, %seen,
+                    "shard of the files listed: every node must list the same; pin it \
+                     with sluice.listing (or --listing) to refuse a node that does not"
+                );
+                Ok(())
+            }
+        }
     }
 
     /// DataFusion's physical plan of `epoch`, before sharding, and the session state it

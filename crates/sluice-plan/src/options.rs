@@ -34,6 +34,8 @@ extensions_options! {
         pub lag_limit: usize, default = 0
         /// RANK/WORLD: read only shard RANK of WORLD (files and row groups split deterministically across nodes).
         pub shard: String, default = "0/1".to_string()
+        /// The listing every node of a run must see, as `sluice explain` prints it ('listing' and 16 hex digits: a digest of every file's path, size, modification time and entity tag). A node whose files differ (added, removed, rewritten, another view of the store) refuses to run, so that shards never overlap or leave rows out. Empty: not checked.
+        pub listing: String, default = String::new()
         /// Retries of a failed object-store request (timeouts, resets, 5xx, 429) before giving up; set before the tables.
         pub store_retries: usize, default = 10
         /// Seconds after which a failing object-store request is no longer retried; set before the tables.
@@ -154,6 +156,7 @@ impl SluiceOptions {
                 self.min_subscribers, self.max_subscribers
             )));
         }
+        self.listing()?;
         let shard = crate::shard::Shard::parse(&self.shard)?;
         if self.engine()?.is_ballista() && shard.world > 1 {
             return Err(SluiceError::Config(format!(
@@ -174,6 +177,23 @@ impl SluiceOptions {
     /// The shard this node reads (`0/1`: everything).
     pub fn shard(&self) -> Result<crate::shard::Shard> {
         crate::shard::Shard::parse(&self.shard)
+    }
+
+    /// The validated `sluice.listing`: the digest every node must see, if pinned.
+    pub fn listing(&self) -> Result<Option<&str>> {
+        let digest = self.listing.trim();
+        let digest = digest.strip_prefix("listing").unwrap_or(digest).trim();
+        if digest.is_empty() {
+            return Ok(None);
+        }
+        if digest.len() != 16 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(SluiceError::Config(format!(
+                "sluice.listing must be the 16 hex digits `sluice explain` prints after \
+                 'listing', not '{}'",
+                self.listing
+            )));
+        }
+        Ok(Some(digest))
     }
 
     /// `(seed, buffer rows)` when shuffling is on.

@@ -208,6 +208,55 @@ SELECT id FROM src",
     assert_ne!(added.digest, rewritten.digest);
 }
 
+/// Two nodes of a sharded run that list different files (one sees a file the other does
+/// not yet) would cut overlapping shards; with the listing pinned (`sluice.listing`, as
+/// `sluice explain` prints it) the node that sees other files refuses to run and names
+/// both listings, and the shards of nodes that agree still add up to the whole.
+#[tokio::test]
+async fn a_shard_over_files_other_than_the_pinned_listing_is_refused() {
+    let dir = dataset();
+    let plan = |set: &str| {
+        let sql = format!(
+            "{set}CREATE EXTERNAL TABLE src STORED AS PARQUET LOCATION '{}/pq/';
+SELECT id FROM src",
+            dir.path().display()
+        );
+        async move { Plan::from_sql("p.sql", &sql).await }
+    };
+    let whole = plan("").await.unwrap();
+    let listing = whole.listing().await.unwrap();
+    let pin = |rank: u32| {
+        format!(
+            "SET sluice.shard = '{rank}/2';\nSET sluice.listing = '{}';\n",
+            listing.digest
+        )
+    };
+    let mut shards = sluice_core::Checksum::default();
+    for rank in 0..2 {
+        shards.merge(&plan(&pin(rank)).await.unwrap().checksum().await.unwrap());
+    }
+    assert_eq!(shards, whole.checksum().await.unwrap());
+
+    // This node sees one more file.
+    let part = dir.path().join("pq/part-0.parquet");
+    std::fs::copy(&part, dir.path().join("pq/part-2.parquet")).unwrap();
+    let err = plan(&pin(1)).await.unwrap().checksum().await.unwrap_err();
+    let SluiceError::Config(message) = &err else {
+        panic!("not a configuration error: {err}");
+    };
+    assert!(message.contains(&listing.digest), "{message}");
+    assert!(message.contains("3 files"), "{message}");
+    // Unpinned, it runs (and only says its listing in the log).
+    plan("SET sluice.shard = '1/2';\n")
+        .await
+        .unwrap()
+        .checksum()
+        .await
+        .unwrap();
+    let bad = plan("SET sluice.listing = 'abc';\n").await.unwrap_err();
+    assert!(bad.to_string().contains("16 hex digits"), "{bad}");
+}
+
 /// The same query orders its rows differently with other partitions or another DataFusion
 /// batch size (batches are taken round-robin from the partitions), so both are part of
 /// the fingerprint that a resumed checkpoint must match, and are named among the
