@@ -47,6 +47,7 @@ pub mod process;
 mod publisher;
 mod reconnect;
 mod registration;
+mod reserve;
 mod sample;
 pub mod segment;
 mod subscriber;

@@ -23,6 +23,7 @@ use crate::namespace::{Namespace, ReclaimAfter, SHM_DIR, shm_available};
 use crate::naming::{DataService, service_name};
 use crate::pacing::PacingRecord;
 use crate::process::Local;
+use crate::reserve::reserve;
 use crate::takeover::{Services, wait_for_dead_topic};
 use crate::{Ipc, transport};
 
@@ -171,6 +172,13 @@ impl TopicPublisher {
             .set_backpressure_handler(move |info: &BackpressureInfo| handler.on_full_queue(info))
             .create()
             .map_err(transport("cannot create publisher"))?;
+        // A /dev/shm filled from now on must be an error, not a SIGBUS mid-stream.
+        reserve(
+            &publisher,
+            config.topic.as_str(),
+            config.max_message_bytes,
+            config.chunks(),
+        )?;
         log_created(&config, generation, available);
         let burst = Burst::new(config.window, config.lag_limit.is_some());
         Ok(Self {
@@ -357,6 +365,12 @@ impl TopicPublisher {
                 "batch is larger than planned; the topic's shared memory grows"
             );
             self.config = grown;
+            reserve(
+                &self.publisher,
+                self.config.topic.as_str(),
+                self.config.max_message_bytes,
+                self.config.chunks(),
+            )?;
         }
         let header = FrameHeader {
             kind: FrameKind::Batch as u32,

@@ -1381,3 +1381,85 @@ fn iceoryx2s_errors_keep_their_type() {
         "transport error: cannot loan: LoanError::OutOfMemory"
     );
 }
+
+/// Tells the helper of the full-/dev/shm test to run.
+const FULL_SHM_HELPER: &str = "SLUICE_TEST_FULL_SHM";
+
+/// Helper process of `a_dev_shm_filled_after_the_topic_was_created_is_an_error_not_a_crash`,
+/// run in a mount namespace of its own with a small tmpfs on /dev/shm: creates a topic,
+/// fills what is left of /dev/shm with a file of another program, and publishes into
+/// every chunk of the topic. Prints what each message did; a crash (SIGBUS) is the bug.
+#[test]
+#[ignore = "a helper process of `a_dev_shm_filled_after_the_topic_was_created_is_an_error_not_a_crash`"]
+fn a_topic_in_a_dev_shm_filled_to_be_run() {
+    use std::io::Write;
+    if std::env::var(FULL_SHM_HELPER).is_err() {
+        return;
+    }
+    let ns = namespace("fill");
+    let config = config(4, 4, 2, 64 << 10);
+    let chunks = config.chunks();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut publisher = TopicPublisher::create(&ns, config, stop).unwrap();
+    // Another program takes every page left.
+    let mut filler = std::fs::File::create("/dev/shm/filler").unwrap();
+    let block = vec![1u8; 64 << 10];
+    while filler
+        .write_all(&block)
+        .and_then(|()| filler.sync_all())
+        .is_ok()
+    {}
+    let batch = RecordBatch::try_from_iter([(
+        "v",
+        Arc::new(Int64Array::from_iter_values(0..6000)) as ArrayRef,
+    )])
+    .unwrap();
+    let encoded = wire::encode(&batch).unwrap();
+    // No subscriber: iceoryx2 hands the chunks out in turn, so 2 × chunks messages touch
+    // every one of them.
+    for i in 0..2 * chunks {
+        match publisher.publish_batch(0, i, 6000, &encoded) {
+            Ok(()) => println!("sent {i}"),
+            Err(e) => {
+                println!("error {i}: {e}");
+                break;
+            }
+        }
+    }
+    println!("no crash");
+}
+
+/// A /dev/shm that another program fills after the topic was created (its free space
+/// checked then) is a clear error of the producer, or no error at all, never a SIGBUS:
+/// the topic's pages are allocated when it is created. Runs its helper in a mount
+/// namespace of its own with a 3 MiB tmpfs on /dev/shm (needs root or user namespaces;
+/// skipped with a message otherwise).
+#[test]
+fn a_dev_shm_filled_after_the_topic_was_created_is_an_error_not_a_crash() {
+    let exe = std::env::current_exe().unwrap();
+    let probe = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount -t tmpfs -o size=3M tmpfs /dev/shm")
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: cannot mount a small tmpfs on /dev/shm in a mount namespace here");
+        return;
+    }
+    let script = format!(
+        "mount -t tmpfs -o size=3M tmpfs /dev/shm && exec '{}' --ignored --exact \
+         tests::a_topic_in_a_dev_shm_filled_to_be_run --nocapture --test-threads=1",
+        exe.display()
+    );
+    let out = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .env(FULL_SHM_HELPER, "1")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("no crash"),
+        "the producer crashed on a full /dev/shm ({:?}):\n{said}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
