@@ -555,7 +555,19 @@ fn a_stopped_remote_subscriber_does_not_keep_a_restarted_producer_from_its_topic
             out.stderr, server.stderr
         );
     }
-    assert_exactly_once(&sub.wait(LIMIT), 30, rows, &sum);
+    let continued = sub.wait(LIMIT);
+    if !continued.status.success() {
+        // What the restarted producer and the server saw says why.
+        server.kill9();
+        second.kill9();
+        panic!(
+            "the continued subscriber failed: {}\nthe restarted producer's log:\n{}\nthe server's log:\n{}",
+            continued.stderr,
+            second.wait(LIMIT).stderr,
+            server.wait(LIMIT).stderr
+        );
+    }
+    assert_exactly_once(&continued, 30, rows, &sum);
     let plain = plain.wait(LIMIT);
     assert!(!plain.status.success(), "{}", plain.stdout);
     assert!(plain.stderr.contains("is gone"), "{}", plain.stderr);

@@ -19,8 +19,10 @@
 //! the previous batch while it asks for the next one, so a trainer reconnecting to a
 //! restarted producer always holds one. The services of a name cannot be created again
 //! while they exist, so a restarted producer creates the topic's services under the
-//! first generation that is free, and subscribers attach to the generation whose
-//! producer is alive. The old generation goes when its last holder lets go (see
+//! first generation that is free after the last producer's (recorded in
+//! `generations/<topic>`: iceoryx2 removes a service's files one by one, and names being
+//! removed must not be created again; see `takeover::remember_generation`), and
+//! subscribers attach to the generation whose producer is alive. The old generation goes when its last holder lets go (see
 //! [`crate::Namespace::reclaim_dead`]).
 
 use std::fs::{File, OpenOptions};

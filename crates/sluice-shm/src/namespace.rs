@@ -612,8 +612,10 @@ impl Namespace {
     }
 
     /// Files of this namespace that are still present: shared-memory segments (except
-    /// iceoryx2's persistent node counter) and service or node files.
+    /// iceoryx2's persistent node counter) and service or node files (except the record of
+    /// each topic's last generation, kept on purpose: see `takeover::remember_generation`).
     pub fn leftovers(&self) -> Vec<PathBuf> {
+        let kept = self.root().join("generations");
         let mut out: Vec<PathBuf> = self
             .files_in(Path::new(SHM_DIR))
             .into_iter()
@@ -623,7 +625,9 @@ impl Namespace {
         while let Some(dir) = stack.pop() {
             for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
                 let path = entry.path();
-                if path.is_dir() {
+                if path == kept {
+                    continue;
+                } else if path.is_dir() {
                     stack.push(path);
                 } else {
                     out.push(path);

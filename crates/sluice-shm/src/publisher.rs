@@ -24,7 +24,7 @@ use crate::naming::{DataService, service_name};
 use crate::pacing::PacingRecord;
 use crate::process::Local;
 use crate::reserve::reserve;
-use crate::takeover::{Services, wait_for_dead_topic};
+use crate::takeover::{Services, remember_generation, wait_for_dead_topic};
 use crate::{Ipc, transport};
 
 /// How often a producer waiting for declared subscribers looks at their registrations
@@ -123,6 +123,7 @@ impl TopicPublisher {
             released,
             data,
         } = Services::create(namespace, &node, &config, generation)?;
+        remember_generation(namespace, topic, generation);
 
         let wakeups = Arc::new(Wakeups::new(
             ready

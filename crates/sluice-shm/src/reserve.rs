@@ -4,8 +4,10 @@
 //! tmpfs allocates a page when it is first written: a producer that writes a message into
 //! a page of its segment after another program filled `/dev/shm` gets SIGBUS. The free
 //! space checked when the topic is created (`statvfs`) is no promise. So the pages every
-//! message may write are allocated then, with `posix_fallocate`, which fails with ENOSPC
-//! instead.
+//! message may write are allocated then, through the producer's own mapping with
+//! `madvise(MADV_POPULATE_WRITE)`, which fails with EFAULT where writing would raise
+//! SIGBUS. (Through the mapping rather than with `posix_fallocate` on the file: no path to
+//! open again beside iceoryx2, and the pages are the ones this process writes.)
 //!
 //! iceoryx2's data segment is a pool of equal buckets, each far larger than a message
 //! under its power-of-two allocation (room to grow in place), so the whole file is not
@@ -13,7 +15,6 @@
 //! each bucket a message writes, the sample's headers and `message_bytes` of payload.
 //! Where each bucket lies is read from two samples loaned at once.
 
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 
 use iceoryx2::port::publisher::Publisher;
@@ -58,15 +59,56 @@ impl Buckets {
 }
 
 /// Allocates the pages of `publisher`'s data segment that messages of up to
-/// `message_bytes` write (see the module's docs). Where the segment's layout cannot be
-/// read (not a file in a shared mapping, buckets not as expected) it allocates nothing and
-/// says so in the log; ENOSPC is [`SluiceError::ShmTooSmall`].
+/// `message_bytes` write (see the module's docs), through this process's mapping of it.
+/// Where the segment's layout cannot be read (not a file in a shared mapping, buckets not
+/// as expected) or the kernel cannot populate a mapping (before Linux 5.14) it allocates
+/// nothing and says so in the log; a full `/dev/shm` is [`SluiceError::ShmTooSmall`].
 pub(crate) fn reserve(
     publisher: &Publisher<Ipc, [u8], FrameHeader>,
     topic: &str,
     message_bytes: usize,
     chunks: u64,
 ) -> Result<()> {
+    let Some((segment, buckets)) = layout(publisher, topic, message_bytes, chunks)? else {
+        return Ok(());
+    };
+    let mut needed = 0u64;
+    for (start, bytes) in buckets.written(segment.len, message_bytes as u64) {
+        needed = needed.saturating_add(bytes);
+        match segment.populate(start, bytes) {
+            Ok(()) => {}
+            // Populating would have been a SIGBUS: tmpfs has no page left.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EFAULT | libc::ENOMEM)) => {
+                return Err(SluiceError::ShmTooSmall {
+                    topic: topic.to_string(),
+                    needed,
+                    available: shm_available().unwrap_or(0),
+                    path: SHM_DIR.into(),
+                });
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                tracing::warn!(%topic, "this kernel cannot populate a mapping ahead (Linux 5.14 can): the topic's pages are allocated as messages are written, and a /dev/shm filled meanwhile crashes the producer");
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(SluiceError::io(
+                    "cannot allocate a topic's shared memory",
+                    e,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Where this process maps the data segment of `publisher`, and its buckets, read from two
+/// samples loaned at once; `None` (logged) where that cannot be read.
+fn layout(
+    publisher: &Publisher<Ipc, [u8], FrameHeader>,
+    topic: &str,
+    message_bytes: usize,
+    chunks: u64,
+) -> Result<Option<(Segment, Buckets)>> {
     let len = message_bytes.max(1);
     let loan = || {
         publisher
@@ -74,65 +116,101 @@ pub(crate) fn reserve(
             .map_err(transport("cannot loan shared memory for a message"))
     };
     let (mut first, mut second) = (loan()?, loan()?);
-    let (a, b) = (first.payload_mut().as_ptr(), second.payload_mut().as_ptr());
+    let (a, b) = (
+        first.payload_mut().as_ptr() as usize,
+        second.payload_mut().as_ptr() as usize,
+    );
+    drop((first, second));
     let (
         Backing::File {
             path,
             inode,
-            offset: a,
+            offset: offset_a,
         },
-        Backing::File { offset: b, .. },
-    ) = (backing_file(a as usize, len), backing_file(b as usize, len))
+        Backing::File {
+            offset: offset_b, ..
+        },
+    ) = (backing_file(a, len), backing_file(b, len))
     else {
         tracing::debug!(%topic, "the topic's segment is no file this process maps: not allocated ahead");
-        return Ok(());
+        return Ok(None);
     };
-    drop((first, second));
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| SluiceError::io(format!("cannot open {}", path.display()), e))?;
-    let size = file
-        .metadata()
+    let file = std::fs::metadata(&path)
         .map_err(|e| SluiceError::io(format!("cannot read {}", path.display()), e))?;
-    if size.ino() != inode {
-        return Err(SluiceError::Transport(format!(
-            "{} was replaced while topic '{topic}' was created",
-            path.display()
-        )));
-    }
-    let Some(buckets) = Buckets::from_offsets(a as u64, b as u64, size.len(), chunks) else {
-        tracing::warn!(%topic, a, b, len = size.len(), chunks, "unexpected layout of the topic's segment: its pages are allocated as messages are written");
-        return Ok(());
+    let buckets = Buckets::from_offsets(offset_a as u64, offset_b as u64, file.len(), chunks);
+    let (Some(base), Some(buckets), true) = (a.checked_sub(offset_a), buckets, file.ino() == inode)
+    else {
+        tracing::warn!(%topic, offset_a, offset_b, len = file.len(), chunks, "unexpected layout of the topic's segment: its pages are allocated as messages are written");
+        return Ok(None);
     };
-    let mut needed = 0u64;
-    for (start, bytes) in buckets.written(size.len(), message_bytes as u64) {
-        needed = needed.saturating_add(bytes);
-        allocate(&file, start, bytes).map_err(|e| match e.raw_os_error() {
-            Some(libc::ENOSPC) => SluiceError::ShmTooSmall {
-                topic: topic.to_string(),
-                needed,
-                available: shm_available().unwrap_or(0),
-                path: SHM_DIR.into(),
-            },
-            _ => SluiceError::io(format!("cannot allocate {}", path.display()), e),
-        })?;
-    }
-    Ok(())
+    let segment = Segment {
+        base,
+        len: file.len(),
+        inode,
+    };
+    Ok(Some((segment, buckets)))
 }
 
-/// Allocates `len` bytes of `file` from `offset` (tmpfs: its pages).
-fn allocate(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<()> {
-    let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
-        return Err(std::io::Error::from_raw_os_error(libc::EFBIG));
-    };
-    // SAFETY: posix_fallocate reads its integer arguments only; the descriptor is open
-    // for writing for the duration of the call (`file` is borrowed).
-    match unsafe { libc::posix_fallocate(file.as_raw_fd(), offset, len) } {
-        0 => Ok(()),
-        errno => Err(std::io::Error::from_raw_os_error(errno)),
+/// A data segment as this process maps it: the file's first byte at `base`.
+struct Segment {
+    base: usize,
+    len: u64,
+    inode: u64,
+}
+
+impl Segment {
+    /// Allocates the pages of bytes `[start, start + bytes)` of the file, as writing them
+    /// would, but failing where writing would be a SIGBUS.
+    fn populate(&self, start: u64, bytes: u64) -> std::io::Result<()> {
+        let page = page_size();
+        let range = usize::try_from(start)
+            .ok()
+            .zip(usize::try_from(bytes).ok())
+            .and_then(|(start, bytes)| {
+                let first = self.base.checked_add(start)? / page * page;
+                let end = self.base.checked_add(start)?.checked_add(bytes)?;
+                Some((first, end.checked_next_multiple_of(page)?))
+            });
+        let Some((first, end)) = range else {
+            return Err(std::io::Error::from_raw_os_error(libc::EOVERFLOW));
+        };
+        // The range must lie in this process's mapping of the segment's file, at the
+        // offsets computed: iceoryx2 maps the whole file once, so this holds unless the
+        // layout was misread.
+        let Backing::File { inode, offset, .. } = backing_file(first, end - first) else {
+            return Err(std::io::Error::from_raw_os_error(libc::EFAULT));
+        };
+        if inode != self.inode || self.base.checked_add(offset) != Some(first) {
+            return Err(std::io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        // SAFETY: `[first, end)` lies in a shared mapping of the segment's file that the
+        // publisher keeps (checked just above against /proc/self/maps, and the caller
+        // borrows the publisher); MADV_POPULATE_WRITE faults its pages in writable without
+        // writing to them, so no byte another process may read changes, and it reports
+        // a fault that would be a SIGBUS (a full tmpfs) as EFAULT instead of raising it.
+        let done = unsafe {
+            libc::madvise(
+                first as *mut libc::c_void,
+                end - first,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if done == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
     }
+}
+
+/// The size of a memory page.
+fn page_size() -> usize {
+    // SAFETY: sysconf reads a constant of the system.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size)
+        .ok()
+        .filter(|&s| s > 0)
+        .unwrap_or(4096)
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ use crate::header::FrameHeader;
 use crate::liveness::{live_subscribers, producer_state};
 use crate::namespace::{Liveness, Namespace};
 use crate::naming::{DataService, service_name};
+use crate::registration::create_private_dir;
 use crate::{Ipc, permission_denied, transport};
 
 /// How long a new producer waits for the subscribers of a dead producer before it says
@@ -28,9 +29,53 @@ const TAKEOVER_WAIT: Duration = Duration::from_secs(5);
 /// How often it says so again afterwards.
 const TAKEOVER_NOTE_EVERY: Duration = Duration::from_secs(15);
 
+/// Where the generation of each topic's last producer is kept.
+fn generations_dir(namespace: &Namespace) -> std::path::PathBuf {
+    namespace.root().join("generations")
+}
+
+/// The generation the topic's last producer created its services under, if known.
+fn last_generation(namespace: &Namespace, topic: &TopicName) -> Option<u32> {
+    let path = generations_dir(namespace).join(topic.as_str());
+    let text = std::fs::read_to_string(path).ok()?;
+    text.trim().parse().ok().filter(|&g| g < GENERATIONS)
+}
+
+/// Records the generation a producer created the topic's services under, so that the next
+/// producer starts its search after it.
+///
+/// iceoryx2 removes a service's files one after another, by name: a dead producer's
+/// generation whose last holder is letting go can look free (its static configuration
+/// gone) while the rest of its files are still being removed, and a successor that
+/// created its services under the same name then lost some of them to that removal (seen
+/// as "the static storage was already removed", its subscribers never finding it; 1 run
+/// in 12 of `flight::a_stopped_remote_subscriber_…` where creating the topic took a
+/// little longer). A new generation each time avoids the names being removed.
+pub(crate) fn remember_generation(namespace: &Namespace, topic: &TopicName, generation: u32) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = generations_dir(namespace);
+    let written = create_private_dir(&dir)
+        .map_err(std::io::Error::other)
+        .and_then(|()| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(dir.join(topic.as_str()))?
+                .write_all(generation.to_string().as_bytes())
+        });
+    if let Err(e) = written {
+        tracing::debug!(%topic, generation, "cannot record the topic's generation: {e}");
+    }
+}
+
 /// Chooses the generation of the topic's services for a producer that has claimed the
-/// topic (see [`crate::claim`]): the first one that does not exist, or that a producer
-/// killed while creating it left half-created (`create_or_rescue` removes that).
+/// topic (see [`crate::claim`]): the first one after the last producer's (see
+/// [`remember_generation`]) that does not exist, or that a producer killed while creating
+/// it left half-created (`create_or_rescue` removes that).
 ///
 /// First waits until no live subscriber is attached to a dead producer's generation:
 /// they are taking what it queued for them, and those with `reconnect` declare their
@@ -54,11 +99,12 @@ pub(crate) fn wait_for_dead_topic(
     };
     let start = Instant::now();
     let mut next_note = TAKEOVER_WAIT;
+    let first = last_generation(namespace, topic).map_or(0, |g| (g + 1) % GENERATIONS);
     loop {
         let mut free = None;
         let mut attached = 0;
         let mut unknown = false;
-        for generation in 0..GENERATIONS {
+        for generation in (0..GENERATIONS).map(|k| (first + k) % GENERATIONS) {
             let name = service_name(topic, generation, "data")?;
             let events = ["ready", "released"].into_iter().any(|part| {
                 service_name(topic, generation, part)
