@@ -645,8 +645,17 @@ fn a_lag_limit_detaches_or_skips_a_slow_subscriber() {
         }
         slow.signal(libc::SIGSTOP);
         let fast = h.spawn(&["subscribe", &topic, "--json", "--timeout", "60"]);
-        // The producer publishes the epoch, then waits to deliver its end to the stopped one.
-        std::thread::sleep(Duration::from_millis(1500));
+        // The producer starts once the fast one has attached, publishes the epoch, then
+        // waits to deliver its end to the stopped one (no fixed sleep: on a loaded
+        // machine the fast one was seen to take longer to attach than any sleep chosen).
+        let start = Instant::now();
+        while !paced_by(&h, &topic, slow.pid()) {
+            assert!(
+                start.elapsed() < LIMIT,
+                "the producer never waited for the stopped subscriber"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         slow.signal(libc::SIGCONT);
         assert_exactly_once(&fast.wait(LIMIT), 1, rows, &sum);
         let out = slow.wait(LIMIT);
@@ -668,6 +677,17 @@ fn a_lag_limit_detaches_or_skips_a_slow_subscriber() {
         }
         assert!(producer.wait(LIMIT).status.success());
     }
+}
+
+/// Whether the producer of `topic` waits for the subscriber of process `pid` (its
+/// full-queue wait, as `sluice status` shows it).
+fn paced_by(h: &Harness, topic: &str, pid: i32) -> bool {
+    sluice::status::snapshot(&h.ns)
+        .unwrap_or_default()
+        .iter()
+        .filter(|t| t.topic == topic)
+        .filter_map(|t| t.paced_by.as_ref())
+        .any(|p| i64::from(p.pid) == i64::from(pid))
 }
 
 /// A seeded source of "random moments", so that a failing iteration reproduces.
