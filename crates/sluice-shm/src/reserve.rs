@@ -72,6 +72,7 @@ pub(crate) fn reserve(
     let Some((segment, buckets)) = layout(publisher, topic, message_bytes, chunks)? else {
         return Ok(());
     };
+    let started = std::time::Instant::now();
     let mut needed = 0u64;
     for (start, bytes) in buckets.written(segment.len, message_bytes as u64) {
         needed = needed.saturating_add(bytes);
@@ -98,6 +99,7 @@ pub(crate) fn reserve(
             }
         }
     }
+    tracing::debug!(%topic, bytes = needed, ms = started.elapsed().as_secs_f64() * 1e3, "allocated the topic's shared memory");
     Ok(())
 }
 
