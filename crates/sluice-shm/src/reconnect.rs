@@ -25,15 +25,28 @@ pub fn connect_while(
     topic: &TopicName,
     wait: Option<Duration>,
     replay: bool,
-    mut wanted: impl FnMut() -> bool,
+    wanted: impl FnMut() -> bool,
 ) -> Result<Option<TopicSubscriber>> {
-    let _interest = Interest::declare(namespace, topic)?;
+    let mut interest = Some(Interest::declare(namespace, topic)?);
+    connect_declared_while(namespace, topic, wait, replay, wanted, &mut interest)
+}
+
+/// [`connect_while`] under the caller's declaration (see
+/// [`TopicSubscriber::connect_declared`]).
+fn connect_declared_while(
+    namespace: &Namespace,
+    topic: &TopicName,
+    wait: Option<Duration>,
+    replay: bool,
+    mut wanted: impl FnMut() -> bool,
+    interest: &mut Option<Interest>,
+) -> Result<Option<TopicSubscriber>> {
     let started = Instant::now();
     loop {
         let left = wait.map(|w| w.saturating_sub(started.elapsed()));
         let slice = left.map_or(CONNECT_SLICE, |l| l.min(CONNECT_SLICE));
         let last = left.is_some_and(|l| l <= CONNECT_SLICE);
-        match TopicSubscriber::connect(namespace, topic, Some(slice), replay) {
+        match TopicSubscriber::connect_declared(namespace, topic, Some(slice), replay, interest) {
             Err(SluiceError::Timeout { what, .. }) if last => {
                 return Err(SluiceError::Timeout {
                     what,
@@ -72,14 +85,15 @@ impl TopicSubscriber {
         let topic = self.topic().clone();
         let settings = self.settings();
         tracing::info!(%topic, "producer lost; waiting up to {wait:?} for a restarted one");
-        let _interest = Interest::declare(&namespace, &topic)?;
+        let mut interest = Some(Interest::declare(&namespace, &topic)?);
         // Every port and service handle of the old topic goes before waiting.
         drop(self);
         let next =
-            connect_while(&namespace, &topic, Some(wait), true, wanted).map_err(|e| match e {
-                SluiceError::Timeout { .. } => SluiceError::ProducerLost(topic.to_string()),
-                other => other,
-            })?;
+            connect_declared_while(&namespace, &topic, Some(wait), true, wanted, &mut interest)
+                .map_err(|e| match e {
+                    SluiceError::Timeout { .. } => SluiceError::ProducerLost(topic.to_string()),
+                    other => other,
+                })?;
         Ok(next.map(|mut next| {
             next.apply(settings);
             next

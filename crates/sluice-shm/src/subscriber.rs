@@ -126,10 +126,26 @@ impl TopicSubscriber {
         timeout: Option<Duration>,
         replay: bool,
     ) -> Result<Self> {
+        Self::connect_declared(namespace, topic, timeout, replay, &mut None)
+    }
+
+    /// [`Self::connect`] for a caller that waits in several calls (slices) and declares
+    /// its interest once for them all (see `crate::interest`): `interest` is the
+    /// declaration, made here if `None`, kept on a timeout and withdrawn once attached, so
+    /// that one subscriber is never counted as several waiting ones.
+    pub fn connect_declared(
+        namespace: &Namespace,
+        topic: &TopicName,
+        timeout: Option<Duration>,
+        replay: bool,
+        interest: &mut Option<Interest>,
+    ) -> Result<Self> {
         let node = namespace.node("subscriber")?;
         // Declared before the first look, so that a producer creating the topic from now
         // on waits for this subscriber before its first batch (see `crate::interest`).
-        let interest = Interest::declare(namespace, topic)?;
+        if interest.is_none() {
+            *interest = Some(Interest::declare(namespace, topic)?);
+        }
         let Attached {
             data,
             ready,
@@ -154,7 +170,7 @@ impl TopicSubscriber {
         )))?;
         // Attached: withdraw the declaration, then let a producer waiting for subscribers
         // know that one arrived.
-        drop(interest);
+        *interest = None;
         let _ = released.notify_with_custom_event_id(EventId::new(events::RELEASED));
         let tell_every = (subscriber.buffer_size() / RELEASES_PER_QUEUE).max(1);
         let subscriber = Arc::new(subscriber);

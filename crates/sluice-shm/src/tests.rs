@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrow::array::{ArrayRef, Int64Array};
 use arrow::record_batch::RecordBatch;
@@ -1462,4 +1462,41 @@ fn a_dev_shm_filled_after_the_topic_was_created_is_an_error_not_a_crash() {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A subscriber that waits in slices (the Flight server's, a facade `Connector`, a
+/// successor's wait) is one waiting subscriber to a producer, not one per layer that
+/// waits: its declaration is made once and withdrawn once it is attached.
+#[test]
+fn a_subscriber_waiting_in_slices_declares_its_interest_once() {
+    use crate::interest::pending_interest;
+
+    let ns = namespace("once");
+    let topic = TopicName::new("t").unwrap();
+    let waiting = {
+        let (ns, topic) = (ns.clone(), topic.clone());
+        std::thread::spawn(move || {
+            crate::connect_while(&ns, &topic, Some(Duration::from_secs(60)), false, || true)
+        })
+    };
+    let start = Instant::now();
+    while pending_interest(&ns, &topic) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no interest declared"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Across several slices of the wait.
+    for _ in 0..(3 * crate::CONNECT_SLICE.as_millis() / 50) {
+        assert_eq!(pending_interest(&ns, &topic), 1);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let publisher = TopicPublisher::create(&ns, config(4, 4, 2, 4 << 10), stop).unwrap();
+    let subscriber = waiting.join().unwrap().unwrap();
+    assert!(subscriber.is_some());
+    assert_eq!(pending_interest(&ns, &topic), 0);
+    drop((subscriber, publisher));
+    ns.purge();
 }

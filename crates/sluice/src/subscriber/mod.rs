@@ -147,10 +147,8 @@ impl Connector {
             (Some(left), Some(slice)) => Some(left.min(slice)),
             (left, slice) => left.or(slice),
         };
-        let subscriber = Subscriber::attach(&self.topic, &self.options, wait)?;
-        // Attached: the producer need not wait for this subscriber's declaration any more.
-        self.interest = None;
-        Ok(subscriber)
+        // The declaration is withdrawn once attached.
+        Subscriber::attach(&self.topic, &self.options, wait, &mut self.interest)
     }
 
     /// Whether the options' `timeout` has run out since [`Connector::new`].
@@ -208,8 +206,14 @@ impl Subscriber {
     }
 
     /// Attaches to `topic` once, waiting up to `wait` (`None`: as long as it takes) for
-    /// its producer; `options.timeout` is kept for the batches.
-    fn attach(topic: &str, options: &SubscribeOptions, wait: Option<Duration>) -> Result<Self> {
+    /// its producer, under the declaration `interest` of a local topic (see
+    /// [`TopicSubscriber::connect_declared`]); `options.timeout` is kept for the batches.
+    fn attach(
+        topic: &str,
+        options: &SubscribeOptions,
+        wait: Option<Duration>,
+        interest: &mut Option<sluice_shm::Interest>,
+    ) -> Result<Self> {
         let namespace = match options.namespace.clone() {
             Some(ns) => ns,
             None => Namespace::from_env()?,
@@ -232,8 +236,9 @@ impl Subscriber {
             return Self::new(topic, shown, namespace, options, port, usize::MAX / 4);
         }
         let topic = TopicName::new(topic)?;
+        let replay = options.join == Join::Replay;
         let mut inner =
-            TopicSubscriber::connect(&namespace, &topic, wait, options.join == Join::Replay)?;
+            TopicSubscriber::connect_declared(&namespace, &topic, wait, replay, interest)?;
         inner.set_columns(options.columns.clone());
         inner.set_on_max_held(options.on_max_held);
         let max_held = inner.max_held();
