@@ -35,6 +35,7 @@ mod batch;
 mod c_device;
 mod dlpack;
 mod errors;
+mod feeder;
 mod gpu;
 mod private_map;
 mod producer;
@@ -65,6 +66,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<gpu::PyDeviceColumn>()?;
     m.add_class::<producer::PyProducer>()?;
     m.add_class::<producer::PyRunStats>()?;
+    m.add_class::<feeder::PyFeeder>()?;
     m.add_function(wrap_pyfunction!(subscriber::subscribe, m)?)?;
     m.add_function(wrap_pyfunction!(producer::_shutdown, m)?)?;
     m.add("SluiceError", py.get_type::<errors::SluiceError>())?;

@@ -34,6 +34,12 @@ static LIVE: Mutex<Vec<(Owner, Weak<ProducerHandle>)>> = Mutex::new(Vec::new());
 #[derive(Debug, Clone)]
 pub struct PyRunStats(RunStats);
 
+impl From<RunStats> for PyRunStats {
+    fn from(stats: RunStats) -> Self {
+        Self(stats)
+    }
+}
+
 #[pymethods]
 impl PyRunStats {
     /// Epochs completed.

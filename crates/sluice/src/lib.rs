@@ -50,7 +50,7 @@ pub use checkpoint::{Checkpoint, DataListing};
 pub use gpu::batch::{DeviceBatch, DeviceColumn, DevicePart};
 pub use gpu::host_copy::HostCopier;
 pub use producer::{
-    Producer, ProducerHandle, Progress, RunOptions, RunStats, auto_message_batches,
+    Feeder, Producer, ProducerHandle, Progress, RunOptions, RunStats, auto_message_batches,
 };
 pub use sluice_core::{Checksum, Columns, Position, Result, SluiceError};
 pub use sluice_plan::{Plan, Shard, SluiceOptions, StoreStats};

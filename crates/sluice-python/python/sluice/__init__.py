@@ -70,6 +70,7 @@ from sluice._sluice import (
     _shutdown,
     subscribe,
 )
+from sluice.loader import publish, structured
 
 # Producers still running when the interpreter exits are stopped, so that they remove
 # their shared memory instead of leaving it to be reclaimed by the next process.
@@ -95,5 +96,7 @@ __all__ = [
     "Timeout",
     "TransportError",
     "__version__",
+    "publish",
+    "structured",
     "subscribe",
 ]

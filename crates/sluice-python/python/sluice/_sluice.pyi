@@ -441,3 +441,35 @@ class Producer:
     ) -> bool: ...
 
 def _shutdown() -> None: ...
+
+class Feeder:
+    """A producer whose batches Python code feeds, one message each (what
+    :func:`sluice.publish` drives; see ``sluice.loader``). The run starts at once on a
+    thread of this process; the topic is created with the first batch."""
+
+    def __init__(
+        self,
+        topic: str,
+        *,
+        epochs: int | None = None,
+        window: int | None = None,
+        max_subscribers: int | None = None,
+        min_subscribers: int | None = None,
+        max_held: int | None = None,
+        lag_limit: int | None = None,
+        wait_timeout: float | None = None,
+        linger: float = 10.0,
+    ) -> None: ...
+    @property
+    def topic(self) -> str: ...
+    def send(self, batch: Any) -> None:
+        """Feeds the next batch of the epoch (an ``__arrow_c_array__`` record batch);
+        waits, without the GIL, while the run is two batches behind."""
+    def end_epoch(self) -> None:
+        """Ends the current epoch."""
+    def fail(self, message: str) -> None:
+        """Fails the run with ``message`` (subscribers get ``ProducerFailed``)."""
+    def finish(self) -> RunStats:
+        """After the last epoch: waits for the run to end and returns what it did."""
+    def close(self) -> None:
+        """Stops the run where it is (subscribers are told it stopped)."""

@@ -72,6 +72,8 @@ backend when the buffer is aligned as XLA wants.)
 
 from __future__ import annotations
 
+import functools
+
 import os
 import signal
 import sys
@@ -453,3 +455,65 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         state["_subscriber"] = None
         state["_epochs"] = None
         return state
+
+
+def _structured_tensors(batch: sluice.Batch, device: Any = None) -> Any:
+    """``batch`` in its loader's structure (:func:`sluice.structured`), the loader's
+    tensors as torch tensors (DLPack views of shared memory), moved to ``device``."""
+    torch = _require_torch()
+
+    def tensor(column: Any, dtype: Any) -> Any:
+        out = torch.from_dlpack(column.__dlpack__())
+        # Bool tensors travel as bytes (Arrow tensors hold no bits).
+        return out.view(torch.bool) if dtype.kind == "b" and out.dtype != torch.bool else out
+
+    return _moved(sluice.structured(batch, to_tensor=tensor), device)
+
+
+def _moved(obj: Any, device: Any) -> Any:
+    if device is None:
+        return obj
+    if isinstance(obj, dict):
+        return {k: _moved(v, device) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_moved(v, device) for v in obj)
+    return obj.to(device) if hasattr(obj, "to") and not isinstance(obj, str) else obj
+
+
+class SharedLoader(IterableDataset):
+    """A ``DataLoader`` replacement for a topic that :func:`sluice.publish` feeds: each
+    pass yields one epoch of exactly what the publishing loader yielded (the same
+    nesting, dtypes and shapes; with ``batch_size=None`` the same batches), so a training
+    script changes one line::
+
+        loader = sluice.torch.SharedLoader("images")   # was: DataLoader(dataset, ...)
+        for epoch in range(epochs):
+            for images, labels in loader:
+                ...
+
+    The loader's torch tensors arrive as CPU tensors viewing shared memory (a write
+    makes a private copy of the pages it touches), its numpy arrays as numpy arrays, its
+    lists as lists. ``batch_size`` re-batches to this trainer's own size; ``join``,
+    ``timeout`` and ``on_lag`` are :func:`sluice.subscribe`'s; ``device`` moves every
+    tensor there (``"cuda"``: a host-to-device copy per tensor, on torch's current
+    stream).
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        batch_size: int | None = None,
+        *,
+        join: str = "now",
+        timeout: float | None = None,
+        on_lag: str = "error",
+        device: Any = None,
+    ) -> None:
+        super().__init__(
+            topic,
+            batch_size=batch_size,
+            join=join,
+            timeout=timeout,
+            on_lag=on_lag,
+            transform=functools.partial(_structured_tensors, device=_parse_device(device)),
+        )

@@ -1,7 +1,8 @@
-//! The producer: runs a plan and publishes its batches on a topic.
+//! The producer: runs a plan (or takes the batches a loader feeds it) and publishes its
+//! batches on a topic.
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use std::path::PathBuf;
@@ -11,6 +12,7 @@ use sluice_plan::{Plan, SluiceOptions};
 use sluice_shm::{Namespace, TopicConfig, TopicPublisher, message_bytes};
 use tokio::runtime::Handle;
 
+mod fed;
 mod handle;
 mod report;
 mod run;
@@ -18,10 +20,11 @@ mod sizing;
 mod source;
 mod start;
 
+pub use fed::Feeder;
 pub use handle::ProducerHandle;
 pub use sizing::auto_message_batches;
 
-use crate::checkpoint::DataListing;
+use crate::checkpoint::{CheckpointWriter, DataListing};
 use report::ProducerReporter;
 use run::{Run, Sink, wait_for_interested};
 use sizing::{First, SHORT_WINDOW, TopicPlan};
@@ -110,22 +113,65 @@ pub struct RunStats {
     pub wakeups: u64,
 }
 
-/// Runs a plan and publishes its output on the plan's topic.
+/// Runs a plan (or takes the batches fed to it) and publishes its output on the topic.
 #[derive(Debug)]
 pub struct Producer {
-    plan: Plan,
+    feed: Feed,
     namespace: Namespace,
+}
+
+/// Where a producer's batches come from.
+enum Feed {
+    Plan(Box<Plan>),
+    /// Batches fed through a [`Feeder`]; the run takes the source.
+    Fed {
+        options: Box<SluiceOptions>,
+        source: Mutex<Option<fed::FedSource>>,
+    },
+}
+
+impl std::fmt::Debug for Feed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Feed::Plan(plan) => f.debug_tuple("Plan").field(plan).finish(),
+            Feed::Fed { options, .. } => f
+                .debug_struct("Fed")
+                .field("topic", &options.topic)
+                .finish(),
+        }
+    }
 }
 
 impl Producer {
     /// A producer for `plan` in `namespace`.
     pub fn new(plan: Plan, namespace: Namespace) -> Self {
-        Self { plan, namespace }
+        Self {
+            feed: Feed::Plan(Box::new(plan)),
+            namespace,
+        }
     }
 
-    /// The plan.
-    pub fn plan(&self) -> &Plan {
-        &self.plan
+    /// A producer of the batches fed through the returned [`Feeder`], each published as
+    /// one message (subscribers that keep the producer's batches receive exactly those),
+    /// with `options`' topic, epochs and topic settings (`sluice.window`,
+    /// `max_subscribers`, `min_subscribers`, `lag_limit`, `max_held`, `device`); the
+    /// settings of a plan's query (`batch_rows`, shuffling, sharding) do not apply. It
+    /// cannot resume from a checkpoint.
+    pub fn fed(options: SluiceOptions, namespace: Namespace) -> (Self, Feeder) {
+        let (feeder, source) = fed::channel();
+        let feed = Feed::Fed {
+            options: Box::new(options),
+            source: Mutex::new(Some(source)),
+        };
+        (Self { feed, namespace }, feeder)
+    }
+
+    /// The plan, for a producer that runs one.
+    pub fn plan(&self) -> Option<&Plan> {
+        match &self.feed {
+            Feed::Plan(plan) => Some(plan.as_ref()),
+            Feed::Fed { .. } => None,
+        }
     }
 
     /// Runs every epoch of the plan and publishes it. Blocks the calling thread; the
@@ -139,23 +185,63 @@ impl Producer {
         &self,
         handle: &Handle,
         options: &RunOptions,
+        on_progress: impl FnMut(&Progress),
+    ) -> Result<RunStats> {
+        match &self.feed {
+            Feed::Plan(plan) => {
+                let opts = plan.options().clone();
+                opts.validate()?;
+                let topic = opts.topic_name()?;
+                // The files as listed now: what a checkpoint of this run is taken over.
+                let data = DataListing::from(&handle.block_on(plan.listing())?);
+                let start = StartPoint::resolve(plan, &self.namespace, &topic, options, data)?;
+                let position = start.position;
+                let checkpoint = start.writer(&topic)?;
+                let source = PlanSource::new(plan, &opts);
+                let run = (source, position, Some(checkpoint));
+                self.publish(handle, options, &opts, run, on_progress)
+            }
+            Feed::Fed {
+                options: opts,
+                source,
+            } => {
+                if options.resume {
+                    return Err(SluiceError::Config(
+                        "a producer fed by a loader cannot resume from a checkpoint: start it \
+                         again from the beginning"
+                            .into(),
+                    ));
+                }
+                opts.validate()?;
+                let source = source
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take()
+                    .ok_or_else(|| SluiceError::Config("a fed producer runs once".into()))?;
+                let run = (source, Position::default(), None);
+                self.publish(handle, options, opts, run, on_progress)
+            }
+        }
+    }
+
+    /// Publishes `source`'s epochs from `position` (see [`Producer::run`]), keeping
+    /// checkpoints where the run can resume.
+    fn publish<S: Source>(
+        &self,
+        handle: &Handle,
+        options: &RunOptions,
+        opts: &SluiceOptions,
+        (mut source, position, checkpoint): (S, Position, Option<CheckpointWriter>),
         mut on_progress: impl FnMut(&Progress),
     ) -> Result<RunStats> {
-        let opts = self.plan.options().clone();
-        opts.validate()?;
         let device = crate::gpu::open_device(opts.device()?)?;
         let topic = opts.topic_name()?;
-        // The files as listed now: what a checkpoint of this run is taken over.
-        let data = DataListing::from(&handle.block_on(self.plan.listing())?);
-        let start = StartPoint::resolve(&self.plan, &self.namespace, &topic, options, data)?;
-        let position = start.position;
-        let mut source = PlanSource::new(&self.plan, &opts);
         // The first message tells how large messages are, which sizes the shared memory.
         let mut encoder = wire::Encoder::new();
         let first = read_first(
             &mut source,
             handle,
-            &opts,
+            opts,
             position,
             device.is_some(),
             &mut encoder,
@@ -163,7 +249,7 @@ impl Producer {
         let plan = TopicPlan::new(
             &self.namespace,
             &topic,
-            &opts,
+            opts,
             first.as_ref().ok().and_then(Option::as_ref),
             device.is_some(),
         )?;
@@ -191,7 +277,7 @@ impl Producer {
         let shm_bytes = publisher.config().shm_bytes();
         tracing::info!(topic = %topic, shm_bytes, max_batches = plan.max_batches, "publishing");
         let mut run = Run {
-            checkpoint: start.writer(&topic)?,
+            checkpoint,
             reporter: ProducerReporter::new(
                 &self.namespace,
                 &topic,
@@ -209,7 +295,7 @@ impl Producer {
             header_batch_rows: plan.header_batch_rows,
             messages: 0,
         };
-        let result = run.publish(handle, options, &opts, position, first, &mut on_progress);
+        let result = run.publish(handle, options, opts, position, first, &mut on_progress);
         run.finish(result, options)
     }
 }
@@ -218,7 +304,7 @@ impl Producer {
 /// empty), encoded on a host topic; an error is kept for the subscribers to hear once
 /// the topic exists.
 fn read_first(
-    source: &mut PlanSource<'_>,
+    source: &mut impl Source,
     handle: &Handle,
     opts: &SluiceOptions,
     start: Position,

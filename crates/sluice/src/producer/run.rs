@@ -77,7 +77,8 @@ pub(crate) struct Run<S> {
     pub publisher: TopicPublisher,
     pub sink: Sink,
     pub source: S,
-    pub checkpoint: CheckpointWriter,
+    /// `None`: a run that cannot resume (a producer fed by a loader).
+    pub checkpoint: Option<CheckpointWriter>,
     pub reporter: ProducerReporter,
     pub progress: Progress,
     pub header_batch_rows: u32,
@@ -192,7 +193,9 @@ impl<S: Source> Run<S> {
             let next = message.index + message.batches;
             // The batches are in every live subscriber's queue: a restart may begin
             // after them.
-            self.checkpoint.record(Position::new(epoch, next), false)?;
+            if let Some(checkpoint) = &mut self.checkpoint {
+                checkpoint.record(Position::new(epoch, next), false)?;
+            }
             self.progress.batches += message.batches;
             self.progress.rows += message.rows.num_rows() as u64;
             self.progress.bytes += bytes;
@@ -204,7 +207,10 @@ impl<S: Source> Run<S> {
         }
         let (batches, rows) = self.source.produced();
         self.publisher.publish_end_of_epoch(epoch, batches, rows)?;
-        self.checkpoint.record(Position::new(epoch + 1, 0), true)
+        match &mut self.checkpoint {
+            Some(checkpoint) => checkpoint.record(Position::new(epoch + 1, 0), true),
+            None => Ok(()),
+        }
     }
 
     /// Ends the run: drains (a finished run) or tells the subscribers why it failed,
@@ -216,7 +222,9 @@ impl<S: Source> Run<S> {
     ) -> Result<RunStats> {
         // Whatever happens next, this run will not be resumed: it ended, or it told its
         // subscribers that it failed. Only a crash leaves a checkpoint behind.
-        self.checkpoint.remove();
+        if let Some(checkpoint) = &self.checkpoint {
+            checkpoint.remove();
+        }
         let batch = self.source.produced().0;
         let state = if result.is_ok() { "draining" } else { "failed" };
         self.reporter

@@ -1,0 +1,63 @@
+"""``python -m sluice publish package.module:make_loader --topic T --epochs N``: runs a
+data loader as a producer process of its own (see :func:`sluice.publish`).
+
+``make_loader`` is called once, without arguments, and returns the loader: anything
+iterated again for each epoch, such as a ``torch.utils.data.DataLoader``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any, Callable
+
+import sluice
+
+
+def _factory(spec: str) -> Callable[[], Any]:
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise SystemExit(f"expected package.module:function, not {spec!r}")
+    sys.path.insert(0, "")
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise SystemExit(f"cannot load {spec}: {e}") from e
+    if not callable(found):
+        raise SystemExit(f"{spec} is not a function that makes a loader")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sluice")
+    commands = parser.add_subparsers(dest="command", required=True)
+    publish = commands.add_parser("publish", help="publish what a data loader yields on a topic")
+    publish.add_argument("loader", help="package.module:function that returns the loader")
+    publish.add_argument("--topic", required=True)
+    publish.add_argument("--epochs", type=int, default=1)
+    publish.add_argument("--min-subscribers", type=int, default=None)
+    publish.add_argument("--wait-timeout", type=float, default=None)
+    publish.add_argument("--linger", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    loader = _factory(args.loader)()
+    try:
+        stats = sluice.publish(
+            loader,
+            args.topic,
+            epochs=args.epochs,
+            min_subscribers=args.min_subscribers,
+            wait_timeout=args.wait_timeout,
+            linger=args.linger,
+        )
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+        return 130
+    except sluice.SluiceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"published {stats.rows} rows in {stats.batches} batches over {stats.epochs} epoch(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

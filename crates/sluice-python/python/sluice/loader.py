@@ -1,0 +1,258 @@
+"""Share any Python data loader: publish what it yields, receive it in its own structure.
+
+::
+
+    # the producer process: the loader you have, unchanged
+    sluice.publish(loader, topic="images", epochs=10)
+
+    # every trainer: one line changes
+    for epoch in range(10):
+        for images, labels in sluice.torch.SharedLoader("images"):
+            ...
+
+A batch the loader yields may be a numpy array or a torch tensor (first dimension: rows),
+a tuple, list or dict of those (nested), a list of strings or numbers (one per row), a
+``pyarrow.RecordBatch`` or ``Table``, or anything exporting ``__arrow_c_array__`` /
+``__arrow_c_stream__`` (polars). Each becomes one Arrow record batch: 1-D arrays as
+columns, arrays of more dimensions as ``arrow.fixed_shape_tensor`` columns of their row
+shape, without a copy in Python; its single copy is the producer's write into shared
+memory. The structure (nesting, names, dtypes, row shapes) travels in the schema's
+metadata, so :func:`structured` rebuilds the loader's own batch from a Sluice batch, as
+numpy arrays (or torch tensors, see ``sluice.torch.SharedLoader``), viewing shared memory.
+Each batch the loader yields is one message: a subscriber without ``batch_size`` receives
+exactly the loader's batches; one with a ``batch_size`` receives the same rows in its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from sluice._sluice import Feeder, RunStats
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["flatten", "publish", "structured", "STRUCTURE_KEY"]
+
+#: The schema metadata key that holds a batch's structure (JSON).
+STRUCTURE_KEY = b"sluice.structure"
+
+_SCALARS = (str, bytes, bool, int, float)
+
+
+def _pa() -> Any:
+    import pyarrow as pa
+
+    return pa
+
+
+def _np() -> Any:
+    import numpy
+
+    return numpy
+
+
+def _is_numpy(obj: Any) -> bool:
+    return type(obj).__module__ == "numpy" and hasattr(obj, "ndim")
+
+
+def _is_torch(obj: Any) -> bool:
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "numpy")
+
+
+def _column(name: str, array: np.ndarray, lib: str) -> tuple[Any, dict[str, Any]]:
+    np = _np()
+    """An array of rows as an Arrow column and its leaf of the structure."""
+    pa = _pa()
+    if array.ndim == 0:
+        raise ValueError(f"'{name}' is a scalar, not a batch of rows (its first dimension)")
+    leaf = {"col": name, "lib": lib, "dtype": array.dtype.str, "shape": list(array.shape[1:])}
+    if array.dtype.hasobject:
+        raise TypeError(f"'{name}' holds Python objects ({array.dtype}); publish numbers or strings")
+    if array.ndim == 1:
+        return pa.array(array), leaf
+    if array.dtype == np.bool_:
+        # Arrow tensors hold no bits: one byte per value, seen as bool again on receipt.
+        array = array.view(np.uint8)
+    tensor = pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(array))
+    return tensor, leaf
+
+
+def _flatten(obj: Any, path: str, columns: dict[str, Any]) -> dict[str, Any]:
+    """The structure of ``obj``; its columns added to ``columns`` by name."""
+    def name_of(part: str) -> str:
+        return f"{path}.{part}" if path else part
+
+    if _is_numpy(obj) or _is_torch(obj):
+        lib = "torch" if _is_torch(obj) else "numpy"
+        array = obj.detach().cpu().numpy() if lib == "torch" else obj
+        name = path or "0"
+        column, leaf = _column(name, array, lib)
+        columns[name] = column
+        return leaf
+    if isinstance(obj, Mapping):
+        items = []
+        for key, value in obj.items():
+            if not isinstance(key, str):
+                raise TypeError(f"dict keys must be strings to name columns, not {key!r}")
+            items.append([key, _flatten(value, name_of(key), columns)])
+        return {"dict": items}
+    if isinstance(obj, (list, tuple)):
+        if obj and all(isinstance(v, _SCALARS) for v in obj):
+            name = path or "0"
+            columns[name] = _pa().array(list(obj))
+            return {"col": name, "lib": "list", "kind": type(obj[0]).__name__}
+        kind = "tuple" if isinstance(obj, tuple) else "list"
+        return {kind: [_flatten(v, name_of(str(i)), columns) for i, v in enumerate(obj)]}
+    raise TypeError(
+        f"cannot publish a {type(obj).__name__} in a batch: use numpy arrays, torch tensors, "
+        "lists of numbers or strings, or tuples, lists and dicts of those"
+    )
+
+
+def _arrow(obj: Any) -> Any:
+    """``obj`` as one pyarrow RecordBatch if it is Arrow data, else ``None``."""
+    pa = _pa()
+    if hasattr(obj, "to_arrow") and not isinstance(obj, (pa.RecordBatch, pa.Table)):
+        obj = obj.to_arrow()  # polars
+    if isinstance(obj, pa.RecordBatch):
+        return obj
+    if isinstance(obj, pa.Table) or hasattr(obj, "__arrow_c_stream__"):
+        table = pa.table(obj).combine_chunks()
+        batches = table.to_batches()
+        return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+    if hasattr(obj, "__arrow_c_array__"):
+        return pa.record_batch(obj)
+    return None
+
+
+def flatten(batch: Any) -> tuple[Any, dict[str, Any]]:
+    """One batch of a loader as a pyarrow RecordBatch carrying its structure, and the
+    structure (see the module docs)."""
+    pa = _pa()
+    arrow = _arrow(batch)
+    if arrow is not None:
+        structure: dict[str, Any] = {"arrow": True}
+        metadata = dict(arrow.schema.metadata or {})
+    else:
+        columns: dict[str, Any] = {}
+        structure = _flatten(batch, "", columns)
+        lengths = {name: len(c) for name, c in columns.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"the arrays of a batch must have as many rows each: {lengths}")
+        arrow = pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
+        metadata = {}
+    metadata[STRUCTURE_KEY] = json.dumps(structure).encode()
+    return arrow.replace_schema_metadata(metadata), structure
+
+
+def publish(
+    loader: Iterable[Any],
+    topic: str,
+    epochs: int = 1,
+    *,
+    min_subscribers: int | None = None,
+    wait_timeout: float | None = None,
+    linger: float = 10.0,
+    window: int | None = None,
+    max_subscribers: int | None = None,
+    max_held: int | None = None,
+    lag_limit: int | None = None,
+) -> RunStats:
+    """Publishes what ``loader`` yields on ``topic``, iterating it once per epoch.
+
+    ``loader`` is anything iterated again for each epoch (a ``DataLoader``, a list, an
+    object whose ``__iter__`` starts over; a generator runs once, so pass a function
+    that makes one: ``publish(lambda: gen(), ...)`` is not iterable, wrap it in a class
+    with ``__iter__``). The other arguments are the topic settings of a plan
+    (``sluice.min_subscribers`` and so on). Returns the run's :class:`RunStats`.
+
+    An exception the loader raises reaches every subscriber as ``ProducerFailed`` with
+    its type and message, then propagates here; Ctrl-C stops the run (subscribers are
+    told it stopped). A batch whose structure differs from the first one's (other
+    nesting, names, dtypes or row shapes) is a ``ValueError`` naming both, which the
+    subscribers get too.
+    """
+    feeder = Feeder(
+        topic,
+        epochs=epochs,
+        min_subscribers=min_subscribers,
+        wait_timeout=wait_timeout,
+        linger=linger,
+        window=window,
+        max_subscribers=max_subscribers,
+        max_held=max_held,
+        lag_limit=lag_limit,
+    )
+    first: dict[str, Any] | None = None
+    try:
+        for _ in range(epochs):
+            for batch in loader:
+                arrow, structure = flatten(batch)
+                if first is None:
+                    first = structure
+                elif structure != first:
+                    raise ValueError(
+                        f"a batch of the loader has another structure than the first: "
+                        f"{json.dumps(structure)} instead of {json.dumps(first)}"
+                    )
+                feeder.send(arrow)
+            feeder.end_epoch()
+    except KeyboardInterrupt:
+        feeder.close()
+        raise
+    except BaseException as e:
+        feeder.fail(f"{type(e).__name__}: {e}")
+        raise
+    return feeder.finish()
+
+
+def _leaf(batch: Any, record: Any, leaf: dict[str, Any], to_tensor: Any) -> Any:
+    np = _np()
+    name = leaf["col"]
+    if leaf["lib"] == "list":
+        return record.column(name).to_pylist()
+    want = np.dtype(leaf["dtype"])
+    if leaf["lib"] == "torch" and to_tensor is not None:
+        # The Sluice column itself: its DLPack export gives the tensor of its row shape.
+        return to_tensor(batch[name] if batch is not record else record.column(name), want)
+    column = record.column(name)
+    if leaf["shape"]:
+        array = column.to_numpy_ndarray()
+    else:
+        array = column.to_numpy(zero_copy_only=False)
+    if array.dtype == want:
+        return array
+    return array.view(want) if array.dtype.itemsize == want.itemsize else array.astype(want)
+
+
+def _build(batch: Any, record: Any, node: dict[str, Any], to_tensor: Any) -> Any:
+    if "col" in node:
+        return _leaf(batch, record, node, to_tensor)
+    if "dict" in node:
+        return {key: _build(batch, record, child, to_tensor) for key, child in node["dict"]}
+    if "tuple" in node:
+        return tuple(_build(batch, record, child, to_tensor) for child in node["tuple"])
+    return [_build(batch, record, child, to_tensor) for child in node["list"]]
+
+
+def structured(batch: Any, to_tensor: Any = None) -> Any:
+    """A Sluice batch of a topic :func:`publish` feeds, in the loader's own structure:
+    numpy arrays (viewing shared memory: read-only), Python lists for lists of strings or
+    numbers, a pyarrow RecordBatch for a loader that yielded Arrow data. ``to_tensor``
+    makes the leaves the loader yielded as torch tensors from their Sluice columns and
+    numpy dtypes (``sluice.torch.SharedLoader`` passes DLPack to torch)."""
+    pa = _pa()
+    record = batch if isinstance(batch, pa.RecordBatch) else pa.record_batch(batch)
+    metadata = record.schema.metadata or {}
+    if STRUCTURE_KEY not in metadata:
+        raise ValueError(
+            "this batch carries no loader structure: its topic is not fed by sluice.publish"
+        )
+    structure = json.loads(metadata[STRUCTURE_KEY])
+    if structure.get("arrow"):
+        rest = {k: v for k, v in metadata.items() if k != STRUCTURE_KEY}
+        return record.replace_schema_metadata(rest or None)
+    return _build(batch, record, structure, to_tensor)

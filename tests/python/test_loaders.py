@@ -1,0 +1,293 @@
+"""Any Python loader shared unchanged: ``sluice.publish`` iterates it once per epoch,
+subscriber processes receive its batches in the loader's own structure
+(``sluice.structured``), in their own batch sizes, checked against iterating the loader
+directly. A loader's exception and a change of structure reach every subscriber."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import sluice
+
+EPOCHS = 2
+
+# A subscriber process: receives every epoch in the loader's structure, copied out of
+# shared memory as it goes, and pickles them (structure and values) for the test.
+SUBSCRIBER = r"""
+import pickle, sys
+import numpy as np, pyarrow as pa, sluice
+
+def copy(obj):
+    if isinstance(obj, dict):
+        return {k: copy(v) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)) and not (obj and isinstance(obj[0], (str, int, float))):
+        return type(obj)(copy(v) for v in obj)
+    if isinstance(obj, np.ndarray):
+        return np.array(obj)
+    if isinstance(obj, pa.RecordBatch):
+        return ("arrow", obj.schema.to_string(show_schema_metadata=False), obj.to_pydict())
+    return obj
+
+topic, size, out = sys.argv[1], sys.argv[2], sys.argv[3]
+size = None if size == "none" else int(size)
+epochs = []
+with sluice.subscribe(topic, batch_size=size, timeout=60) as sub:
+    print("subscribed", flush=True)
+    for epoch in sub.epochs():
+        epochs.append([copy(sluice.structured(batch)) for batch in epoch])
+with open(out, "wb") as f:
+    pickle.dump(epochs, f)
+"""
+
+
+class Loader:
+    """Iterated again for every epoch, as a DataLoader is."""
+
+    def __init__(self, make: Callable[[int], Any], batches: int, rows: int = 16, last: int = 5):
+        self.make, self.batches, self.rows, self.last = make, batches, rows, last
+
+    def __iter__(self) -> Any:
+        for i in range(self.batches):
+            yield self.make_batch(i)
+
+    def make_batch(self, i: int) -> Any:
+        n = self.last if i == self.batches - 1 else self.rows
+        return self.make(i, n)
+
+
+def images(i: int, n: int) -> Any:
+    rng = np.random.default_rng(i)
+    return rng.random((n, 3, 8, 8), dtype=np.float32), rng.integers(0, 10, n)
+
+
+def tokens(i: int, n: int) -> Any:
+    rng = np.random.default_rng(100 + i)
+    ids = rng.integers(0, 30_000, (n, 12), dtype=np.int32)
+    return {
+        "input_ids": ids,
+        "mask": ids % 3 == 0,
+        "text": [f"sentence {i}.{j}" for j in range(n)],
+        "meta": {"id": np.arange(n, dtype=np.int64) + 100 * i, "score": rng.random(n).astype(np.float16)},
+    }
+
+
+def arrow(i: int, n: int) -> Any:
+    ids = pa.array(range(100 * i, 100 * i + n), pa.int64())
+    names = pa.array([f"row {100 * i + j}" for j in range(n)])
+    vectors = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(n * 4, dtype=np.float32)), 4)
+    return pa.RecordBatch.from_arrays([ids, names, vectors], names=["id", "name", "vector"])
+
+
+def _copied(obj: Any) -> Any:
+    """What the subscriber process pickles for ``obj``."""
+    if isinstance(obj, pa.RecordBatch):
+        return ("arrow", obj.schema.to_string(show_schema_metadata=False), obj.to_pydict())
+    return obj
+
+
+def assert_same(got: Any, want: Any, where: str = "batch") -> None:
+    want = _copied(want)
+    assert type(got) is type(want), f"{where}: {type(got).__name__} instead of {type(want).__name__}"
+    if isinstance(want, dict):
+        assert list(got) == list(want), f"{where}: keys {list(got)} instead of {list(want)}"
+        for key in want:
+            assert_same(got[key], want[key], f"{where}[{key!r}]")
+    elif isinstance(want, np.ndarray):
+        assert got.dtype == want.dtype, f"{where}: {got.dtype} instead of {want.dtype}"
+        assert got.shape == want.shape, f"{where}: {got.shape} instead of {want.shape}"
+        np.testing.assert_array_equal(got, want, err_msg=where)
+    elif isinstance(want, (tuple, list)) and want and not isinstance(want[0], (str, int, float)):
+        assert len(got) == len(want), where
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{where}[{k}]")
+    else:
+        assert got == want, f"{where}: {got!r} instead of {want!r}"
+
+
+def _is_arrow_copy(obj: Any) -> bool:
+    return isinstance(obj, tuple) and len(obj) == 3 and isinstance(obj[0], str) and obj[0] == "arrow"
+
+
+def concat(batches: list[Any]) -> Any:
+    """The rows of ``batches`` as one batch of the same structure."""
+    first = batches[0]
+    if isinstance(first, dict):
+        return {k: concat([b[k] for b in batches]) for k in first}
+    if isinstance(first, np.ndarray):
+        return np.concatenate(batches)
+    if _is_arrow_copy(first):
+        merged = {k: sum((b[2][k] for b in batches), []) for k in first[2]}
+        return ("arrow", first[1], merged)
+    if isinstance(first, pa.RecordBatch):
+        return concat([_copied(b) for b in batches])
+    if isinstance(first, (tuple, list)) and first and not isinstance(first[0], (str, int, float)):
+        return type(first)(concat([b[k] for b in batches]) for k in range(len(first)))
+    return sum(batches, [])
+
+
+def rows_of(batch: Any) -> int:
+    if isinstance(batch, dict):
+        return rows_of(next(iter(batch.values())))
+    if _is_arrow_copy(batch):
+        return len(next(iter(batch[2].values())))
+    if isinstance(batch, (tuple, list)) and batch and not isinstance(batch[0], (str, int, float)):
+        return rows_of(batch[0])
+    return len(batch)
+
+
+@pytest.mark.parametrize("make", [images, tokens, arrow], ids=["tuple", "dict", "pyarrow"])
+def test_a_loaders_batches_reach_three_subscriber_processes_in_its_own_structure(
+    make: Callable[[int, int], Any], topic: str, tmp_path: Path, run_python: Any
+) -> None:
+    loader = Loader(make, batches=7)
+    sizes = ["none", "5", "64"]
+    outs = [tmp_path / f"sub-{size}.pickle" for size in sizes]
+    subs = [run_python(SUBSCRIBER, topic, size, str(out)) for size, out in zip(sizes, outs)]
+    stats = sluice.publish(loader, topic, epochs=EPOCHS, min_subscribers=3, wait_timeout=60)
+    assert (stats.epochs, stats.batches, stats.rows) == (EPOCHS, 7 * EPOCHS, (6 * 16 + 5) * EPOCHS)
+    for sub in subs:
+        _, err = sub.communicate(timeout=120)
+        assert sub.returncode == 0, err
+    expected = list(loader)
+    whole = concat([_copied(b) for b in expected])
+    for size, out in zip(sizes, outs):
+        epochs = pickle.loads(out.read_bytes())
+        assert len(epochs) == EPOCHS, size
+        for e, batches in enumerate(epochs):
+            if size == "none":
+                # Exactly the loader's batches.
+                assert len(batches) == len(expected), size
+                for k, (got, want) in enumerate(zip(batches, expected)):
+                    assert_same(got, want, f"epoch {e} batch {k}")
+            else:
+                n = int(size)
+                assert [rows_of(b) for b in batches[:-1]] == [n] * (len(batches) - 1), size
+                assert_same(concat(batches), whole, f"size {size} epoch {e}")
+
+
+class Failing:
+    def __iter__(self) -> Any:
+        yield images(0, 16)
+        raise KeyError("no such image: 17.jpg")
+
+
+def test_a_loaders_exception_reaches_every_subscriber(topic: str, tmp_path: Path, run_python: Any) -> None:
+    out = tmp_path / "sub.pickle"
+    sub = run_python(SUBSCRIBER, topic, "none", str(out))
+    with pytest.raises(KeyError, match="17.jpg"):
+        sluice.publish(Failing(), topic, epochs=1, min_subscribers=1, wait_timeout=60)
+    _, err = sub.communicate(timeout=120)
+    assert sub.returncode != 0
+    assert "ProducerFailed" in err and "KeyError" in err and "17.jpg" in err, err
+
+
+class Changing:
+    def __iter__(self) -> Any:
+        yield images(0, 16)
+        yield np.zeros((16, 3, 4, 4), dtype=np.float32), np.arange(16)
+
+
+def test_a_batch_of_another_structure_is_refused_naming_both(topic: str, tmp_path: Path, run_python: Any) -> None:
+    out = tmp_path / "sub.pickle"
+    sub = run_python(SUBSCRIBER, topic, "none", str(out))
+    with pytest.raises(ValueError, match="another structure") as raised:
+        sluice.publish(Changing(), topic, epochs=1, min_subscribers=1, wait_timeout=60)
+    assert "[3, 4, 4]" in str(raised.value) and "[3, 8, 8]" in str(raised.value)
+    _, err = sub.communicate(timeout=120)
+    assert sub.returncode != 0 and "another structure" in err, err
+
+
+def test_what_cannot_be_a_batch_is_refused_clearly(ns: str) -> None:
+    with pytest.raises(TypeError, match="cannot publish a object"):
+        sluice.loader.flatten((np.zeros(3), object()))
+    with pytest.raises(ValueError, match="as many rows"):
+        sluice.loader.flatten({"a": np.zeros(3), "b": np.zeros(4)})
+    with pytest.raises(ValueError, match="scalar"):
+        sluice.loader.flatten({"a": np.float32(1.0)})
+    with pytest.raises(ValueError, match="no loader structure"):
+        sluice.structured(pa.record_batch({"x": [1, 2]}))
+
+
+def test_the_torch_shared_loader_yields_what_the_loader_yielded(topic: str, run_python: Any) -> None:
+    torch = pytest.importorskip("torch")
+    import sluice.torch as st
+
+    def batch(i: int, n: int) -> Any:
+        g = torch.Generator().manual_seed(i)
+        return torch.rand((n, 3, 4, 4), generator=g), torch.randint(0, 10, (n,), generator=g)
+
+    loader = Loader(batch, batches=4)
+    producer = run_python(
+        "import sys, torch, sluice\n"
+        "def batch(i, n):\n"
+        "    g = torch.Generator().manual_seed(i)\n"
+        "    return torch.rand((n, 3, 4, 4), generator=g), torch.randint(0, 10, (n,), generator=g)\n"
+        "class L:\n"
+        "    def __iter__(self):\n"
+        "        for i in range(4):\n"
+        "            yield batch(i, 5 if i == 3 else 16)\n"
+        "sluice.publish(L(), sys.argv[1], epochs=2, min_subscribers=1, wait_timeout=60)\n",
+        topic,
+    )
+    shared = st.SharedLoader(topic, timeout=60)
+    for _ in range(2):
+        got = list(shared)
+        assert len(got) == 4
+        for (x, y), (wx, wy) in zip(got, loader):
+            assert isinstance(x, torch.Tensor) and x.dtype == wx.dtype and x.shape == wx.shape
+            assert torch.equal(x, wx) and torch.equal(y, wy)
+        del got
+    shared.close()
+    _, err = producer.communicate(timeout=120)
+    assert producer.returncode == 0, err
+
+
+def test_python_m_sluice_publish_runs_a_loader_that_ctrl_c_stops_cleanly(topic: str, tmp_path: Path, ns: str) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "my_loaders.py").write_text(
+        "import numpy as np\n"
+        "class Endless:\n"
+        "    def __iter__(self):\n"
+        "        for i in range(10**9):\n"
+        "            yield {'x': np.full((8, 4), i, dtype=np.int32), 'tag': [str(i)] * 8}\n"
+        "def make():\n"
+        "    return Endless()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-m", "sluice", "publish", "my_loaders:make", "--topic", topic, "--epochs", "2"],
+        cwd=tmp_path,
+        env=dict(os.environ, SLUICE_NAMESPACE=ns),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with sluice.subscribe(topic, timeout=60) as sub:
+            epoch = next(sub.epochs())
+            seen = []
+            for batch in epoch:
+                got = sluice.structured(batch)
+                assert got["x"].shape == (8, 4) and got["tag"] == [str(got["x"][0, 0])] * 8
+                seen.append(int(got["x"][0, 0]))
+                del got, batch
+                if len(seen) == 3:
+                    child.send_signal(signal.SIGINT)
+                if len(seen) > 10_000:
+                    pytest.fail("the publisher did not stop on SIGINT")
+    except (sluice.ProducerFailed, sluice.ProducerLost) as e:
+        assert "stop" in str(e) or isinstance(e, sluice.ProducerLost), e
+    else:
+        pytest.fail("the epoch ended although the publisher was stopped")
+    assert seen == list(range(seen[0], seen[0] + len(seen)))
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130, err
