@@ -179,4 +179,8 @@ impl Source for FedSource {
     fn waited(&self) -> Duration {
         self.waited
     }
+
+    fn batches_as_fed(&self) -> bool {
+        true
+    }
 }

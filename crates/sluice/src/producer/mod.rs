@@ -157,7 +157,9 @@ impl Producer {
     /// `max_subscribers`, `min_subscribers`, `lag_limit`, `max_held`, `device`); the
     /// settings of a plan's query (`batch_rows`, shuffling, sharding) do not apply. It
     /// cannot resume from a checkpoint.
-    pub fn fed(options: SluiceOptions, namespace: Namespace) -> (Self, Feeder) {
+    pub fn fed(mut options: SluiceOptions, namespace: Namespace) -> (Self, Feeder) {
+        // One batch per message: the topic is sized for that, not for messages of many.
+        options.message_batches = "1".into();
         let (feeder, source) = fed::channel();
         let feed = Feed::Fed {
             options: Box::new(options),
@@ -246,6 +248,18 @@ impl Producer {
             device.is_some(),
             &mut encoder,
         );
+        // Batches as fed are as large as they come: the first stands for the others,
+        // whatever `batch_rows` says.
+        let sized;
+        let opts = match &first {
+            Ok(Some(first)) if source.batches_as_fed() => {
+                let mut fed = opts.clone();
+                fed.batch_rows = first.message.rows.num_rows().max(1);
+                sized = fed;
+                &sized
+            }
+            _ => opts,
+        };
         let plan = TopicPlan::new(
             &self.namespace,
             &topic,

@@ -42,6 +42,11 @@ pub(crate) trait Source {
     fn produced(&self) -> (u64, u64);
     /// Time spent waiting for the source's batches, in all.
     fn waited(&self) -> Duration;
+    /// Whether each message is a batch as the source got it, of any size (not cut into
+    /// `sluice.batch_rows`): the topic is then sized by the first.
+    fn batches_as_fed(&self) -> bool {
+        false
+    }
 }
 
 /// One epoch of the plan at a time, shaped into the published messages, with the index

@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""A Python image loader shared with `sluice.publish` against the same loader run by
+every trainer for itself, measured in the same run (issue 51's comparison; TensorSocket
+is added where the `tensorsocket` package is installed).
+
+Usage (a Python with the Sluice wheel, numpy and Pillow; torch is used for a
+`DataLoader` with `num_workers=1` where installed, else the loader runs in the
+publishing process):
+
+    .venv/bin/python benches/shared_loader.py [--images 3000] [--trainers 1 2 4] [--json OUT]
+
+The loader decodes JPEGs (160 px, made once in memory) with Pillow, takes a random crop,
+resizes it to 112 px, flips it at random, normalises it and yields batches of 64
+``(images float32 (64, 3, 112, 112), labels int64 (64,))``. Each trainer takes every
+batch of one epoch and sums it (a stand-in for a training step that reads the data).
+
+* one loader alone: samples/s, the bar every trainer should reach;
+* N independent loaders: N processes, each iterating its own loader;
+* Sluice: one process runs `sluice.publish(loader, ...)`, N processes read the topic
+  through `sluice.structured` (the loader's own tuples, viewing shared memory).
+
+Reported per N: samples/s per trainer (the slowest; every process timed from its first
+batch on, whose rows are not counted), its ratio to one loader alone, and the
+CPU-seconds of all processes (start-up and making the JPEGs included, in every set-up),
+with the ratio Sluice / independent loaders. The publisher sizes its topic for the N
+trainers (``max_subscribers=N``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+COMMON = r"""
+import io, sys, time
+import numpy as np
+from PIL import Image
+
+BATCH, SIZE, CROP = 64, 112, 128
+MEAN = np.array([0.485, 0.456, 0.406], np.float32)[:, None, None]
+STD = np.array([0.229, 0.224, 0.225], np.float32)[:, None, None]
+
+def jpegs(count):
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(count):
+        pixels = rng.integers(0, 255, (160, 160, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="JPEG", quality=85)
+        out.append((buf.getvalue(), i % 10))
+    return out
+
+class Images:
+    def __init__(self, blobs, seed):
+        self.blobs, self.seed, self.epoch = blobs, seed, 0
+    def __len__(self):
+        return len(self.blobs)
+    def __getitem__(self, i):
+        blob, label = self.blobs[i]
+        rng = np.random.default_rng((self.seed, i))
+        img = Image.open(io.BytesIO(blob)).convert("RGB")
+        t, l = rng.integers(0, 160 - CROP, size=2)
+        img = img.crop((l, t, l + CROP, t + CROP)).resize((SIZE, SIZE), Image.Resampling.BILINEAR)
+        a = np.asarray(img, dtype=np.float32).transpose(2, 0, 1) / 255.0
+        if rng.random() < 0.5:
+            a = a[:, :, ::-1]
+        return np.ascontiguousarray((a - MEAN) / STD), label
+
+class Batches:
+    # Without torch: the same batches, made in this process.
+    def __init__(self, dataset):
+        self.dataset = dataset
+    def __iter__(self):
+        for start in range(0, len(self.dataset), BATCH):
+            items = [self.dataset[i] for i in range(start, min(start + BATCH, len(self.dataset)))]
+            yield np.stack([x for x, _ in items]), np.array([y for _, y in items], np.int64)
+
+def loader(count, use_torch):
+    dataset = Images(jpegs(count), seed=7)
+    if use_torch:
+        import torch.utils.data as tud
+        return tud.DataLoader(dataset, batch_size=BATCH, num_workers=1, persistent_workers=True,
+                              collate_fn=lambda items: (np.stack([x for x, _ in items]), np.array([y for _, y in items], np.int64)))
+    return Batches(dataset)
+
+def step(images, labels):
+    return float(images.sum()) + float(labels.sum())
+"""
+
+INDEPENDENT = COMMON + r"""
+count, use_torch = int(sys.argv[1]), sys.argv[2] == "torch"
+data = loader(count, use_torch)
+# Timed from the first batch on (its rows not counted), as the trainers below are.
+rows, t0 = 0, None
+for images, labels in data:
+    step(images, labels)
+    if t0 is None:
+        t0 = time.perf_counter()
+    else:
+        rows += len(labels)
+print(rows, time.perf_counter() - t0)
+"""
+
+PUBLISHER = COMMON + r"""
+import sluice
+count, use_torch, topic, trainers = int(sys.argv[1]), sys.argv[2] == "torch", sys.argv[3], int(sys.argv[4])
+# Room for these trainers (the topic's shared memory is taken when it is created).
+stats = sluice.publish(loader(count, use_torch), topic, epochs=1, min_subscribers=trainers,
+                       max_subscribers=trainers, wait_timeout=300, linger=60)
+print(stats.rows, stats.elapsed)
+"""
+
+TRAINER = COMMON + r"""
+import sluice
+topic = sys.argv[1]
+rows, t0 = 0, None
+with sluice.subscribe(topic, timeout=300) as sub:
+    for batch in sub:
+        images, labels = sluice.structured(batch)
+        step(images, labels)
+        if t0 is None:
+            t0 = time.perf_counter()
+        else:
+            rows += len(labels)
+        del images, labels, batch
+print(rows, time.perf_counter() - t0)
+"""
+
+
+def run_all(cmds: list[list[str]], env: dict) -> tuple[list[str], float]:
+    """Runs `cmds` at once; their outputs and the CPU-seconds of all of them."""
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for c in cmds]
+    outs, cpu = [], 0.0
+    for p in procs:
+        out, err = p.communicate(timeout=1800)
+        if p.returncode != 0:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"{p.args[:3]} failed: {err[-2000:]}")
+        outs.append(out.strip().splitlines()[-1])
+    # Children of this script only, all waited for: their user + system time.
+    usage = os.times()
+    cpu = usage.children_user + usage.children_system
+    return outs, cpu
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--images", type=int, default=3000)
+    parser.add_argument("--trainers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    try:
+        import torch  # noqa: F401
+
+        kind = "torch"
+    except ImportError:
+        kind = "plain"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", SLUICE_NAMESPACE=f"bench{os.getpid()}")
+    py = sys.executable
+    count = str(args.images)
+    cpu_before = 0.0
+
+    def measured(cmds: list[list[str]]) -> tuple[list[str], float]:
+        nonlocal cpu_before
+        outs, cpu = run_all(cmds, env)
+        spent, cpu_before = cpu - cpu_before, cpu
+        return outs, spent
+
+    def rate(line: str) -> float:
+        rows, seconds = line.split()
+        return int(rows) / float(seconds)
+
+    alone_out, _ = measured([[py, "-c", INDEPENDENT, count, kind]])
+    alone = rate(alone_out[0])
+    results = {"images": args.images, "loader": kind, "alone": alone, "runs": []}
+    print(f"one loader alone ({kind}): {alone:.0f} samples/s")
+    print("| N | independent: samples/s each | CPU-s | Sluice: samples/s each | vs alone | CPU-s | CPU Sluice / independent |")
+    print("|---|---|---|---|---|---|---|")
+    for n in args.trainers:
+        outs, ind_cpu = measured([[py, "-c", INDEPENDENT, count, kind] for _ in range(n)])
+        ind = min(rate(o) for o in outs)
+        topic = f"shared{n}"
+        cmds = [[py, "-c", TRAINER, topic] for _ in range(n)] + [[py, "-c", PUBLISHER, count, kind, topic, str(n)]]
+        outs, sl_cpu = measured(cmds)
+        shared = min(rate(o) for o in outs[:n])
+        results["runs"].append(
+            {"n": n, "independent": ind, "independent_cpu": ind_cpu, "sluice": shared, "sluice_cpu": sl_cpu}
+        )
+        print(
+            f"| {n} | {ind:.0f} | {ind_cpu:.1f} | {shared:.0f} | {shared / alone:.2f}× | {sl_cpu:.1f} | {sl_cpu / ind_cpu:.2f} |"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
