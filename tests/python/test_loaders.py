@@ -291,3 +291,85 @@ def test_python_m_sluice_publish_runs_a_loader_that_ctrl_c_stops_cleanly(topic: 
     assert seen == list(range(seen[0], seen[0] + len(seen)))
     _, err = child.communicate(timeout=60)
     assert child.returncode == 130, err
+
+
+# A subscriber process that reports each epoch: (epoch, complete, rows, first id of each batch).
+REPORTER = r"""
+import json, sys, time, sluice
+topic, join, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
+with sluice.subscribe(topic, join=join, timeout=60) as sub:
+    for epoch in sub.epochs():
+        firsts = []
+        for batch in epoch:
+            firsts.append(int(sluice.structured(batch)["id"][0]))
+            del batch
+            time.sleep(delay)
+        print(json.dumps([epoch.epoch, epoch.complete, epoch.rows, firsts]), flush=True)
+"""
+
+
+class Numbered:
+    """10 batches of 8 rows an epoch, ids 0..79, optionally slowly."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+
+    def __iter__(self) -> Any:
+        import time
+
+        for i in range(10):
+            time.sleep(self.delay)
+            yield {"id": np.arange(8 * i, 8 * i + 8, dtype=np.int64)}
+
+
+def _reports(child: Any) -> list[Any]:
+    import json
+
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    return [json.loads(line) for line in out.splitlines() if line.startswith("[")]
+
+
+def test_a_trainer_killed_mid_epoch_holds_nobody_back(topic: str, run_python: Any) -> None:
+    import signal
+
+    steady = run_python(REPORTER, topic, "now", "0")
+    doomed = run_python(REPORTER, topic, "now", "0.2")
+    import threading
+
+    def kill_soon() -> None:
+        import time
+
+        time.sleep(0.5)
+        doomed.send_signal(signal.SIGKILL)
+
+    threading.Thread(target=kill_soon).start()
+    stats = sluice.publish(Numbered(), topic, epochs=3, min_subscribers=2, wait_timeout=60, window=2)
+    assert (stats.epochs, stats.batches, stats.rows) == (3, 30, 240)
+    reports = _reports(steady)
+    assert reports == [[e, True, 80, list(range(0, 80, 8))] for e in range(3)]
+
+
+def test_a_trainer_that_joins_late_gets_the_rest_of_the_epoch_flagged_then_whole_epochs(
+    topic: str, run_python: Any
+) -> None:
+    early = run_python(REPORTER, topic, "now", "0")
+    late: list[Any] = []
+
+    def join_late() -> None:
+        import time
+
+        time.sleep(1.0)  # the first epoch takes 2 s (0.2 s a batch)
+        late.append(run_python(REPORTER, topic, "now", "0"))
+
+    import threading
+
+    joiner = threading.Thread(target=join_late)
+    joiner.start()
+    sluice.publish(Numbered(delay=0.2), topic, epochs=2, min_subscribers=1, wait_timeout=60)
+    joiner.join()
+    assert _reports(early) == [[e, True, 80, list(range(0, 80, 8))] for e in range(2)]
+    first, second = _reports(late[0])
+    assert first[0] == 0 and first[1] is False and 0 < first[2] < 80, first
+    assert first[3] == list(range(80 - first[2], 80, 8)), first
+    assert second == [1, True, 80, list(range(0, 80, 8))]
