@@ -1,6 +1,7 @@
 //! Comparison 8: Python trainers on one Sluice producer against Python processes that
 //! each load the data themselves (`benches/python_loaders.py`: the demo dataset with a
-//! numpy transform; `benches/image_pipeline.py`: the image pipeline with Pillow + numpy),
+//! numpy transform; `benches/image_pipeline.py`: the image pipeline with Pillow + numpy;
+//! `benches/shared_loader.py`: a Python image loader shared with `sluice.publish`),
 //! and the Python side of comparison 6 (pyarrow's S3 dataset scan).
 //!
 //! They need a Python with the Sluice wheel (an optimised build: `maturin develop
@@ -123,14 +124,16 @@ pub fn sluice_binary() -> Result<PathBuf, String> {
     }
 }
 
-/// What the two scripts measured (their JSON output).
+/// What the three scripts measured (their JSON output).
 pub struct Trainers {
     pub loaders: serde_json::Value,
     pub images: serde_json::Value,
+    pub shared: serde_json::Value,
 }
 
-/// Runs `benches/python_loaders.py` once and `benches/image_pipeline.py` with its
-/// N-trainer comparison repeated `reps` times (its goal is judged on the median).
+/// Runs `benches/python_loaders.py` once, `benches/image_pipeline.py` with its
+/// N-trainer comparison repeated `reps` times (its goal is judged on the median), and
+/// `benches/shared_loader.py` once.
 pub fn run(
     repo: &Path,
     python: &Python,
@@ -179,6 +182,22 @@ pub fn run(
         ],
         Duration::from_secs(900),
     )?;
+    let shared = dir.path().join("shared.json");
+    python.run(
+        repo,
+        &[
+            "benches/shared_loader.py",
+            "--images",
+            count,
+            "--trainers",
+            "1",
+            "2",
+            "4",
+            "--json",
+            &shared.to_string_lossy(),
+        ],
+        Duration::from_secs(900),
+    )?;
     let read = |p: &Path| -> Result<serde_json::Value> {
         let text =
             std::fs::read_to_string(p).with_context(|| format!("no output in {}", p.display()))?;
@@ -187,6 +206,7 @@ pub fn run(
     Ok(Trainers {
         loaders: read(&loaders)?,
         images: read(&images)?,
+        shared: read(&shared)?,
     })
 }
 
@@ -239,6 +259,9 @@ print(rows / elapsed)
 
 pub(crate) const IMAGE_GOAL: &str =
     "image pipeline, 4 Python trainers against 4 independent Python loaders, CPU-seconds";
+pub(crate) const SHARED_RATE_GOAL: &str = "a Python loader shared with sluice.publish, N = 4: samples/s per trainer against one loader alone";
+pub(crate) const SHARED_CPU_GOAL: &str =
+    "a Python loader shared with sluice.publish, N = 4: CPU-seconds against 4 independent loaders";
 
 /// Comparison 8: measures it and renders its section.
 pub(crate) fn compare(bench: &Bench<'_>, report: &mut Report) -> Result<()> {
@@ -254,6 +277,8 @@ pub(crate) fn compare(bench: &Bench<'_>, report: &mut Report) -> Result<()> {
         Err(why) => {
             report.skipped("8. Python trainers against Python loaders", &why);
             report.goal(IMAGE_GOAL.into(), "skipped".into(), "≤ 0.35", None);
+            report.goal(SHARED_RATE_GOAL.into(), "skipped".into(), "≥ 0.90", None);
+            report.goal(SHARED_CPU_GOAL.into(), "skipped".into(), "≤ 0.35", None);
         }
     }
     Ok(())
@@ -272,8 +297,57 @@ impl Report {
             "≤ 0.35",
             Some(ratio.median <= 0.35),
         ));
+        let (rate, cpu) = shared_table(&mut self.body, &t.shared)?;
+        self.goals.push((
+            SHARED_RATE_GOAL.into(),
+            format!("{rate:.2}"),
+            "≥ 0.90",
+            Some(rate >= 0.9),
+        ));
+        self.goals.push((
+            SHARED_CPU_GOAL.into(),
+            format!("{cpu:.2}"),
+            "≤ 0.35",
+            Some(cpu <= 0.35),
+        ));
         Ok(())
     }
+}
+
+/// `benches/shared_loader.py`'s paragraph and table. Returns, at the largest N, the
+/// trainers' samples/s against one loader alone and the CPU against the loaders.
+fn shared_table(b: &mut String, shared: &serde_json::Value) -> Result<(f64, f64)> {
+    let alone = number(shared, &["alone"]);
+    writeln!(
+        b,
+        "\n`benches/shared_loader.py`, one run: {} JPEGs, a Python image loader ({}; decode, \
+         random crop, resize to 112, flip, normalise, batches of 64) shared with \
+         `sluice.publish` against each trainer running its own; one loader alone: {:.0} \
+         samples/s. Samples/s of the slowest trainer; CPU-seconds of all processes.\n",
+        shared["images"],
+        shared["loader"].as_str().unwrap_or("?"),
+        alone
+    )?;
+    writeln!(
+        b,
+        "| N | loaders: samples/s each | CPU-s | Sluice: samples/s each | against one alone | CPU-s | CPU Sluice / loaders |"
+    )?;
+    writeln!(b, "|---:|---:|---:|---:|---:|---:|---:|")?;
+    let mut last = (f64::NAN, f64::NAN);
+    for run in shared["runs"].as_array().into_iter().flatten() {
+        let (ind, ind_cpu) = (
+            number(run, &["independent"]),
+            number(run, &["independent_cpu"]),
+        );
+        let (sl, sl_cpu) = (number(run, &["sluice"]), number(run, &["sluice_cpu"]));
+        last = (sl / alone, sl_cpu / ind_cpu);
+        writeln!(
+            b,
+            "| {} | {ind:.0} | {ind_cpu:.1} | {sl:.0} | **{:.2}** | {sl_cpu:.1} | **{:.2}** |",
+            run["n"], last.0, last.1
+        )?;
+    }
+    Ok(last)
 }
 
 /// A number of the scripts' JSON output at `path` (NaN where there is none).
