@@ -25,6 +25,7 @@ exactly the loader's batches; one with a ``batch_size`` receives the same rows i
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -238,6 +239,12 @@ def _build(batch: Any, record: Any, node: dict[str, Any], to_tensor: Any) -> Any
     return [_build(batch, record, child, to_tensor) for child in node["list"]]
 
 
+@functools.lru_cache(maxsize=16)
+def _structure(text: bytes) -> dict[str, Any]:
+    """A structure's JSON, parsed once per topic rather than once per batch (read only)."""
+    return json.loads(text)
+
+
 def structured(batch: Any, to_tensor: Any = None) -> Any:
     """A Sluice batch of a topic :func:`publish` feeds, in the loader's own structure:
     numpy arrays (viewing shared memory: read-only), Python lists for lists of strings or
@@ -251,7 +258,7 @@ def structured(batch: Any, to_tensor: Any = None) -> Any:
         raise ValueError(
             "this batch carries no loader structure: its topic is not fed by sluice.publish"
         )
-    structure = json.loads(metadata[STRUCTURE_KEY])
+    structure = _structure(metadata[STRUCTURE_KEY])
     if structure.get("arrow"):
         rest = {k: v for k, v in metadata.items() if k != STRUCTURE_KEY}
         return record.replace_schema_metadata(rest or None)
