@@ -212,6 +212,12 @@ def test_what_cannot_be_a_batch_is_refused_clearly(ns: str) -> None:
         sluice.loader.flatten({"a": np.float32(1.0)})
     with pytest.raises(ValueError, match="no loader structure"):
         sluice.structured(pa.record_batch({"x": [1, 2]}))
+    # A structure that would view numbers as Python objects is refused, not followed.
+    forged = pa.record_batch({"x": pa.array([1, 2], pa.int64())}).replace_schema_metadata(
+        {sluice.loader.STRUCTURE_KEY: b'{"col": "x", "lib": "numpy", "dtype": "|O", "shape": []}'}
+    )
+    with pytest.raises(ValueError, match="not a number"):
+        sluice.structured(forged)
 
 
 def test_the_torch_shared_loader_yields_what_the_loader_yielded(topic: str, run_python: Any) -> None:

@@ -216,6 +216,9 @@ def _leaf(batch: Any, record: Any, leaf: dict[str, Any], to_tensor: Any) -> Any:
     if leaf["lib"] == "list":
         return record.column(name).to_pylist()
     want = np.dtype(leaf["dtype"])
+    if want.kind not in "biufc":
+        # Viewing a column's bytes as Python objects would read them as pointers.
+        raise ValueError(f"column {name!r}: the structure names dtype {want}, not a number")
     if leaf["lib"] == "torch" and to_tensor is not None:
         # The Sluice column itself: its DLPack export gives the tensor of its row shape.
         return to_tensor(batch[name] if batch is not record else record.column(name), want)
