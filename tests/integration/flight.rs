@@ -180,6 +180,17 @@ fn a_killed_remote_subscriber_does_not_hold_the_others_back() {
     );
     let other = subscribe(&mut h, TOKEN, &[&url, "--json", "--timeout", "120"]);
     let producer = h.spawn_producer(2, &[]);
+    // Killed once both are attached (the producer waits for two; on a loaded machine a
+    // fixed 600 ms was once too short for the slow one to attach, and it never did).
+    let name = sluice::core::TopicName::new("leaver").unwrap();
+    let start = Instant::now();
+    while sluice::shm::subscriber_count(&h.ns, &name).unwrap() != Some(2) {
+        assert!(
+            start.elapsed() < LIMIT,
+            "the remote subscribers did not attach"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     std::thread::sleep(Duration::from_millis(600));
     slow.kill9();
     assert_exactly_once(&other.wait(LIMIT), 2, rows, &sum);
