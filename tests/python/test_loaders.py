@@ -259,6 +259,7 @@ def test_python_m_sluice_publish_runs_a_loader_that_ctrl_c_stops_cleanly(topic: 
     import signal
     import subprocess
     import sys
+    import time
 
     (tmp_path / "my_loaders.py").write_text(
         "import numpy as np\n"
@@ -291,8 +292,11 @@ def test_python_m_sluice_publish_runs_a_loader_that_ctrl_c_stops_cleanly(topic: 
                 del got, batch
                 if len(seen) == 3:
                     child.send_signal(signal.SIGINT)
-                if len(seen) > 10_000:
-                    pytest.fail("the publisher did not stop on SIGINT")
+                    interrupted = time.monotonic()
+                # A liveness bound in time, not in batches: tiny batches come by the
+                # thousand per second while a loaded machine schedules the child late.
+                if len(seen) > 3 and time.monotonic() - interrupted > 60:
+                    pytest.fail("the publisher did not stop within 60 s of SIGINT")
     except (sluice.ProducerFailed, sluice.ProducerLost) as e:
         assert "stop" in str(e) or isinstance(e, sluice.ProducerLost), e
     except BaseException:
