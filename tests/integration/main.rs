@@ -14,3 +14,4 @@ mod gpu_subscriber;
 mod in_process;
 mod object_storage;
 mod parquet_testing;
+mod trainer_resume;

@@ -114,6 +114,7 @@ fn receive(
                     join: Join::Now,
                     on_lag: OnLag::Error,
                     max_held: 4,
+                    start: None,
                 },
                 inlet,
             )?;

@@ -83,6 +83,7 @@ pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
             columns: args.columns.as_ref().map_or(Columns::All, Columns::named),
             // The tool drops every batch once counted: it never holds `max_held`.
             on_max_held: Default::default(),
+            cursor: None,
         },
     )?;
     let delay = args.delay_ms.map(Duration::from_millis);

@@ -32,7 +32,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::position::{Position, Resume, Verdict};
+use crate::position::{Position, Resume, RowPosition, Verdict};
 use crate::rebatch::{Rebatcher, Rows};
 use crate::{Result, SluiceError};
 
@@ -48,6 +48,10 @@ pub enum Join {
     /// back), then live. The first epoch is flagged partial unless the replay reached
     /// back to its first batch.
     Replay,
+    /// With the first batch of the epoch running when it attaches: what the topic no
+    /// longer holds of it is computed again for this subscriber alone (a plan's topic
+    /// only), then it continues on the shared stream, so its first epoch is whole.
+    CatchUp,
 }
 
 impl std::str::FromStr for Join {
@@ -58,8 +62,9 @@ impl std::str::FromStr for Join {
             "now" => Ok(Self::Now),
             "next_epoch" => Ok(Self::NextEpoch),
             "replay" => Ok(Self::Replay),
+            "catch_up" => Ok(Self::CatchUp),
             other => Err(SluiceError::Config(format!(
-                "unknown join mode '{other}'; use 'now', 'next_epoch' or 'replay'"
+                "unknown join mode '{other}'; use 'now', 'next_epoch', 'replay' or 'catch_up'"
             ))),
         }
     }
@@ -208,6 +213,15 @@ pub enum Outbound<P> {
     End,
 }
 
+/// Rows of a producer batch not yet handed out: from row `first` of batch `at`, `rows`
+/// of them.
+#[derive(Debug, Clone, Copy)]
+struct Trail {
+    at: Position,
+    first: u64,
+    rows: u64,
+}
+
 #[derive(Debug, Default)]
 struct EpochState {
     epoch: Option<u64>,
@@ -234,6 +248,11 @@ pub struct ReceiverOptions {
     /// a long subscriber batch is copied), so the subscriber stays within the messages
     /// it may hold.
     pub max_held: usize,
+    /// Start exactly here (a trainer's saved position, [`Receiver::consumed`]): earlier
+    /// messages are dropped as duplicates, the rows of the first batch before `row` are
+    /// cut off, and a stream that starts after it is a [`SluiceError::ResumeGap`].
+    /// Overrides `join`.
+    pub start: Option<RowPosition>,
 }
 
 /// What waits in a [`Receiver`] to be judged.
@@ -270,6 +289,12 @@ pub struct Receiver<P> {
     /// reported (a reconnection) before a poll took those.
     deferred: VecDeque<Deferred<P>>,
     state: EpochState,
+    /// The producer batches whose rows are queued (not yet handed out), oldest first.
+    trail: VecDeque<Trail>,
+    /// Rows to cut off the start cursor's batch, where it falls inside one.
+    cut_start: Option<RowPosition>,
+    /// The position after the rows handed out so far.
+    consumed: Option<RowPosition>,
     total_rows: u64,
     total_missed: u64,
     /// Set once the protocol failed or the subscriber left: nothing more is accepted.
@@ -281,17 +306,21 @@ pub struct Receiver<P> {
 impl<P: Rows> Receiver<P> {
     /// A receiver that has seen nothing yet.
     pub fn new(options: ReceiverOptions) -> Result<Self> {
+        let start = options.start;
         Ok(Self {
             topic: options.topic,
             on_lag: options.on_lag,
             max_held: options.max_held,
-            waiting_for_boundary: options.join == Join::NextEpoch,
-            resume: Resume::new(),
+            waiting_for_boundary: options.join == Join::NextEpoch && start.is_none(),
+            resume: start.map_or_else(Resume::new, |at| Resume::starting_at(at.batch())),
             rebatcher: options.batch_size.map(Rebatcher::new).transpose()?,
             ready: VecDeque::new(),
             pending_end: None,
             deferred: VecDeque::new(),
             state: EpochState::default(),
+            trail: VecDeque::new(),
+            cut_start: start.filter(|at| at.row > 0),
+            consumed: start,
             total_rows: 0,
             total_missed: 0,
             closed: false,
@@ -306,6 +335,10 @@ impl<P: Rows> Receiver<P> {
                 return Ok(Some(self.emit(batch)));
             }
             if let Some(end) = self.pending_end.take() {
+                if let Outbound::EpochEnd(summary) = &end {
+                    self.consumed = Some(RowPosition::new(summary.epoch.saturating_add(1), 0, 0));
+                    self.trail.clear();
+                }
                 return Ok(Some(end));
             }
             match self.deferred.pop_front() {
@@ -499,6 +532,7 @@ impl<P: Rows> Receiver<P> {
             }));
             return Ok(());
         }
+        let (payload, first) = self.cut_at_start(Position::new(epoch, index), payload);
         if self.state.epoch != Some(epoch) || self.state.ended {
             let missed = if self.state.ended {
                 0
@@ -507,11 +541,16 @@ impl<P: Rows> Receiver<P> {
             };
             self.state = EpochState {
                 epoch: Some(epoch),
-                joined_late: index != 0,
+                joined_late: index != 0 || first != 0,
                 missed,
                 ..EpochState::default()
             };
         }
+        self.trail.push_back(Trail {
+            at: Position::new(epoch, index),
+            first,
+            rows: payload.num_rows() as u64,
+        });
         self.state.producer_batches += 1;
         let keep = self.keep_inputs();
         match &mut self.rebatcher {
@@ -525,6 +564,41 @@ impl<P: Rows> Receiver<P> {
             }
         }
         Ok(())
+    }
+
+    /// The batch at `at` without the rows before the start cursor, if the cursor falls
+    /// inside it; and the row it now starts at.
+    fn cut_at_start(&mut self, at: Position, payload: P) -> (P, u64) {
+        let Some(start) = self.cut_start.filter(|s| s.batch() == at) else {
+            return (payload, 0);
+        };
+        self.cut_start = None;
+        let rows = payload.num_rows();
+        let skip = usize::try_from(start.row).unwrap_or(usize::MAX).min(rows);
+        (payload.slice(skip, rows - skip), skip as u64)
+    }
+
+    /// `rows` more rows were handed out: moves [`Self::consumed`] past them.
+    fn advance(&mut self, mut rows: u64) {
+        while let Some(front) = self.trail.front_mut() {
+            if rows == 0 && front.rows > 0 {
+                self.consumed = Some(RowPosition::new(
+                    front.at.epoch,
+                    front.at.index,
+                    front.first,
+                ));
+                return;
+            }
+            let take = rows.min(front.rows);
+            front.rows -= take;
+            front.first += take;
+            rows -= take;
+            if front.rows == 0 {
+                let next = front.at.next_batch();
+                self.consumed = Some(RowPosition::new(next.epoch, next.index, 0));
+                self.trail.pop_front();
+            }
+        }
     }
 
     fn end_of_epoch(&mut self, epoch: u64, batches: u64, rows: u64) -> Result<()> {
@@ -600,6 +674,7 @@ impl<P: Rows> Receiver<P> {
 
     fn emit(&mut self, payload: P) -> Outbound<P> {
         let rows = payload.num_rows() as u64;
+        self.advance(rows);
         self.total_rows += rows;
         let epoch = self.state.epoch.unwrap_or(0);
         let index = self.state.out_batches;
@@ -715,6 +790,20 @@ impl<P: Rows> Receiver<P> {
     /// The epoch the subscriber is in (0 before the first batch).
     pub fn epoch(&self) -> u64 {
         self.state.epoch.unwrap_or(0)
+    }
+
+    /// The position right after the rows handed out so far (or the start cursor, before
+    /// any): a trainer that saves it and starts again from it
+    /// ([`ReceiverOptions::start`]) gets exactly the rows it had not been handed.
+    /// `None` before anything was handed out, without a start.
+    pub fn consumed(&self) -> Option<RowPosition> {
+        self.consumed
+    }
+
+    /// The next producer batch this subscriber needs, once it has received anything (or
+    /// was given a start).
+    pub fn next_needed(&self) -> Option<Position> {
+        self.resume.reached()
     }
 
     /// Rows handed out, all epochs.
@@ -971,6 +1060,7 @@ mod tests {
             join,
             on_lag,
             max_held: 4,
+            start: None,
         })
         .unwrap()
     }
@@ -1421,6 +1511,7 @@ mod tests {
             join: Join::Now,
             on_lag: OnLag::Error,
             max_held: 4,
+            start: None,
         })
         .unwrap();
         let message = |index| Inbound::Batch {
@@ -1481,5 +1572,80 @@ mod tests {
             r.push(m).unwrap();
         }
         while r.poll().unwrap().is_some() {}
+    }
+
+    /// Every row handed out, in order, and the consumed position after each event.
+    fn rows_and_positions(
+        mut r: Receiver<Ids>,
+        messages: Vec<Inbound<Ids>>,
+    ) -> (Vec<u64>, Vec<(usize, Option<RowPosition>)>) {
+        let (mut rows, mut positions) = (Vec::new(), Vec::new());
+        let mut take = |r: &mut Receiver<Ids>| {
+            while let Some(o) = r.poll().unwrap() {
+                if let Outbound::Batch { payload, .. } = &o {
+                    rows.extend(&payload.0);
+                }
+                positions.push((rows.len(), r.consumed()));
+                if matches!(o, Outbound::End) {
+                    break;
+                }
+            }
+        };
+        for m in messages {
+            take(&mut r);
+            r.push(m).unwrap();
+        }
+        take(&mut r);
+        (rows, positions)
+    }
+
+    proptest! {
+        /// A trainer that saves its position after any event and starts again from it
+        /// gets exactly the rows it had not been handed, whatever its batch size, from a
+        /// stream that replays everything from the start.
+        #[test]
+        fn a_subscriber_started_at_its_consumed_position_gets_exactly_the_rest(
+            epochs in sizes(),
+            size in prop::option::of(1usize..7),
+            at in 0usize..200,
+        ) {
+            let (all, positions) = rows_and_positions(receiver(size, Join::Now, OnLag::Error), stream(&epochs));
+            let (done, position) = positions[at % positions.len()];
+            let Some(start) = position else {
+                prop_assert_eq!(done, 0);
+                return Ok(());
+            };
+            let r = Receiver::new(ReceiverOptions {
+                topic: "t".into(),
+                batch_size: size,
+                join: Join::NextEpoch,
+                on_lag: OnLag::Error,
+                max_held: 4,
+                start: Some(start),
+            })
+            .unwrap();
+            let (rest, _) = rows_and_positions(r, stream(&epochs));
+            prop_assert_eq!(&rest[..], &all[done..]);
+        }
+    }
+
+    #[test]
+    fn a_stream_that_starts_after_the_start_position_is_a_gap() {
+        let mut r = Receiver::new(ReceiverOptions {
+            topic: "t".into(),
+            batch_size: None,
+            join: Join::Now,
+            on_lag: OnLag::Error,
+            max_held: 4,
+            start: Some(RowPosition::new(0, 2, 1)),
+        })
+        .unwrap();
+        let err = r.push(Inbound::Batch {
+            epoch: 0,
+            index: 3,
+            batch_rows: 0,
+            payload: Ids(vec![7]),
+        });
+        assert!(matches!(err, Err(SluiceError::ResumeGap { .. })), "{err:?}");
     }
 }

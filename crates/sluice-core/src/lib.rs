@@ -46,7 +46,7 @@ pub use delivery::{
 pub use error::{Result, SluiceError};
 pub use frame::{FrameKind, TopicName};
 pub use placement::{ByteSize, DeviceSpec};
-pub use position::{Position, Resume, Verdict};
+pub use position::{Position, Resume, RowPosition, Verdict};
 pub use rebatch::{Rebatcher, Rows};
 pub use shaper::Shaper;
 pub use shuffle::Shuffler;

@@ -56,6 +56,48 @@ impl fmt::Display for Position {
     }
 }
 
+/// Where a subscriber is, to the row: the next row it needs is row `row` of producer
+/// batch `index` of `epoch` (rows counted in the producer's batch, which may hold more
+/// than the subscriber's batches). What a trainer's saved state holds: rows before it
+/// were consumed, rows from it on were not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RowPosition {
+    /// The epoch, from 0.
+    pub epoch: u64,
+    /// The producer batch within the epoch.
+    pub index: u64,
+    /// The row within that batch.
+    pub row: u64,
+}
+
+impl RowPosition {
+    /// Row `row` of batch `index` of `epoch`.
+    pub const fn new(epoch: u64, index: u64, row: u64) -> Self {
+        Self { epoch, index, row }
+    }
+
+    /// The producer batch the position is in.
+    pub const fn batch(self) -> Position {
+        Position::new(self.epoch, self.index)
+    }
+}
+
+impl From<Position> for RowPosition {
+    fn from(p: Position) -> Self {
+        Self::new(p.epoch, p.index, 0)
+    }
+}
+
+impl fmt::Display for RowPosition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "epoch {} batch {} row {}",
+            self.epoch, self.index, self.row
+        )
+    }
+}
+
 /// What to do with a message from a (possibly restarted) producer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -87,6 +129,15 @@ impl Resume {
     /// A filter that has seen nothing yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A filter for a subscriber that starts at `at` (a trainer's saved position):
+    /// messages before it are duplicates, the first one after it a gap.
+    pub fn starting_at(at: Position) -> Self {
+        Self {
+            reached: Some(at),
+            resuming: true,
+        }
     }
 
     /// The next position this subscriber needs, once it has received anything.

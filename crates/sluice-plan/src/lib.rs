@@ -63,6 +63,8 @@ const PARTITION_PREFETCH: usize = 2;
 /// A loaded, validated plan file.
 pub struct Plan {
     file: String,
+    /// The plan's text, as planned.
+    sql: String,
     ctx: SessionContext,
     options: SluiceOptions,
     query: LogicalPlan,
@@ -175,6 +177,7 @@ impl Plan {
         };
         Ok(Self {
             file: file.to_string(),
+            sql: sql.to_string(),
             ctx,
             options,
             query,
@@ -187,6 +190,12 @@ impl Plan {
     /// The plan file's name as given.
     pub fn file(&self) -> &str {
         &self.file
+    }
+
+    /// The plan's text (`SET` lines, tables, query) as it was planned: a trainer that
+    /// catches up on a stream plans it again.
+    pub fn sql(&self) -> &str {
+        &self.sql
     }
 
     /// The resolved `sluice.*` options.
@@ -220,6 +229,33 @@ impl Plan {
             let _ = write!(out, "\n{key}={value}");
         }
         out
+    }
+
+    /// The first function in the query whose result is not a function of its arguments,
+    /// the plan's seed and the epoch (`random()`, `uuid()`): a plan that calls one
+    /// publishes other values each time it runs, so a trainer cannot catch up on its
+    /// stream by running it again. `random_crop` and `random_flip` draw from (seed,
+    /// epoch, key) and do not count.
+    pub fn nondeterministic_function(&self) -> Option<String> {
+        use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+        use datafusion::logical_expr::{Expr, Volatility};
+        const SEEDED: [&str; 2] = ["random_crop", "random_flip"];
+        let mut found = None;
+        let mut look = |e: &Expr| {
+            if let Expr::ScalarFunction(f) = e
+                && f.func.signature().volatility == Volatility::Volatile
+                && !SEEDED.contains(&f.name())
+            {
+                found = Some(f.name().to_string());
+                return Ok(TreeNodeRecursion::Stop);
+            }
+            Ok(TreeNodeRecursion::Continue)
+        };
+        // A failed walk finds nothing more; it cannot fail here (the closures do not).
+        let _ = self
+            .query
+            .apply_with_subqueries(|node| node.apply_expressions(|e| e.apply(&mut look)));
+        found
     }
 
     /// The settings beyond the query that decide the order of its batches, as this run

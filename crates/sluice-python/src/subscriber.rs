@@ -22,8 +22,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyCapsule, PyList, PyString, PyTuple};
 use sluice::core::TopicName;
 use sluice::{
-    Columns, Connector, EpochSummary, Event, Join, OnLag, OnMaxHeld, SluiceError, SubscribeOptions,
-    Subscriber,
+    Columns, Connector, Cursor, EpochSummary, Event, Join, OnLag, OnMaxHeld, SluiceError,
+    SubscribeOptions, Subscriber,
 };
 
 use crate::batch::{PyBatch, deep_copy};
@@ -47,11 +47,19 @@ struct Stream {
     ended: bool,
     /// `Subscriber::last_published_ns` as of the last event taken.
     last_published_ns: Option<u64>,
+    /// The subscriber's cursor after the last event handed to Python (not one looked at
+    /// and put back), and before it.
+    consumed: Option<Cursor>,
+    before_last: Option<Cursor>,
+    /// The cursor after the event put back.
+    peeked_after: Option<Cursor>,
 }
 
 impl Stream {
     fn next_within(&mut self, timeout: Option<Duration>) -> Result<Event, SluiceError> {
         if let Some(event) = self.peeked.take() {
+            self.before_last = self.consumed.take();
+            self.consumed = self.peeked_after.take();
             return Ok(event);
         }
         if self.ended {
@@ -61,6 +69,7 @@ impl Stream {
             return Ok(Event::End);
         };
         let event = sub.next_event_within(timeout)?;
+        self.before_last = std::mem::replace(&mut self.consumed, sub.cursor());
         self.last_published_ns = sub.last_published_ns().or(self.last_published_ns);
         if matches!(event, Event::End) {
             self.ended = true;
@@ -332,7 +341,12 @@ impl PySubscriber {
     /// Puts an event back at the front of the stream.
     fn put_back(&self, py: Python<'_>, event: Event) {
         let stream = &self.stream;
-        py.detach(|| *lock(stream).peeked = Some(event));
+        py.detach(|| {
+            let mut stream = lock(stream);
+            *stream.peeked = Some(event);
+            let before = stream.before_last.take();
+            stream.peeked_after = std::mem::replace(&mut stream.consumed, before);
+        });
     }
 
     fn set_last_epoch(&self, summary: &EpochSummary) {
@@ -357,9 +371,10 @@ impl PySubscriber {
     /// receive, in that order (default: all); the others are never decoded.
     /// `on_max_held`: once the subscriber holds `sluice.max_held` batches, `"copy"` (the
     /// default) receives further batches as private copies, with one warning; `"error"`
-    /// raises `TransportError` instead.
+    /// raises `TransportError` instead. `state`: what `state_dict()` returned in an
+    /// earlier run of the trainer: start exactly after the rows it had consumed.
     #[new]
-    #[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None, columns=None, on_max_held="copy"))]
+    #[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None, columns=None, on_max_held="copy", state=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -371,6 +386,7 @@ impl PySubscriber {
         reconnect: Option<f64>,
         columns: Option<&Bound<'_, PyAny>>,
         on_max_held: &str,
+        state: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         // A local topic name, or flight://HOST:PORT/TOPIC: a bad one is a ValueError.
         match sluice::flight::FlightTarget::parse(topic) {
@@ -383,6 +399,7 @@ impl PySubscriber {
         let on_lag_mode: OnLag = parse_mode(on_lag)?;
         let on_max_held: OnMaxHeld = parse_mode(on_max_held)?;
         let timeout = parse_timeout("timeout", timeout)?;
+        let cursor = parse_state(py, state)?;
         // Unlike a timeout, `None` means "do not reconnect" and infinity "wait forever".
         let reconnect = match reconnect {
             Some(t) if t.is_infinite() && t > 0.0 => Some(Duration::MAX),
@@ -399,6 +416,7 @@ impl PySubscriber {
             reconnect,
             columns: columns.as_ref().map_or(Columns::All, Columns::named),
             on_max_held,
+            cursor,
             ..SubscribeOptions::default()
         };
         // Waits in slices, so that Ctrl-C is answered between two; the connector keeps
@@ -432,6 +450,7 @@ impl PySubscriber {
                 Join::Now => "now",
                 Join::NextEpoch => "next_epoch",
                 Join::Replay => "replay",
+                Join::CatchUp => "catch_up",
             },
             on_lag: match on_lag_mode {
                 OnLag::Error => "error",
@@ -443,6 +462,9 @@ impl PySubscriber {
                 peeked: Local::new(None),
                 ended: false,
                 last_published_ns: None,
+                consumed: None,
+                before_last: None,
+                peeked_after: None,
             })),
             last_epoch: Mutex::new(None),
             owner: Owner::this(),
@@ -452,6 +474,20 @@ impl PySubscriber {
     /// When the producer published the newest of its batches this subscriber received:
     /// ``CLOCK_MONOTONIC`` nanoseconds, the clock of ``time.monotonic_ns()`` in every
     /// process of the machine (publish-to-use latency); ``None`` before the first batch.
+    /// Where this trainer is, as a dict to save with its model (``torch.save``): every
+    /// row of the batches this subscriber handed out came before it, none after. Pass it
+    /// as ``state=`` to start again exactly there (see docs/python.md, "Resuming a
+    /// trainer"). ``{}`` before the first batch.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.here()?;
+        let stream = &self.stream;
+        let json = py.detach(|| lock(stream).consumed.as_ref().map(Cursor::to_json));
+        match json {
+            Some(json) => py.import("json")?.call_method1("loads", (json,)),
+            None => Ok(pyo3::types::PyDict::new(py).into_any()),
+        }
+    }
+
     #[getter]
     fn last_published_ns(&self) -> Option<u64> {
         // Not in a forked child, before the lock (see `owner`).
@@ -853,7 +889,7 @@ impl PyEpoch {
 
 /// `sluice.subscribe(...)`: the same as `sluice.Subscriber(...)`.
 #[pyfunction]
-#[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None, columns=None, on_max_held="copy"))]
+#[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None, columns=None, on_max_held="copy", state=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn subscribe(
     py: Python<'_>,
@@ -865,6 +901,7 @@ pub fn subscribe(
     reconnect: Option<f64>,
     columns: Option<&Bound<'_, PyAny>>,
     on_max_held: &str,
+    state: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PySubscriber> {
     PySubscriber::new(
         py,
@@ -876,5 +913,28 @@ pub fn subscribe(
         reconnect,
         columns,
         on_max_held,
+        state,
     )
+}
+
+/// A trainer's saved state (`state_dict()`), as a dict (or its JSON): `None` and `{}`
+/// start without one; anything else that is not a cursor is a `ValueError`.
+fn parse_state(py: Python<'_>, state: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Cursor>> {
+    let Some(state) = state.filter(|s| !s.is_none()) else {
+        return Ok(None);
+    };
+    let json: String = match state.cast::<PyString>() {
+        Ok(text) => text.to_str()?.to_string(),
+        Err(_) if state.len().ok() == Some(0) => return Ok(None),
+        Err(_) => py
+            .import("json")?
+            .call_method1("dumps", (state,))
+            .and_then(|j| j.extract())
+            .map_err(|e| {
+                PyValueError::new_err(format!("state must be what state_dict() returned: {e}"))
+            })?,
+    };
+    Cursor::from_json(&json)
+        .map(Some)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
 }

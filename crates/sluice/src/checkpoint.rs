@@ -242,6 +242,8 @@ pub(crate) struct CheckpointWriter {
     settings: BTreeMap<String, String>,
     data: DataListing,
     last: Option<Instant>,
+    /// The plan's record for trainers that catch up, removed with the checkpoint.
+    record: Option<PathBuf>,
 }
 
 impl CheckpointWriter {
@@ -276,7 +278,14 @@ impl CheckpointWriter {
             settings,
             data,
             last: None,
+            record: None,
         })
+    }
+
+    /// Removes `record` too when the run ends.
+    pub(crate) fn with_record(mut self, record: PathBuf) -> Self {
+        self.record = Some(record);
+        self
     }
 
     /// Records `at` if the last write is older than [`CHECKPOINT_INTERVAL`] (or `force`).
@@ -309,6 +318,9 @@ impl CheckpointWriter {
     /// The run is over (finished, failed or stopped): nothing to resume.
     pub(crate) fn remove(&self) {
         let _ = std::fs::remove_file(&self.tmp);
+        if let Some(record) = &self.record {
+            let _ = std::fs::remove_file(record);
+        }
         if let Err(e) = std::fs::remove_file(&self.path)
             && e.kind() != std::io::ErrorKind::NotFound
         {

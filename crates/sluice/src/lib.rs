@@ -39,6 +39,7 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod cursor;
 pub mod demo;
 pub mod gpu;
 pub mod logging;
@@ -47,6 +48,7 @@ pub mod status;
 mod subscriber;
 
 pub use checkpoint::{Checkpoint, DataListing};
+pub use cursor::Cursor;
 pub use gpu::batch::{DeviceBatch, DeviceColumn, DevicePart};
 pub use gpu::host_copy::HostCopier;
 pub use producer::{

@@ -8,7 +8,7 @@ from typing import Any, Iterator, Literal, Sequence
 
 __version__: str
 
-JoinMode = Literal["now", "next_epoch", "replay"]
+JoinMode = Literal["now", "next_epoch", "replay", "catch_up"]
 OnLagMode = Literal["error", "skip"]
 OnMaxHeldMode = Literal["copy", "error"]
 
@@ -279,7 +279,11 @@ class Subscriber(Iterator[Batch]):
         reconnect: float | None = None,
         columns: Sequence[str] | None = None,
         on_max_held: OnMaxHeldMode = "copy",
+        state: dict[str, Any] | str | None = None,
     ) -> None: ...
+    def state_dict(self) -> dict[str, Any]:
+        """Where this trainer is: save it with the model, pass it as ``state=`` to resume
+        exactly after the rows this subscriber handed out (``{}`` before the first)."""
     @property
     def topic(self) -> str: ...
     @property
@@ -328,6 +332,7 @@ def subscribe(
     reconnect: float | None = None,
     columns: Sequence[str] | None = None,
     on_max_held: OnMaxHeldMode = "copy",
+    state: dict[str, Any] | str | None = None,
 ) -> Subscriber:
     """Attaches to ``topic``, waiting for its producer (up to ``timeout`` seconds).
 

@@ -395,6 +395,21 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         self._subscriber: sluice.Subscriber | None = None
         self._epochs: Iterator[sluice.Epoch] | None = None
         self._pid = os.getpid()
+        self._state: dict[str, Any] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this trainer is (``StatefulDataLoader``'s protocol): save it with the
+        model; :meth:`load_state_dict` in a restarted trainer, before iterating, resumes
+        exactly after the last batch this dataset yielded."""
+        if self._subscriber is not None:
+            return self._subscriber.state_dict()
+        return dict(self._state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Starts the next subscription at ``state`` (what :meth:`state_dict` returned)."""
+        if self._subscriber is not None:
+            raise RuntimeError("load_state_dict() must be called before the first iteration")
+        self._state = dict(state)
 
     def _connect(self) -> Iterator[sluice.Epoch]:
         if self._pid != os.getpid():
@@ -408,7 +423,9 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
                 timeout=self.timeout,
                 on_lag=self.on_lag,
                 columns=self.columns,
+                state=self._state,
             )
+            self._state = {}
             self._epochs = self._subscriber.epochs()
             _OPEN.add(self)
         return self._epochs

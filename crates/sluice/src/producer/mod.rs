@@ -28,7 +28,7 @@ use crate::checkpoint::{CheckpointWriter, DataListing};
 use report::ProducerReporter;
 use run::{Run, Sink, wait_for_interested};
 use sizing::{First, SHORT_WINDOW, TopicPlan};
-use source::{PlanSource, Source};
+pub(crate) use source::{PlanSource, Source};
 use start::StartPoint;
 
 /// How a run behaves beyond what the plan file says.
@@ -198,8 +198,8 @@ impl Producer {
                 let data = DataListing::from(&handle.block_on(plan.listing())?);
                 let start = StartPoint::resolve(plan, &self.namespace, &topic, options, data)?;
                 let position = start.position;
-                let checkpoint = start.writer(&topic)?;
-                let source = PlanSource::new(plan, &opts);
+                let source = PlanSource::new(plan, &opts).stamped(start.plan_hash());
+                let checkpoint = start.writer(plan, &self.namespace, &topic)?;
                 let run = (source, position, Some(checkpoint));
                 self.publish(handle, options, &opts, run, on_progress)
             }

@@ -5,9 +5,11 @@
 //! or on Ballista, which differ only inside [`Plan`]). Other sources (batches produced by
 //! Python code) implement the same interface.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use futures::StreamExt;
 use sluice_core::{Result, Shaper, SluiceError};
@@ -67,6 +69,10 @@ pub(crate) struct PlanSource<'a> {
     rows: u64,
     /// Time spent waiting for the plan (each epoch's stream, and its batches).
     waited: Duration,
+    /// The plan's identity, put in every batch's schema (see [`PlanSource::stamped`]),
+    /// and the schema of the last batch stamped with it.
+    identity: HashMap<String, String>,
+    stamped: Option<(SchemaRef, SchemaRef)>,
 }
 
 impl<'a> PlanSource<'a> {
@@ -83,7 +89,41 @@ impl<'a> PlanSource<'a> {
             max_batches: 1,
             rows: 0,
             waited: Duration::ZERO,
+            identity: HashMap::new(),
+            stamped: None,
         }
+    }
+
+    /// Puts the plan's identity in every batch's schema metadata: the hash of its
+    /// fingerprint, `plan_hash`, and its shuffle seed (`crate::cursor::PLAN_KEY`,
+    /// `SEED_KEY`), so that a trainer's cursor names the stream it was taken on.
+    pub(crate) fn stamped(mut self, plan_hash: &str) -> Self {
+        self.identity
+            .insert(crate::cursor::PLAN_KEY.into(), plan_hash.into());
+        if let Some((seed, _)) = self.opts.shuffle() {
+            self.identity
+                .insert(crate::cursor::SEED_KEY.into(), seed.to_string());
+        }
+        self
+    }
+
+    /// `rows` with the plan's identity in its schema (one schema built per schema met).
+    fn stamp(&mut self, rows: RecordBatch) -> Result<RecordBatch> {
+        if self.identity.is_empty() {
+            return Ok(rows);
+        }
+        let schema = rows.schema();
+        let stamped = match &self.stamped {
+            Some((from, to)) if Arc::ptr_eq(from, &schema) || **from == *schema => to.clone(),
+            _ => {
+                let mut metadata = schema.metadata().clone();
+                metadata.extend(self.identity.clone());
+                let to = Arc::new(schema.as_ref().clone().with_metadata(metadata));
+                self.stamped = Some((schema, to.clone()));
+                to
+            }
+        };
+        Ok(rows.with_schema(stamped)?)
     }
 
     /// Passes over the epoch's first `skip` batches: the order of rows depends only on
@@ -150,6 +190,7 @@ impl Source for PlanSource<'_> {
                 let batches = rows.num_rows().div_ceil(self.opts.batch_rows).max(1) as u64;
                 self.index += batches;
                 self.rows += rows.num_rows() as u64;
+                let rows = self.stamp(rows)?;
                 return Ok(Some(Message {
                     index,
                     rows,

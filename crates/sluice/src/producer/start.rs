@@ -9,6 +9,7 @@ use sluice_shm::Namespace;
 
 use super::RunOptions;
 use crate::checkpoint::{Checkpoint, CheckpointWriter, DataListing};
+use crate::cursor::PlanRecord;
 
 /// A run's start and the identity its checkpoints carry.
 #[derive(Debug)]
@@ -32,10 +33,7 @@ impl StartPoint {
         options: &RunOptions,
         data: DataListing,
     ) -> Result<Self> {
-        let fingerprint = format!(
-            "{:016x}",
-            xxhash_rust::xxh3::xxh3_64(plan.fingerprint().as_bytes())
-        );
+        let fingerprint = crate::cursor::plan_hash(plan);
         let settings: BTreeMap<_, _> = plan.sequence_settings().into_iter().collect();
         let path = match &options.checkpoint {
             Some(path) => path.clone(),
@@ -73,8 +71,24 @@ impl StartPoint {
         })
     }
 
-    /// The writer of this run's checkpoints.
-    pub(crate) fn writer(self, topic: &TopicName) -> Result<CheckpointWriter> {
-        CheckpointWriter::new(self.path, topic, self.fingerprint, self.settings, self.data)
+    /// The hash of the plan's fingerprint.
+    pub(crate) fn plan_hash(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// The writer of this run's checkpoints; it also leaves the plan's record for
+    /// trainers that catch up ([`PlanRecord`]), and removes both when the run ends.
+    pub(crate) fn writer(
+        self,
+        plan: &Plan,
+        namespace: &Namespace,
+        topic: &TopicName,
+    ) -> Result<CheckpointWriter> {
+        namespace.prepare_state_dir()?;
+        let record = PlanRecord::path(namespace, topic);
+        PlanRecord::new(plan, topic, &self.fingerprint, &self.data).write(&record)?;
+        let writer =
+            CheckpointWriter::new(self.path, topic, self.fingerprint, self.settings, self.data)?;
+        Ok(writer.with_record(record))
     }
 }

@@ -5,17 +5,20 @@ use std::time::{Duration, Instant};
 
 use arrow::array::ArrayData;
 use arrow::record_batch::RecordBatch;
-use sluice_core::delivery::{Outbound, ReceiverOptions, Subscription};
-use sluice_core::{Columns, Inlet, Result, SluiceError, TopicName};
+use sluice_core::delivery::{Inbound, Outbound, ReceiverOptions, Subscription};
+use sluice_core::{Columns, Inlet, Result, RowPosition, SluiceError, TopicName};
 use sluice_flight::{ClientOptions, FlightInlet, FlightTarget};
 use sluice_shm::{Namespace, OnMaxHeld, TopicSubscriber};
 
+use crate::cursor::Cursor;
 use crate::gpu::batch::DeviceBatch;
 use crate::status::{Reporter, SubscriberReport, unix_now};
 
+mod catch_up;
 mod payload;
 mod port;
 
+use catch_up::{Attach, CatchUp};
 use payload::Payload;
 use port::{LocalInlet, Port};
 
@@ -56,6 +59,12 @@ pub struct SubscribeOptions {
     /// topic: further batches are private copies (the default, with one warning), or
     /// receiving fails.
     pub on_max_held: OnMaxHeld,
+    /// Start exactly after the rows a trainer had consumed when it saved this cursor
+    /// ([`Subscriber::cursor`]), instead of joining as `join` says: from the topic's
+    /// history where it still holds them, else (a plan's local topic) computed again in
+    /// this process until the shared stream is reached. See docs/protocol.md, "Resuming
+    /// a trainer".
+    pub cursor: Option<Cursor>,
 }
 
 /// What a subscriber receives.
@@ -181,6 +190,12 @@ pub struct Subscriber {
     waiting_since: Option<Instant>,
     /// Whether the stall that `waiting_since` measures was warned of.
     stall_noted: bool,
+    /// What this subscriber's cursors say besides the position: the stream's identity
+    /// (from its first batch, or the cursor it started from) and the batch size.
+    identity: Cursor,
+    /// Whether the stream's first batch was looked at (and checked against the cursor
+    /// this subscriber started from).
+    identified: bool,
 }
 
 impl Subscriber {
@@ -220,10 +235,16 @@ impl Subscriber {
         };
         if let Some(target) = FlightTarget::parse(topic) {
             let target = target?;
+            if options.join == Join::CatchUp {
+                return Err(SluiceError::Config(format!(
+                    "join='catch_up' needs a topic on this machine, not {target}: its plan is \
+                     computed again in the trainer's process"
+                )));
+            }
             let inlet = FlightInlet::connect(
                 &target,
                 ClientOptions {
-                    replay: options.join == Join::Replay,
+                    replay: options.join == Join::Replay || options.cursor.is_some(),
                     wait,
                     reconnect: options.reconnect,
                     columns: options.columns.clone(),
@@ -233,9 +254,21 @@ impl Subscriber {
             let topic = TopicName::new(&target.topic)?;
             let shown = target.to_string();
             let port = Port::Remote(Some(Box::new(inlet)));
-            return Self::new(topic, shown, namespace, options, port, usize::MAX / 4);
+            let start = options.cursor.as_ref().map(Cursor::position);
+            return Self::new(
+                topic,
+                shown,
+                namespace,
+                options,
+                port,
+                usize::MAX / 4,
+                start,
+            );
         }
         let topic = TopicName::new(topic)?;
+        if options.cursor.is_some() || options.join == Join::CatchUp {
+            return Self::attach_at(topic, namespace, options, wait, interest);
+        }
         let replay = options.join == Join::Replay;
         let mut inner =
             TopicSubscriber::connect_declared(&namespace, &topic, wait, replay, interest)?;
@@ -248,7 +281,50 @@ impl Subscriber {
             options.columns.clone(),
         )));
         let shown = topic.to_string();
-        Self::new(topic, shown, namespace, options, port, max_held)
+        Self::new(topic, shown, namespace, options, port, max_held, None)
+    }
+
+    /// Attaches to a local topic at a position of this subscriber's own: the options'
+    /// cursor, or (`Join::CatchUp`) the start of the epoch the stream is in. The topic is
+    /// attached with replay, and its first message says whether its history reaches
+    /// back there; if not, a catch-up computes the rest (see [`CatchUp`]).
+    fn attach_at(
+        topic: TopicName,
+        namespace: Namespace,
+        options: &SubscribeOptions,
+        wait: Option<Duration>,
+        interest: &mut Option<sluice_shm::Interest>,
+    ) -> Result<Self> {
+        if let Some(cursor) = &options.cursor
+            && cursor.topic != topic.as_str()
+        {
+            return Err(SluiceError::Config(format!(
+                "the cursor was taken on topic '{}', not '{topic}'",
+                cursor.topic
+            )));
+        }
+        let attach = Attach {
+            namespace: namespace.clone(),
+            topic: topic.clone(),
+            reconnect: options.reconnect,
+            columns: options.columns.clone(),
+            on_max_held: options.on_max_held,
+        };
+        let mut live = attach.replaying(wait, interest)?;
+        let max_held = live.inner.as_ref().map_or(1, TopicSubscriber::max_held);
+        let first = live.recv(options.timeout)?;
+        let start = match (&options.cursor, &first) {
+            (Some(cursor), _) => Some(cursor.position()),
+            (None, Inbound::Batch { epoch, .. }) => Some(RowPosition::new(*epoch, 0, 0)),
+            (None, Inbound::EndOfEpoch { epoch, .. }) => {
+                Some(RowPosition::new(epoch.saturating_add(1), 0, 0))
+            }
+            (None, _) => None,
+        };
+        let from = start.map(RowPosition::batch).unwrap_or_default();
+        let port = Port::CatchUp(Box::new(CatchUp::start(attach, live, first, from)?));
+        let shown = topic.to_string();
+        Self::new(topic, shown, namespace, options, port, max_held, start)
     }
 
     /// A subscriber of `topic` over any transport of host batches (`inlet`), with the
@@ -266,6 +342,7 @@ impl Subscriber {
             None => Namespace::from_env()?,
         };
         let port = Port::Other(Some(inlet));
+        let start = options.cursor.as_ref().map(Cursor::position);
         Self::new(
             name,
             topic.to_string(),
@@ -273,11 +350,13 @@ impl Subscriber {
             options,
             port,
             usize::MAX / 4,
+            start,
         )
     }
 
     /// A subscriber on a connected port; `shown` names the topic in errors, `max_held`
-    /// bounds the producer batches the protocol keeps while it cuts batches.
+    /// bounds the producer batches the protocol keeps while it cuts batches; it starts
+    /// at `start` if given.
     fn new(
         topic: TopicName,
         shown: String,
@@ -285,6 +364,7 @@ impl Subscriber {
         options: &SubscribeOptions,
         port: Port,
         max_held: usize,
+        start: Option<RowPosition>,
     ) -> Result<Self> {
         let reporter = port
             .local()
@@ -295,8 +375,16 @@ impl Subscriber {
             join: options.join,
             on_lag: options.on_lag,
             max_held,
+            start,
         };
+        let mut identity = options
+            .cursor
+            .clone()
+            .unwrap_or_else(|| Cursor::new(topic.as_str(), RowPosition::default()));
+        identity.batch_size = options.batch_size.map(|b| b as u64);
         Ok(Self {
+            identity,
+            identified: false,
             subscription: Subscription::new(receiver, port)?,
             topic,
             namespace,
@@ -307,6 +395,39 @@ impl Subscriber {
             waiting_since: None,
             stall_noted: false,
         })
+    }
+
+    /// Where this subscriber is, to save with a trainer's model: every row before it
+    /// was handed out by [`Subscriber::next_event`], none from it on. A subscriber
+    /// started from it ([`SubscribeOptions::cursor`]) gets exactly the rows after it.
+    /// `None` before the first batch (unless it started from a cursor).
+    pub fn cursor(&self) -> Option<Cursor> {
+        let at = self.subscription.receiver().consumed()?;
+        let mut cursor = self.identity.clone();
+        (cursor.epoch, cursor.batch, cursor.row) = (at.epoch, at.index, at.row);
+        Some(cursor)
+    }
+
+    /// Whether this subscriber's rows come from a catch-up computed in this process (it
+    /// started from a cursor, or with `Join::CatchUp`, before what the topic still
+    /// holds), not yet from the shared stream.
+    pub fn catching_up(&self) -> bool {
+        matches!(self.subscription.inlet(), Port::CatchUp(c) if c.catching_up())
+    }
+
+    /// Takes the stream's identity from its first batch; a stream other than the one
+    /// the cursor this subscriber started from was taken on is refused.
+    fn identify(&mut self, schema: &arrow::datatypes::Schema) -> Result<()> {
+        self.identified = true;
+        if self.identity.plan.is_some() {
+            let checked = self.identity.check_stream(schema);
+            if checked.is_err() {
+                self.close();
+            }
+            return checked;
+        }
+        self.identity.identify(schema);
+        Ok(())
     }
 
     /// The topic.
@@ -341,7 +462,13 @@ impl Subscriber {
             Ok(out) => {
                 self.waiting_since = None;
                 self.stall_noted = false;
-                Ok(event(out))
+                let event = event(out);
+                if let Event::Batch { batch, .. } = &event
+                    && !self.identified
+                {
+                    self.identify(&batch.schema())?;
+                }
+                Ok(event)
             }
             Err(SluiceError::Timeout { what, seconds }) => Err(self.timed_out(what, seconds)),
             // The protocol failed (lag, a resume gap, a corrupt stream), or a column asked

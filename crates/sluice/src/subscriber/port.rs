@@ -11,6 +11,7 @@ use sluice_core::{Columns, Inlet, Result, Rows, SluiceError, TopicName};
 use sluice_flight::FlightInlet;
 use sluice_shm::{Frame, TopicSubscriber};
 
+use super::catch_up::CatchUp;
 use super::payload::Payload;
 use crate::gpu::batch::{DeviceBatch, ImporterCell};
 
@@ -25,6 +26,9 @@ pub(crate) enum Port {
     /// Any other transport of host batches (the in-memory one of the conformance tests);
     /// `None` once left.
     Other(Option<Box<dyn Inlet<RecordBatch> + Send>>),
+    /// Shared memory on this machine from a position of the subscriber's own: a
+    /// catch-up, then the topic.
+    CatchUp(Box<CatchUp>),
 }
 
 impl std::fmt::Debug for Port {
@@ -33,6 +37,10 @@ impl std::fmt::Debug for Port {
             Port::Local(local) => f.debug_tuple("Local").field(&local.inner).finish(),
             Port::Remote(remote) => f.debug_tuple("Remote").field(remote).finish(),
             Port::Other(_) => f.write_str("Other"),
+            Port::CatchUp(c) => f
+                .debug_tuple("CatchUp")
+                .field(&c.live().and_then(|l| l.inner.as_ref()))
+                .finish(),
         }
     }
 }
@@ -42,6 +50,7 @@ impl Port {
     pub(crate) fn local(&self) -> Option<&TopicSubscriber> {
         match self {
             Port::Local(local) => local.inner.as_ref(),
+            Port::CatchUp(c) => c.live().and_then(|l| l.inner.as_ref()),
             Port::Remote(_) | Port::Other(_) => None,
         }
     }
@@ -57,6 +66,7 @@ impl Port {
             }
             Port::Remote(remote) => *remote = None,
             Port::Other(other) => *other = None,
+            Port::CatchUp(c) => c.leave(),
         }
     }
 }
@@ -65,6 +75,7 @@ impl Inlet<Payload> for Port {
     fn recv(&mut self, timeout: Option<Duration>) -> Result<Inbound<Payload>> {
         match self {
             Port::Local(local) => local.recv(timeout),
+            Port::CatchUp(c) => c.recv(timeout),
             Port::Remote(Some(remote)) => Ok(remote.recv(timeout)?.map(Payload::private)),
             Port::Other(Some(other)) => Ok(other.recv(timeout)?.map(Payload::private)),
             Port::Remote(None) | Port::Other(None) => Ok(Inbound::EndOfStream),

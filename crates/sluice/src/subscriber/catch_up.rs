@@ -1,0 +1,400 @@
+//! A trainer's way back onto a running stream from a position the topic no longer holds:
+//! the plan is computed again in the trainer's process from that position
+//! ([`CatchUpFeed`], the same [`PlanSource`] the producer runs, so the same batches at the
+//! same positions), until the shared stream's history reaches back to where the catch-up
+//! is; then the trainer attaches to the shared stream with replay and the protocol drops
+//! what it already had ([`CatchUp`]).
+//!
+//! ```text
+//! cursor ─► catch-up: (e,c) (e,c+1) … (e,k)        live history: (e,k−w) … (e,k) (e,k+1) …
+//!                                         └─ meets ─► duplicates dropped ─┘ deliver …
+//! ```
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::time::{Duration, Instant};
+
+use arrow::record_batch::RecordBatch;
+use sluice_core::delivery::Inbound;
+use sluice_core::{Columns, Inlet, Position, Result, SluiceError, TopicName};
+use sluice_plan::Plan;
+use sluice_shm::{Namespace, OnMaxHeld, TopicSubscriber};
+use tokio::runtime::{Handle, Runtime};
+
+use super::payload::Payload;
+use super::port::LocalInlet;
+use crate::checkpoint::DataListing;
+use crate::cursor::{PlanRecord, plan_hash};
+use crate::producer::{PlanSource, ProducerHandle, Source};
+
+/// How often, at most, a catch-up looks at the producer's report to see whether the
+/// shared stream is within reach (a catch-up can run ahead of it: a trainer faster than
+/// the others, a stream they pace).
+const LOOK_EVERY: Duration = Duration::from_millis(20);
+/// How long a catch-up waits after an attempt to attach that found the shared stream's
+/// history starting after it.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
+/// How long a look waits for the shared stream's first message.
+const FIRST_MESSAGE_WAIT: Duration = Duration::from_millis(200);
+
+/// How to attach to the shared stream.
+#[derive(Debug, Clone)]
+pub(crate) struct Attach {
+    pub namespace: Namespace,
+    pub topic: TopicName,
+    pub reconnect: Option<Duration>,
+    pub columns: Columns,
+    pub on_max_held: OnMaxHeld,
+}
+
+impl Attach {
+    /// A port on the shared stream that replays what the topic holds, waiting up to
+    /// `wait` for the topic.
+    pub(crate) fn replaying(
+        &self,
+        wait: Option<Duration>,
+        interest: &mut Option<sluice_shm::Interest>,
+    ) -> Result<LocalInlet> {
+        let mut inner =
+            TopicSubscriber::connect_declared(&self.namespace, &self.topic, wait, true, interest)?;
+        inner.set_columns(self.columns.clone());
+        inner.set_on_max_held(self.on_max_held);
+        Ok(LocalInlet::new(inner, self.reconnect, self.columns.clone()))
+    }
+}
+
+/// Where a message is in the stream (`None`: the end of the stream).
+fn position_of<P>(message: &Inbound<P>) -> Option<Position> {
+    match message {
+        Inbound::Batch { epoch, index, .. } => Some(Position::new(*epoch, *index)),
+        Inbound::EndOfEpoch { epoch, batches, .. } => Some(Position::new(*epoch, *batches)),
+        _ => None,
+    }
+}
+
+/// A subscriber's transport that starts at a position of its own: the shared stream where
+/// its history reaches back to it, else a catch-up until it does.
+pub(crate) struct CatchUp {
+    attach: Attach,
+    /// The shared stream, once on it.
+    live: Option<Box<LocalInlet>>,
+    /// The catch-up, until the shared stream is reached.
+    feed: Option<CatchUpFeed>,
+    /// Messages to deliver first.
+    pending: VecDeque<Inbound<Payload>>,
+    /// The next position the catch-up delivers.
+    at: Position,
+    /// A port on the shared stream attached with replay, waiting for its first message
+    /// (which tells whether the topic's history reaches back to `at`), and since when.
+    probe: Option<(LocalInlet, Instant)>,
+    /// When to look again whether the shared stream is within reach.
+    next_try: Instant,
+}
+
+impl CatchUp {
+    /// Starts at `start` on the shared stream `live` (attached with replay), whose first
+    /// message `first` it looked at: on it if that message is not after `start`, else
+    /// with a catch-up of the plan the topic's producer recorded.
+    pub(crate) fn start(
+        attach: Attach,
+        live: LocalInlet,
+        first: Inbound<Payload>,
+        start: Position,
+    ) -> Result<Self> {
+        let mut this = Self {
+            attach,
+            live: None,
+            feed: None,
+            pending: VecDeque::new(),
+            at: start,
+            probe: None,
+            next_try: Instant::now(),
+        };
+        if position_of(&first).is_none_or(|p| p <= start) {
+            this.pending.push_back(first);
+            this.live = Some(Box::new(live));
+            return Ok(this);
+        }
+        let found = position_of(&first).unwrap_or_default();
+        // The topic's history starts after `start`: let go of it while catching up.
+        drop(live);
+        let (plan, runtime) = replan(&this.attach, start, found)?;
+        tracing::info!(topic = %this.attach.topic, "catching up from {start} (the topic holds from {found} on)");
+        let columns = this.attach.columns.clone();
+        this.feed = Some(CatchUpFeed::start(plan, runtime, start, columns)?);
+        Ok(this)
+    }
+
+    /// Whether rows come from the catch-up (not yet from the shared stream).
+    pub(crate) fn catching_up(&self) -> bool {
+        self.feed.is_some()
+    }
+
+    /// The shared stream's port, once on it.
+    pub(crate) fn live(&self) -> Option<&LocalInlet> {
+        self.live.as_deref()
+    }
+
+    /// Leaves the topic (and stops the catch-up).
+    pub(crate) fn leave(&mut self) {
+        self.feed = None;
+        self.probe = None;
+        if let Some(live) = &mut self.live
+            && let Some(inner) = &mut live.inner
+        {
+            inner.detach();
+        }
+    }
+
+    /// Whether the shared stream's history now reaches back to the catch-up's position;
+    /// if so, moves onto it (its first message waits in `pending`).
+    ///
+    /// Never blocks: a probe attached with replay gets the topic's history only when
+    /// the producer next sends (it may be waiting for a slow trainer), so the probe is
+    /// looked at again at the next call, for at most [`FIRST_MESSAGE_WAIT`].
+    fn meet(&mut self) -> bool {
+        let Some((mut probe, since)) = self.probe.take() else {
+            if Instant::now() >= self.next_try {
+                self.next_try = Instant::now() + LOOK_EVERY;
+                if self.within_reach() {
+                    self.probe = self
+                        .attach
+                        .replaying(Some(Duration::ZERO), &mut None)
+                        .ok()
+                        .map(|probe| (probe, Instant::now()));
+                }
+            }
+            return false;
+        };
+        match probe.recv(Some(Duration::ZERO)) {
+            Ok(first) if position_of(&first).is_some_and(|p| p <= self.at) => {
+                tracing::info!(topic = %self.attach.topic, "caught up at {}", self.at);
+                self.pending.push_back(first);
+                self.live = Some(Box::new(probe));
+                self.feed = None;
+                true
+            }
+            Err(SluiceError::Timeout { .. }) if since.elapsed() < FIRST_MESSAGE_WAIT => {
+                self.probe = Some((probe, since));
+                false
+            }
+            // The history starts after the catch-up (or the stream ended): let go.
+            _ => {
+                self.next_try = Instant::now() + RETRY_AFTER;
+                false
+            }
+        }
+    }
+
+    /// Whether the shared stream may be within reach: unless the producer's report (a
+    /// lower bound of where the producer is: it is rewritten at most every quarter of a
+    /// second) already puts it in a later epoch. (Its window counts messages, of
+    /// however many batches each: only an attempt tells whether it reaches back.)
+    fn within_reach(&self) -> bool {
+        let producer = crate::status::snapshot(&self.attach.namespace)
+            .ok()
+            .and_then(|topics| {
+                topics
+                    .into_iter()
+                    .find(|t| t.topic == self.attach.topic.as_str())
+            })
+            .and_then(|t| t.producer);
+        let Some(producer) = producer else {
+            // No report (yet): only an attempt tells.
+            return true;
+        };
+        producer.epoch <= self.at.epoch
+    }
+}
+
+impl Inlet<Payload> for CatchUp {
+    fn recv(&mut self, timeout: Option<Duration>) -> Result<Inbound<Payload>> {
+        if let Some(message) = self.pending.pop_front() {
+            return Ok(message);
+        }
+        if let Some(live) = &mut self.live {
+            return live.recv(timeout);
+        }
+        if self.meet() {
+            // The protocol drops what the shared stream repeats.
+            return Ok(Inbound::Reconnected);
+        }
+        let Some(feed) = &mut self.feed else {
+            return Ok(Inbound::EndOfStream);
+        };
+        let message = feed.recv(timeout, &self.attach.topic)?;
+        match &message {
+            Inbound::Batch { epoch, index, .. } => self.at = Position::new(*epoch, index + 1),
+            Inbound::EndOfEpoch { epoch, .. } => self.at = Position::new(epoch + 1, 0),
+            _ => {}
+        }
+        Ok(message.map(Payload::private))
+    }
+}
+
+/// Plans the topic's plan again, as its producer recorded it, and checks that it is the
+/// same plan over the same files and that it computes the same rows each time; with the
+/// runtime it runs on.
+fn replan(attach: &Attach, start: Position, found: Position) -> Result<(Plan, Runtime)> {
+    let topic = &attach.topic;
+    let Some(record) = PlanRecord::load(&attach.namespace, topic)? else {
+        return Err(SluiceError::Config(format!(
+            "topic '{topic}' holds its stream from {found} on, after the position asked for \
+             ({start}), and its producer runs no plan that this process could compute again \
+             (a loader's batches, or a producer of another Sluice): start the trainer without \
+             its saved state, or with join='next_epoch'"
+        )));
+    };
+    let runtime = ProducerHandle::runtime("sluice-catch-up")?;
+    let plan = runtime.block_on(async {
+        let mut plan = Plan::from_sql(&record.file, &record.sql).await?;
+        let options = plan.options_mut();
+        options.epochs = record.epochs;
+        options.batch_rows = record.batch_rows;
+        options.shard.clone_from(&record.shard);
+        options.topic.clone_from(&record.topic);
+        let listing = DataListing::from(&plan.listing().await?);
+        Ok::<_, SluiceError>((plan, listing))
+    });
+    let refuse = |why: String| {
+        SluiceError::Config(format!(
+            "cannot catch up on topic '{topic}' from {start} (the topic holds its stream from \
+             {found} on): {why}"
+        ))
+    };
+    let (plan, listing) = plan.map_err(|e| refuse(format!("its plan does not load here: {e}")))?;
+    if plan.engine().is_ballista() {
+        return Err(refuse(
+            "the plan runs on Ballista, which this process does not run it on; set \
+             sluice.engine = 'local' to make its stream resumable"
+                .into(),
+        ));
+    }
+    if let Some(function) = plan.nondeterministic_function() {
+        return Err(refuse(format!(
+            "the plan calls {function}(), whose values differ every time it runs; draw them \
+             from the seed, the epoch and a row key (random_crop, random_flip, or a hash of the \
+             key) to make its stream resumable"
+        )));
+    }
+    if plan_hash(&plan) != record.plan || listing != record.data {
+        return Err(refuse(format!(
+            "the plan {} plans or lists other files here than in its producer; run the \
+             trainer in the producer's working directory ({}), or use absolute paths in the plan",
+            record.file,
+            record.cwd.display()
+        )));
+    }
+    Ok((plan, runtime))
+}
+
+/// The plan computed again from a position, on a thread of its own, one batch per
+/// message, as its producer's messages would be.
+pub(crate) struct CatchUpFeed {
+    messages: Receiver<Result<Inbound<RecordBatch>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl CatchUpFeed {
+    /// Starts computing `plan` from `from`; the thread stops once it is dropped.
+    fn start(plan: Plan, runtime: Runtime, from: Position, columns: Columns) -> Result<Self> {
+        // Two messages ahead: enough to overlap, and what it computes ahead is its own.
+        let (tx, messages) = sync_channel(2);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::Builder::new()
+            .name("sluice-catch-up".into())
+            .spawn(move || {
+                let feed = Thread {
+                    tx,
+                    stop: stopped,
+                    columns,
+                };
+                if let Err(e) = feed.run(&plan, runtime.handle(), from) {
+                    let _ = feed.tx.send(Err(e));
+                }
+            })
+            .map_err(|e| SluiceError::io("cannot start the catch-up thread", e))?;
+        Ok(Self { messages, stop })
+    }
+
+    fn recv(
+        &mut self,
+        timeout: Option<Duration>,
+        topic: &TopicName,
+    ) -> Result<Inbound<RecordBatch>> {
+        let message = match timeout {
+            None => self
+                .messages
+                .recv()
+                .map_err(|_| RecvTimeoutError::Disconnected),
+            Some(t) => self.messages.recv_timeout(t),
+        };
+        match message {
+            Ok(message) => message,
+            Err(RecvTimeoutError::Timeout) => Err(SluiceError::Timeout {
+                what: format!("the next batch of the catch-up on topic '{topic}'"),
+                seconds: timeout.unwrap_or_default().as_secs_f64(),
+            }),
+            Err(RecvTimeoutError::Disconnected) => Err(SluiceError::Internal(format!(
+                "the catch-up on topic '{topic}' ended without the end of the stream"
+            ))),
+        }
+    }
+}
+
+impl Drop for CatchUpFeed {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The catch-up thread's end.
+struct Thread {
+    tx: SyncSender<Result<Inbound<RecordBatch>>>,
+    stop: Arc<AtomicBool>,
+    columns: Columns,
+}
+
+impl Thread {
+    /// Sends `message`; `false` once nobody takes them.
+    fn send(&self, message: Inbound<RecordBatch>) -> bool {
+        !self.stop.load(Ordering::Relaxed) && self.tx.send(Ok(message)).is_ok()
+    }
+
+    fn run(&self, plan: &Plan, handle: &Handle, from: Position) -> Result<()> {
+        let opts = plan.options().clone();
+        let mut source = PlanSource::new(plan, &opts).stamped(&plan_hash(plan));
+        for epoch in from.epoch..opts.epochs {
+            let skip = if epoch == from.epoch { from.index } else { 0 };
+            source.start(handle, epoch, skip)?;
+            while let Some(message) = source.next(handle)? {
+                let rows = match self.columns.indices(&message.rows.schema())? {
+                    Some(indices) => message.rows.project(&indices)?,
+                    None => message.rows,
+                };
+                let batch = Inbound::Batch {
+                    epoch,
+                    index: message.index,
+                    batch_rows: 0,
+                    payload: rows,
+                };
+                if !self.send(batch) {
+                    return Ok(());
+                }
+            }
+            let (batches, rows) = source.produced();
+            if !self.send(Inbound::EndOfEpoch {
+                epoch,
+                batches,
+                rows,
+            }) {
+                return Ok(());
+            }
+        }
+        self.send(Inbound::EndOfStream);
+        Ok(())
+    }
+}

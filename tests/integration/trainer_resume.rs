@@ -1,0 +1,244 @@
+//! A trainer that stops and starts again from its saved cursor gets exactly the rows after
+//! it, while the shared stream goes on for the others: from the topic's history where it
+//! still holds them, else from a catch-up computed in the trainer's process until the
+//! shared stream is reached.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use arrow::array::AsArray;
+use arrow::datatypes::Int64Type;
+use arrow::record_batch::RecordBatch;
+use sluice::prelude::*;
+use sluice::{Cursor, Join, RunStats};
+
+use crate::common::TestNamespace;
+
+const ROWS: i64 = 600;
+const EPOCHS: usize = 3;
+
+fn plan(topic: &str, window: usize) -> String {
+    format!(
+        "SET sluice.topic = '{topic}'; SET sluice.batch_rows = 10; SET sluice.epochs = {EPOCHS};\n\
+         SET sluice.shuffle_seed = 7; SET sluice.shuffle_buffer = 100; SET sluice.window = {window};\n\
+         SET sluice.message_batches = 1;\n\
+         SELECT value AS v FROM generate_series(1, {ROWS})"
+    )
+}
+
+fn producer(
+    ns: Namespace,
+    sql: String,
+    subscribers: usize,
+) -> std::thread::JoinHandle<Result<RunStats>> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let plan = rt.block_on(Plan::from_sql("resume.sql", &sql))?;
+        let options = RunOptions {
+            min_subscribers: Some(subscribers),
+            subscriber_timeout: Some(Duration::from_secs(30)),
+            ..RunOptions::default()
+        };
+        Producer::new(plan, ns).run(rt.handle(), &options, |_| {})
+    })
+}
+
+fn options(ns: &TestNamespace, batch_size: usize, cursor: Option<Cursor>) -> SubscribeOptions {
+    SubscribeOptions {
+        timeout: Some(Duration::from_secs(60)),
+        namespace: Some(ns.0.clone()),
+        batch_size: Some(batch_size),
+        cursor,
+        ..SubscribeOptions::default()
+    }
+}
+
+fn values(batch: &RecordBatch) -> impl Iterator<Item = i64> + '_ {
+    batch
+        .column(0)
+        .as_primitive::<Int64Type>()
+        .values()
+        .iter()
+        .copied()
+}
+
+/// A trainer reading every epoch, `pause` per batch, its epoch published in `at`.
+fn pacer(
+    sub: Subscriber,
+    pause: Duration,
+    at: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<Vec<Vec<i64>>> {
+    std::thread::spawn(move || {
+        let mut sub = sub;
+        let mut epochs = vec![Vec::new(); EPOCHS];
+        loop {
+            match sub.next_event().unwrap() {
+                Event::Batch { epoch, batch, .. } => {
+                    at.store(epoch, Ordering::Relaxed);
+                    epochs[epoch as usize].extend(values(&batch));
+                    std::thread::sleep(pause);
+                }
+                Event::End => return epochs,
+                _ => {}
+            }
+        }
+    })
+}
+
+/// Every epoch as the trainer saw it across its stop: the rows before the cursor, then
+/// the rows after it from a subscriber started there (whose summaries are checked),
+/// which takes 2 ms per batch (faster than the other trainer, so it meets the stream).
+fn resumed(first: &[i64], mut sub: Subscriber, epoch: u64) -> Vec<Vec<i64>> {
+    let mut epochs = vec![Vec::new(); EPOCHS];
+    epochs[epoch as usize].extend_from_slice(first);
+    loop {
+        match sub.next_event().unwrap() {
+            Event::Batch { epoch, batch, .. } => {
+                epochs[epoch as usize].extend(values(&batch));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Event::EpochEnd(summary) => assert_eq!(
+                summary.complete,
+                summary.epoch != epoch,
+                "{summary:?}: only the epoch resumed mid-way is partial in this process"
+            ),
+            Event::End => break,
+            Event::DeviceBatch { .. } => unreachable!("a host topic"),
+        }
+    }
+    assert!(
+        !sub.catching_up(),
+        "the trainer never reached the shared stream"
+    );
+    epochs
+}
+
+/// Each epoch is every row once (the oracle: the numbers 1..=ROWS, not Sluice's own
+/// checksum), and in the order the trainer that never stopped saw.
+fn check(trainer: &[Vec<i64>], reference: &[Vec<i64>]) {
+    for (e, (rows, expected)) in trainer.iter().zip(reference).enumerate() {
+        let mut sorted = rows.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            sorted,
+            (1..=ROWS).collect::<Vec<_>>(),
+            "epoch {e}: every row once"
+        );
+        assert_eq!(rows, expected, "epoch {e}: in the stream's order");
+    }
+}
+
+/// A trainer that stops mid-epoch, inside a producer batch, and starts again from its
+/// cursor: from the topic's history when it is still there (`window` 64), from a
+/// catch-up that then meets the shared stream when it is long gone (`window` 2, and the
+/// other trainer an epoch further).
+fn stop_and_resume(window: usize, wait_for_epoch: u64) {
+    let ns = TestNamespace::new();
+    let topic = format!("resume{window}");
+    let producer = producer(ns.0.clone(), plan(&topic, window), 2);
+    let at = Arc::new(AtomicU64::new(0));
+    let other = pacer(
+        Subscriber::connect(&topic, options(&ns, 10, None)).unwrap(),
+        Duration::from_millis(15),
+        at.clone(),
+    );
+    let mut trainer = Subscriber::connect(&topic, options(&ns, 7, None)).unwrap();
+    let mut before = Vec::new();
+    while before.len() < 13 * 7 {
+        if let Event::Batch { batch, .. } = trainer.next_event().unwrap() {
+            before.extend(values(&batch));
+        }
+    }
+    let cursor = Cursor::from_json(&trainer.cursor().unwrap().to_json()).unwrap();
+    assert_eq!((cursor.epoch, cursor.batch, cursor.row), (0, 9, 1));
+    assert!(
+        cursor.plan.is_some() && cursor.shuffle_seed == Some(7),
+        "{cursor:?}"
+    );
+    drop(trainer);
+    while at.load(Ordering::Relaxed) < wait_for_epoch {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let restarted = Subscriber::connect(&topic, options(&ns, 7, Some(cursor))).unwrap();
+    let trainer = resumed(&before, restarted, 0);
+    let reference = other.join().unwrap();
+    check(&trainer, &reference);
+    producer.join().unwrap().unwrap();
+}
+
+#[test]
+fn a_trainer_resumes_from_the_topic_s_history() {
+    stop_and_resume(64, 0);
+}
+
+#[test]
+fn a_trainer_an_epoch_behind_catches_up_and_meets_the_shared_stream() {
+    stop_and_resume(2, 1);
+}
+
+/// `Join::CatchUp`: a trainer that starts mid-epoch gets that epoch whole.
+#[test]
+fn a_late_trainer_that_catches_up_gets_its_first_epoch_whole() {
+    let ns = TestNamespace::new();
+    let producer = producer(ns.0.clone(), plan("late", 2), 1);
+    let at = Arc::new(AtomicU64::new(0));
+    let other = pacer(
+        Subscriber::connect("late", options(&ns, 10, None)).unwrap(),
+        Duration::from_millis(8),
+        at.clone(),
+    );
+    while at.load(Ordering::Relaxed) < 1 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let late = Subscriber::connect(
+        "late",
+        SubscribeOptions {
+            join: Join::CatchUp,
+            ..options(&ns, 7, None)
+        },
+    )
+    .unwrap();
+    let mut sub = late;
+    let mut epochs = vec![Vec::new(); EPOCHS];
+    let mut summaries = Vec::new();
+    loop {
+        match sub.next_event().unwrap() {
+            Event::Batch { epoch, batch, .. } => epochs[epoch as usize].extend(values(&batch)),
+            Event::EpochEnd(s) => summaries.push((s.epoch, s.complete)),
+            Event::End => break,
+            Event::DeviceBatch { .. } => unreachable!(),
+        }
+    }
+    let reference = other.join().unwrap();
+    let first = summaries[0].0 as usize;
+    assert!(first >= 1, "joined in epoch {first}");
+    assert!(
+        summaries.iter().all(|s| s.1),
+        "every epoch whole: {summaries:?}"
+    );
+    check(&epochs[first..], &reference[first..]);
+    producer.join().unwrap().unwrap();
+}
+
+/// A cursor taken on another plan's stream is refused, not used at the wrong rows.
+#[test]
+fn a_cursor_of_another_plan_is_refused() {
+    let ns = TestNamespace::new();
+    let producer = producer(ns.0.clone(), plan("other", 64), 1);
+    let mut cursor = Cursor::new("other", sluice::core::RowPosition::new(0, 0, 0));
+    cursor.plan = Some("0123456789abcdef".into());
+    let mut sub = Subscriber::connect("other", options(&ns, 7, Some(cursor))).unwrap();
+    let err = loop {
+        match sub.next_event() {
+            Ok(Event::End) => panic!("the stream was taken"),
+            Ok(_) => {}
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, SluiceError::Config(_)), "{err}");
+    assert!(err.to_string().contains("0123456789abcdef"), "{err}");
+    drop(sub);
+    // The producer goes on without the refused subscriber.
+    let _ = producer.join().unwrap();
+}
