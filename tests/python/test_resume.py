@@ -130,10 +130,16 @@ def test_state_dict_round_trips_and_bad_state_is_refused(plans):
 def test_a_loader_fed_topic_refuses_a_cursor_it_no_longer_holds(ns, topic):
     """A topic fed by ``sluice.publish`` cannot compute its past again: a cursor behind
     what it holds is refused with a clear error, not answered with a partial epoch."""
-    batches = [np.arange(i * 10, i * 10 + 10, dtype=np.int64) for i in range(200)]
+    class Loader:
+        """200 batches, 5 ms each: the stream outlasts the test's steps."""
+
+        def __iter__(self):
+            for i in range(200):
+                time.sleep(0.005)
+                yield np.arange(i * 10, i * 10 + 10, dtype=np.int64)
 
     def run():
-        sluice.publish(batches, topic=topic, epochs=1, window=2, min_subscribers=1)
+        sluice.publish(Loader(), topic=topic, epochs=1, window=2, min_subscribers=1)
 
     publisher = threading.Thread(target=run)
     publisher.start()
@@ -143,8 +149,11 @@ def test_a_loader_fed_topic_refuses_a_cursor_it_no_longer_holds(ns, topic):
         state = pace.state_dict()
         for _ in range(20):
             next(it)
+        # Read on meanwhile: the history reaches a new subscriber only when the producer
+        # sends again (docs/protocol.md, "Joining").
+        reader = threading.Thread(target=lambda: sum(1 for _ in it))
+        reader.start()
         with pytest.raises(sluice.SluiceError, match="no plan"):
-            sluice.subscribe(topic, state=state, timeout=10)
-        for _ in it:
-            pass
+            sluice.subscribe(topic, state=state, timeout=30)
+        reader.join(60)
     publisher.join(60)

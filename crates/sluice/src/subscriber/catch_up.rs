@@ -95,14 +95,21 @@ pub(crate) struct CatchUp {
 
 impl CatchUp {
     /// Starts at `start` on the shared stream `live` (attached with replay), whose first
-    /// message `first` it looked at: on it if that message is not after `start`, else
-    /// with a catch-up of the plan the topic's producer recorded.
+    /// message `first` it looked at: on it if that message is not after `start` (or
+    /// there is no start), else with a catch-up of the plan the topic's producer
+    /// recorded. A stream that already ended is after any start.
     pub(crate) fn start(
         attach: Attach,
         live: LocalInlet,
         first: Inbound<Payload>,
-        start: Position,
+        start: Option<Position>,
     ) -> Result<Self> {
+        let Some(start) = start else {
+            return Ok(Self::on(attach, live, first));
+        };
+        if position_of(&first).is_some_and(|p| p <= start) {
+            return Ok(Self::on(attach, live, first));
+        }
         let mut this = Self {
             attach,
             live: None,
@@ -112,11 +119,6 @@ impl CatchUp {
             probe: None,
             next_try: Instant::now(),
         };
-        if position_of(&first).is_none_or(|p| p <= start) {
-            this.pending.push_back(first);
-            this.live = Some(Box::new(live));
-            return Ok(this);
-        }
         let found = position_of(&first).unwrap_or_default();
         // The topic's history starts after `start`: let go of it while catching up.
         drop(live);
@@ -125,6 +127,19 @@ impl CatchUp {
         let columns = this.attach.columns.clone();
         this.feed = Some(CatchUpFeed::start(plan, runtime, start, columns)?);
         Ok(this)
+    }
+
+    /// On the shared stream `live` from its first message `first`.
+    fn on(attach: Attach, live: LocalInlet, first: Inbound<Payload>) -> Self {
+        Self {
+            attach,
+            live: Some(Box::new(live)),
+            feed: None,
+            pending: VecDeque::from([first]),
+            at: Position::default(),
+            probe: None,
+            next_try: Instant::now(),
+        }
     }
 
     /// Whether rows come from the catch-up (not yet from the shared stream).

@@ -321,7 +321,7 @@ impl Subscriber {
             }
             (None, _) => None,
         };
-        let from = start.map(RowPosition::batch).unwrap_or_default();
+        let from = start.map(RowPosition::batch);
         let port = Port::CatchUp(Box::new(CatchUp::start(attach, live, first, from)?));
         let shown = topic.to_string();
         Self::new(topic, shown, namespace, options, port, max_held, start)
