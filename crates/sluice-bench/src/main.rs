@@ -22,6 +22,7 @@ mod latency;
 mod plot;
 mod python;
 mod report;
+mod resume;
 mod s3;
 mod stats;
 mod transport;
@@ -113,6 +114,8 @@ enum Part {
     Gpu,
     /// 8: Python trainers.
     Python,
+    /// 9: a trainer restarting from its cursor.
+    Resume,
 }
 
 impl Part {
@@ -125,6 +128,7 @@ impl Part {
             Part::S3 => "6. S3 against local files",
             Part::Gpu => "7. GPU",
             Part::Python => "8. Python trainers against Python loaders",
+            Part::Resume => "9. A trainer restarting from its cursor",
         }
     }
 }
@@ -350,6 +354,11 @@ fn comparisons(args: &Args, bench: &Bench<'_>, report: &mut Report) -> Result<()
     } else {
         skip(report, Part::Python);
         report.goal(python::IMAGE_GOAL.into(), "skipped".into(), "≤ 0.35", None);
+    }
+    if runs(Part::Resume) {
+        resume::compare(bench, report)?;
+    } else {
+        skip(report, Part::Resume);
     }
     Ok(())
 }
