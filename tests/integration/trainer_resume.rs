@@ -64,10 +64,17 @@ fn values(batch: &RecordBatch) -> impl Iterator<Item = i64> + '_ {
 }
 
 /// A trainer reading every epoch, `pause` per batch, its epoch published in `at`.
+/// How far a trainer is: its epoch, and the batches it took in all.
+#[derive(Default)]
+struct Progress {
+    epoch: AtomicU64,
+    batches: AtomicU64,
+}
+
 fn pacer(
     sub: Subscriber,
     pause: Duration,
-    at: Arc<AtomicU64>,
+    at: Arc<Progress>,
 ) -> std::thread::JoinHandle<Vec<Vec<i64>>> {
     std::thread::spawn(move || {
         let mut sub = sub;
@@ -75,7 +82,8 @@ fn pacer(
         loop {
             match sub.next_event().unwrap() {
                 Event::Batch { epoch, batch, .. } => {
-                    at.store(epoch, Ordering::Relaxed);
+                    at.epoch.store(epoch, Ordering::Relaxed);
+                    at.batches.fetch_add(1, Ordering::Relaxed);
                     epochs[epoch as usize].extend(values(&batch));
                     std::thread::sleep(pause);
                 }
@@ -137,7 +145,7 @@ fn stop_and_resume(window: usize, wait_for_epoch: u64) {
     let ns = TestNamespace::new();
     let topic = format!("resume{window}");
     let producer = producer(ns.0.clone(), plan(&topic, window), 2);
-    let at = Arc::new(AtomicU64::new(0));
+    let at = Arc::new(Progress::default());
     let other = pacer(
         Subscriber::connect(&topic, options(&ns, 10, None)).unwrap(),
         Duration::from_millis(15),
@@ -157,7 +165,7 @@ fn stop_and_resume(window: usize, wait_for_epoch: u64) {
         "{cursor:?}"
     );
     drop(trainer);
-    while at.load(Ordering::Relaxed) < wait_for_epoch {
+    while at.epoch.load(Ordering::Relaxed) < wait_for_epoch {
         std::thread::sleep(Duration::from_millis(5));
     }
     let restarted = Subscriber::connect(&topic, options(&ns, 7, Some(cursor))).unwrap();
@@ -182,13 +190,13 @@ fn a_trainer_an_epoch_behind_catches_up_and_meets_the_shared_stream() {
 fn a_late_trainer_that_catches_up_gets_its_first_epoch_whole() {
     let ns = TestNamespace::new();
     let producer = producer(ns.0.clone(), plan("late", 2), 1);
-    let at = Arc::new(AtomicU64::new(0));
+    let at = Arc::new(Progress::default());
     let other = pacer(
         Subscriber::connect("late", options(&ns, 10, None)).unwrap(),
         Duration::from_millis(8),
         at.clone(),
     );
-    while at.load(Ordering::Relaxed) < 1 {
+    while at.epoch.load(Ordering::Relaxed) < 1 {
         std::thread::sleep(Duration::from_millis(5));
     }
     let late = Subscriber::connect(
@@ -271,7 +279,7 @@ fn a_cursor_taken_before_a_producer_crash_works_after_resume() {
         cursor,
         ..SubscribeOptions::default()
     };
-    let at = Arc::new(AtomicU64::new(0));
+    let at = Arc::new(Progress::default());
     let other = pacer(
         Subscriber::connect("crash", subscribe(10, None)).unwrap(),
         Duration::from_millis(10),
@@ -287,7 +295,7 @@ fn a_cursor_taken_before_a_producer_crash_works_after_resume() {
     let cursor = trainer.cursor().unwrap();
     drop(trainer);
     // The cursor is then out of the restarted producer's history (two messages).
-    while at.load(Ordering::Relaxed) < 1 {
+    while at.epoch.load(Ordering::Relaxed) < 1 {
         std::thread::sleep(Duration::from_millis(5));
     }
     first.kill9();
@@ -305,4 +313,44 @@ fn a_cursor_taken_before_a_producer_crash_works_after_resume() {
     }
     let out = second.wait(LIMIT);
     assert!(out.status.success(), "{}", out.stderr);
+}
+
+/// A catching-up trainer that stops reading for a while (an evaluation, a checkpoint
+/// write) holds nobody back: its catch-up is its own, and what it attaches to the shared
+/// stream to look for its history is let go before it returns a batch.
+#[test]
+fn a_catching_up_trainer_that_stops_reading_holds_nobody_back() {
+    let ns = TestNamespace::new();
+    let producer = producer(ns.0.clone(), plan("pause", 2), 2);
+    let at = Arc::new(Progress::default());
+    let other = pacer(
+        Subscriber::connect("pause", options(&ns, 10, None)).unwrap(),
+        Duration::from_millis(5),
+        at.clone(),
+    );
+    let mut trainer = Subscriber::connect("pause", options(&ns, 7, None)).unwrap();
+    while !matches!(trainer.next_event().unwrap(), Event::Batch { .. }) {}
+    let cursor = trainer.cursor().unwrap();
+    drop(trainer);
+    // Out of the history (two messages), in the same epoch: the catch-up looks for it.
+    while at.batches.load(Ordering::Relaxed) < 30 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut late = Subscriber::connect("pause", options(&ns, 7, Some(cursor))).unwrap();
+    for _ in 0..5 {
+        late.next_event().unwrap();
+    }
+    assert!(late.catching_up());
+    let before = at.batches.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(1_000));
+    let taken = at.batches.load(Ordering::Relaxed) - before;
+    // 5 ms a batch: about 200 in a second if nothing holds it; a held stream takes at
+    // most the window (2) and what the other trainer holds.
+    assert!(
+        taken > 50,
+        "the other trainer took {taken} batches in a second"
+    );
+    drop(late);
+    other.join().unwrap();
+    producer.join().unwrap().unwrap();
 }

@@ -389,3 +389,52 @@ def test_a_trainer_that_joins_late_gets_the_rest_of_the_epoch_flagged_then_whole
     assert first[0] == 0 and first[1] is False and 0 < first[2] < 80, first
     assert first[3] == list(range(80 - first[2], 80, 8)), first
     assert second == [1, True, 80, list(range(0, 80, 8))]
+
+
+def boxes(i: int, n: int) -> Any:
+    """Rows of variable shape: each image's boxes, ``(k, 4)`` with ``k`` from 0 to 5."""
+    rng = np.random.default_rng(200 + i)
+    return {
+        "boxes": [rng.random((int(rng.integers(0, 6)), 4), dtype=np.float32) for _ in range(n)],
+        "label": rng.integers(0, 10, n),
+    }
+
+
+def test_rows_of_variable_shape_round_trip_as_list_columns(
+    topic: str, tmp_path: Path, run_python: Any
+) -> None:
+    """A list of arrays whose shapes differ (boxes per image) is one row each: every row
+    reaches subscribers of the loader's batches and of their own batch size with its own
+    shape, dtype and values."""
+    loader = Loader(boxes, batches=5)
+    sizes = ["none", "5"]
+    outs = [tmp_path / f"sub-{size}.pickle" for size in sizes]
+    subs = [run_python(SUBSCRIBER, topic, size, str(out)) for size, out in zip(sizes, outs)]
+    sluice.publish(loader, topic, epochs=1, min_subscribers=2, wait_timeout=60)
+    for sub in subs:
+        _, err = sub.communicate(timeout=120)
+        assert sub.returncode == 0, err
+    expected = list(loader)
+    want = [(b, label) for batch in expected for b, label in zip(batch["boxes"], batch["label"])]
+    for size, out in zip(sizes, outs):
+        (batches,) = pickle.loads(out.read_bytes())
+        if size == "none":
+            assert [len(b["boxes"]) for b in batches] == [len(b["boxes"]) for b in expected]
+        got = [(b, label) for batch in batches for b, label in zip(batch["boxes"], batch["label"])]
+        assert len(got) == len(want), size
+        for k, ((g, gl), (w, wl)) in enumerate(zip(got, want)):
+            assert g.dtype == w.dtype and g.shape == w.shape, f"{size} row {k}: {g.shape}"
+            np.testing.assert_array_equal(g, w, err_msg=f"{size} row {k}")
+            assert gl == wl
+
+
+def test_a_list_of_arrays_of_one_shape_stays_a_list_of_columns() -> None:
+    """Arrays of the same shape in a list are columns, as a loader's tuple is; rows of
+    variable shape need one dtype and rank."""
+    a, b = np.zeros((4, 2)), np.ones((4, 2))
+    _, structure = sluice.loader.flatten([a, b])
+    assert "list" in structure
+    _, structure = sluice.loader.flatten([np.zeros(3), np.zeros(5)])
+    assert structure.get("ragged") is True
+    with pytest.raises(ValueError, match="as many rows"):
+        sluice.loader.flatten([np.zeros(3), np.zeros((5, 1))])

@@ -157,3 +157,29 @@ def test_a_loader_fed_topic_refuses_a_cursor_it_no_longer_holds(ns, topic):
             sluice.subscribe(topic, state=state, timeout=30)
         reader.join(60)
     publisher.join(60)
+
+
+def test_a_torch_dataset_resumes_from_its_state_dict(plans):
+    """``sluice.torch.IterableDataset``'s ``state_dict()`` / ``load_state_dict()``
+    (torchdata's ``StatefulDataLoader`` protocol): a new dataset loaded with the state
+    yields exactly the batches the first one would have yielded next."""
+    pytest.importorskip("torch")
+    import sluice.torch as st
+
+    with sluice.Producer(_plan(plans), min_subscribers=2, wait_timeout=60):
+        # Holds the stream (reads nothing until the end), so the topic stays.
+        with sluice.subscribe(plans.topic, timeout=60) as pace:
+            first = st.IterableDataset(plans.topic, batch_size=7, timeout=60)
+            batches = iter(first)
+            for _ in range(5):
+                next(batches)
+            state = first.state_dict()
+            expected = [next(batches)["id"].tolist() for _ in range(3)]
+            first.close()
+            again = st.IterableDataset(plans.topic, batch_size=7, timeout=60)
+            again.load_state_dict(state)
+            resumed = iter(again)
+            assert [next(resumed)["id"].tolist() for _ in range(3)] == expected
+            again.close()
+            for _ in pace:
+                pass

@@ -33,6 +33,8 @@ use crate::{Ipc, transport};
 /// How often a waiting subscriber checks that its producer is alive; bounds the time
 /// to [`SluiceError::ProducerLost`].
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(100);
+/// How often a subscriber that asked for the history looks for it, until it comes.
+const HISTORY_POLL: Duration = Duration::from_millis(2);
 
 /// `released` notifications per queue's worth of messages taken while the queue holds
 /// more: a producer asleep on this subscriber's full queue is woken once a quarter of it
@@ -59,6 +61,9 @@ pub struct TopicSubscriber {
     ready: Local<Option<Listener<Ipc>>>,
     released: Local<Notifier<Ipc>>,
     next_seq: Option<u64>,
+    /// When a subscriber that asked for the history attached, until its first message:
+    /// iceoryx2 delivers the history when the producer next sends, without waking it.
+    awaits_history: Option<Instant>,
     /// `published_ns` of the newest batch received.
     last_published_ns: Option<u64>,
     stashed: Local<Option<Sample<Ipc, [u8], FrameHeader>>>,
@@ -182,6 +187,7 @@ impl TopicSubscriber {
             ready: Local::new(Some(ready)),
             released: Local::new(released),
             next_seq: None,
+            awaits_history: replay.then(Instant::now),
             last_published_ns: None,
             stashed: Local::new(None),
             ended: false,
@@ -325,6 +331,7 @@ impl TopicSubscriber {
             // it took before it waits (or it is slow, and the producer's bounded sleep
             // looks again; see `crate::backpressure`).
             if let Some(sample) = received {
+                self.awaits_history = None;
                 self.untold += 1;
                 if self.untold >= self.tell_every {
                     self.tell_released();
@@ -343,7 +350,7 @@ impl TopicSubscriber {
                     seconds: elapsed.as_secs_f64(),
                 });
             }
-            let wait = timeout.map_or(LIVENESS_INTERVAL, |t| (t - elapsed).min(LIVENESS_INTERVAL));
+            let wait = timeout.map_or(self.idle_wait(), |t| (t - elapsed).min(self.idle_wait()));
             let Some(ready) = &*self.ready else {
                 return Ok(Frame::EndOfStream);
             };
@@ -361,6 +368,16 @@ impl TopicSubscriber {
                     return end;
                 }
             }
+        }
+    }
+
+    /// How long to sleep on `ready` before looking again: [`LIVENESS_INTERVAL`], or
+    /// [`HISTORY_POLL`] for the first second of a subscriber that waits for the
+    /// history, which no notification announces.
+    fn idle_wait(&self) -> Duration {
+        match self.awaits_history {
+            Some(since) if since.elapsed() < Duration::from_secs(1) => HISTORY_POLL,
+            _ => LIVENESS_INTERVAL,
         }
     }
 

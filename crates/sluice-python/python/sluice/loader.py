@@ -16,7 +16,9 @@ a tuple, list or dict of those (nested), a list of strings or numbers (one per r
 ``__arrow_c_stream__`` (polars). Each becomes one Arrow record batch: 1-D arrays as
 columns, arrays of more dimensions as ``arrow.fixed_shape_tensor`` columns of their row
 shape, without a copy in Python; its single copy is the producer's write into shared
-memory. The structure (nesting, names, dtypes, row shapes) travels in the schema's
+memory. A *list* of arrays or tensors of one dtype and rank whose shapes differ (one per
+row: token sequences, boxes per image) is a row of variable shape each: a list column of
+the rows' values, and one of their shapes (joining the rows is one copy in Python). The structure (nesting, names, dtypes, row shapes) travels in the schema's
 metadata, so :func:`structured` rebuilds the loader's own batch from a Sluice batch, as
 numpy arrays (or torch tensors, see ``sluice.torch.SharedLoader``), viewing shared memory.
 Each batch the loader yields is one message: a subscriber without ``batch_size`` receives
@@ -100,6 +102,8 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any]) -> dict[str, Any]:
                 raise TypeError(f"dict keys must be strings to name columns, not {key!r}")
             items.append([key, _flatten(value, name_of(key), columns)])
         return {"dict": items}
+    if isinstance(obj, list) and _ragged(obj):
+        return _ragged_column(path or "0", obj, columns)
     if isinstance(obj, (list, tuple)):
         if obj and all(isinstance(v, _SCALARS) for v in obj):
             name = path or "0"
@@ -111,6 +115,48 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any]) -> dict[str, Any]:
         f"cannot publish a {type(obj).__name__} in a batch: use numpy arrays, torch tensors, "
         "lists of numbers or strings, or tuples, lists and dicts of those"
     )
+
+
+def _ragged(obj: list[Any]) -> bool:
+    """Whether ``obj`` is one array per row, of one dtype and rank, whose shapes differ
+    (a list of same-shaped arrays stays a list of columns, as a loader's tuple would)."""
+    if len(obj) < 2 or not all(_is_numpy(v) or _is_torch(v) for v in obj):
+        return False
+    first = obj[0]
+    same = all(v.ndim == first.ndim and v.dtype == first.dtype for v in obj)
+    return same and first.ndim >= 1 and len({tuple(v.shape) for v in obj}) > 1
+
+
+def _ragged_column(name: str, rows: list[Any], columns: dict[str, Any]) -> dict[str, Any]:
+    """Rows of variable shape as a list column of their values (``name``) and one of
+    their shapes (``name.shape``)."""
+    np, pa = _np(), _pa()
+    lib = "torch" if _is_torch(rows[0]) else "numpy"
+    arrays = [r.detach().cpu().numpy() if lib == "torch" else r for r in rows]
+    if arrays[0].dtype.hasobject:
+        raise TypeError(f"'{name}' holds Python objects; publish numbers")
+    values = np.concatenate([a.reshape(-1) for a in arrays])
+    if values.dtype == np.bool_:
+        values = values.view(np.uint8)
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum([a.size for a in arrays], out=offsets[1:])
+    columns[name] = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
+    shapes = [list(a.shape) for a in arrays]
+    columns[f"{name}.shape"] = pa.array(shapes, pa.list_(pa.int64()))
+    return {"col": name, "lib": lib, "dtype": arrays[0].dtype.str, "ragged": True}
+
+
+def _ragged_rows(record: Any, name: str, want: Any) -> list[Any]:
+    """The rows of a ragged column, each a numpy array of its own shape viewing the
+    column's values."""
+    np = _np()
+    column = record.column(name)
+    values = column.values.to_numpy(zero_copy_only=False)
+    if values.dtype != want:
+        values = values.view(want) if values.dtype.itemsize == want.itemsize else values.astype(want)
+    offsets = column.offsets.to_numpy()
+    shapes = record.column(f"{name}.shape").to_pylist()
+    return [values[offsets[i]:offsets[i + 1]].reshape(shapes[i]) for i in range(len(shapes))]
 
 
 def _arrow(obj: Any) -> Any:
@@ -219,6 +265,14 @@ def _leaf(batch: Any, record: Any, leaf: dict[str, Any], to_tensor: Any) -> Any:
     if want.kind not in "biufc":
         # Viewing a column's bytes as Python objects would read them as pointers.
         raise ValueError(f"column {name!r}: the structure names dtype {want}, not a number")
+    if leaf.get("ragged"):
+        rows = _ragged_rows(record, name, want)
+        if leaf["lib"] == "torch" and to_tensor is not None:
+            # Tensors of rows of variable shape are this process's own copies: a view of
+            # the read-only shared memory would crash an in-place write.
+            torch = __import__("torch")
+            return [torch.tensor(r) for r in rows]
+        return rows
     if leaf["lib"] == "torch" and to_tensor is not None:
         # The Sluice column itself: its DLPack export gives the tensor of its row shape.
         return to_tensor(batch[name] if batch is not record else record.column(name), want)

@@ -37,7 +37,11 @@ const LOOK_EVERY: Duration = Duration::from_millis(20);
 /// history starting after it.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
 /// How long a look waits for the shared stream's first message.
-const FIRST_MESSAGE_WAIT: Duration = Duration::from_millis(200);
+const FIRST_MESSAGE_WAIT: Duration = Duration::from_millis(20);
+/// How long a subscriber started at a cursor waits for the topic's history before it
+/// catches up without knowing where the history starts (a producer held by a trainer
+/// that reads nothing sends nothing).
+pub(crate) const HISTORY_WAIT: Duration = Duration::from_secs(1);
 
 /// How to attach to the shared stream.
 #[derive(Debug, Clone)]
@@ -86,9 +90,8 @@ pub(crate) struct CatchUp {
     pending: VecDeque<Inbound<Payload>>,
     /// The next position the catch-up delivers.
     at: Position,
-    /// A port on the shared stream attached with replay, waiting for its first message
-    /// (which tells whether the topic's history reaches back to `at`), and since when.
-    probe: Option<(LocalInlet, Instant)>,
+    /// The pause after a probe that got nothing.
+    pause: Duration,
     /// When to look again whether the shared stream is within reach.
     next_try: Instant,
 }
@@ -97,47 +100,59 @@ impl CatchUp {
     /// Starts at `start` on the shared stream `live` (attached with replay), whose first
     /// message `first` it looked at: on it if that message is not after `start` (or
     /// there is no start), else with a catch-up of the plan the topic's producer
-    /// recorded. A stream that already ended is after any start.
+    /// recorded. A stream that already ended is after any start. With no first message
+    /// (the producer sent nothing for [`HISTORY_WAIT`]) a plan's topic is caught up on,
+    /// and another one waited on.
     pub(crate) fn start(
         attach: Attach,
         live: LocalInlet,
-        first: Inbound<Payload>,
+        first: Option<Inbound<Payload>>,
         start: Option<Position>,
     ) -> Result<Self> {
         let Some(start) = start else {
             return Ok(Self::on(attach, live, first));
         };
-        if position_of(&first).is_some_and(|p| p <= start) {
-            return Ok(Self::on(attach, live, first));
-        }
+        let found = match &first {
+            Some(m) if position_of(m).is_some_and(|p| p <= start) => {
+                return Ok(Self::on(attach, live, first));
+            }
+            Some(m) => position_of(m).map_or("the topic's stream has ended".into(), |p| {
+                format!("the topic holds its stream from {p} on")
+            }),
+            None if PlanRecord::load(&attach.namespace, &attach.topic)?.is_none() => {
+                return Ok(Self::on(attach, live, None));
+            }
+            None => "the topic's producer has sent nothing for a second (a subscriber that \
+                     reads nothing holds it)"
+                .into(),
+        };
         let mut this = Self {
             attach,
             live: None,
             feed: None,
             pending: VecDeque::new(),
             at: start,
-            probe: None,
+            pause: RETRY_AFTER,
             next_try: Instant::now(),
         };
-        let found = position_of(&first).unwrap_or_default();
         // The topic's history starts after `start`: let go of it while catching up.
         drop(live);
-        let (plan, runtime) = replan(&this.attach, start, found)?;
-        tracing::info!(topic = %this.attach.topic, "catching up from {start} (the topic holds from {found} on)");
+        let (plan, runtime) = replan(&this.attach, start, &found)?;
+        tracing::info!(topic = %this.attach.topic, "catching up from {start} ({found})");
         let columns = this.attach.columns.clone();
         this.feed = Some(CatchUpFeed::start(plan, runtime, start, columns)?);
         Ok(this)
     }
 
     /// On the shared stream `live` from its first message `first`.
-    fn on(attach: Attach, live: LocalInlet, first: Inbound<Payload>) -> Self {
+    fn on(attach: Attach, live: LocalInlet, first: Option<Inbound<Payload>>) -> Self {
         Self {
             attach,
             live: Some(Box::new(live)),
             feed: None,
-            pending: VecDeque::from([first]),
+            pending: first.into_iter().collect(),
             at: Position::default(),
-            probe: None,
+            pause: RETRY_AFTER,
             next_try: Instant::now(),
         }
     }
@@ -155,7 +170,6 @@ impl CatchUp {
     /// Leaves the topic (and stops the catch-up).
     pub(crate) fn leave(&mut self) {
         self.feed = None;
-        self.probe = None;
         if let Some(live) = &mut self.live
             && let Some(inner) = &mut live.inner
         {
@@ -166,24 +180,23 @@ impl CatchUp {
     /// Whether the shared stream's history now reaches back to the catch-up's position;
     /// if so, moves onto it (its first message waits in `pending`).
     ///
-    /// Never blocks: a probe attached with replay gets the topic's history only when
-    /// the producer next sends (it may be waiting for a slow trainer), so the probe is
-    /// looked at again at the next call, for at most [`FIRST_MESSAGE_WAIT`].
+    /// A probe attached with replay gets the topic's history only when the producer next
+    /// sends; it is waited for at most [`FIRST_MESSAGE_WAIT`] and never kept past this
+    /// call (a probe left attached while the trainer does something else would fill its
+    /// queue and hold every other trainer back). A producer that sent nothing meanwhile
+    /// is looked at again after a longer pause each time, up to a second.
     fn meet(&mut self) -> bool {
-        let Some((mut probe, since)) = self.probe.take() else {
-            if Instant::now() >= self.next_try {
-                self.next_try = Instant::now() + LOOK_EVERY;
-                if self.within_reach() {
-                    self.probe = self
-                        .attach
-                        .replaying(Some(Duration::ZERO), &mut None)
-                        .ok()
-                        .map(|probe| (probe, Instant::now()));
-                }
-            }
+        if Instant::now() < self.next_try {
+            return false;
+        }
+        self.next_try = Instant::now() + LOOK_EVERY;
+        if !self.within_reach() {
+            return false;
+        }
+        let Ok(mut probe) = self.attach.replaying(Some(Duration::ZERO), &mut None) else {
             return false;
         };
-        match probe.recv(Some(Duration::ZERO)) {
+        match probe.recv(Some(FIRST_MESSAGE_WAIT)) {
             Ok(first) if position_of(&first).is_some_and(|p| p <= self.at) => {
                 tracing::info!(topic = %self.attach.topic, "caught up at {}", self.at);
                 self.pending.push_back(first);
@@ -191,13 +204,15 @@ impl CatchUp {
                 self.feed = None;
                 true
             }
-            Err(SluiceError::Timeout { .. }) if since.elapsed() < FIRST_MESSAGE_WAIT => {
-                self.probe = Some((probe, since));
+            // The history starts after the catch-up (or the stream ended).
+            Ok(_) => {
+                self.pause = RETRY_AFTER;
+                self.next_try = Instant::now() + self.pause;
                 false
             }
-            // The history starts after the catch-up (or the stream ended): let go.
-            _ => {
-                self.next_try = Instant::now() + RETRY_AFTER;
+            Err(_) => {
+                self.pause = (self.pause * 2).min(Duration::from_secs(1));
+                self.next_try = Instant::now() + self.pause;
                 false
             }
         }
@@ -252,12 +267,12 @@ impl Inlet<Payload> for CatchUp {
 /// Plans the topic's plan again, as its producer recorded it, and checks that it is the
 /// same plan over the same files and that it computes the same rows each time; with the
 /// runtime it runs on.
-fn replan(attach: &Attach, start: Position, found: Position) -> Result<(Plan, Runtime)> {
+fn replan(attach: &Attach, start: Position, found: &str) -> Result<(Plan, Runtime)> {
     let topic = &attach.topic;
     let Some(record) = PlanRecord::load(&attach.namespace, topic)? else {
         return Err(SluiceError::Config(format!(
-            "topic '{topic}' holds its stream from {found} on, after the position asked for \
-             ({start}), and its producer runs no plan that this process could compute again \
+            "{found}, not {start}, the position asked for on topic '{topic}', and its \
+             producer runs no plan that this process could compute again \
              (a loader's batches, or a producer of another Sluice): start the trainer without \
              its saved state, or with join='next_epoch'"
         )));
@@ -275,8 +290,7 @@ fn replan(attach: &Attach, start: Position, found: Position) -> Result<(Plan, Ru
     });
     let refuse = |why: String| {
         SluiceError::Config(format!(
-            "cannot catch up on topic '{topic}' from {start} (the topic holds its stream from \
-             {found} on): {why}"
+            "cannot catch up on topic '{topic}' from {start} ({found}): {why}"
         ))
     };
     let (plan, listing) = plan.map_err(|e| refuse(format!("its plan does not load here: {e}")))?;

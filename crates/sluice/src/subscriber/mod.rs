@@ -312,11 +312,20 @@ impl Subscriber {
         };
         let mut live = attach.replaying(wait, interest)?;
         let max_held = live.inner.as_ref().map_or(1, TopicSubscriber::max_held);
-        let first = live.recv(options.timeout)?;
+        let first = match &options.cursor {
+            // The history comes when the producer sends again, which a trainer that
+            // reads nothing can hold off: after a while a cursor is caught up on anyway.
+            Some(_) => match live.recv(Some(catch_up::HISTORY_WAIT)) {
+                Ok(first) => Some(first),
+                Err(SluiceError::Timeout { .. }) => None,
+                Err(e) => return Err(e),
+            },
+            None => Some(live.recv(options.timeout)?),
+        };
         let start = match (&options.cursor, &first) {
             (Some(cursor), _) => Some(cursor.position()),
-            (None, Inbound::Batch { epoch, .. }) => Some(RowPosition::new(*epoch, 0, 0)),
-            (None, Inbound::EndOfEpoch { epoch, .. }) => {
+            (None, Some(Inbound::Batch { epoch, .. })) => Some(RowPosition::new(*epoch, 0, 0)),
+            (None, Some(Inbound::EndOfEpoch { epoch, .. })) => {
                 Some(RowPosition::new(epoch.saturating_add(1), 0, 0))
             }
             (None, _) => None,
