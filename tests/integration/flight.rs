@@ -708,3 +708,81 @@ fn a_tls_server_serves_subscribers_that_trust_its_certificate() {
     assert!(producer.wait(LIMIT).status.success());
     server.kill9();
 }
+
+/// A remote trainer that stops and starts again from its saved cursor
+/// (`--save-cursor`, `--cursor`) gets exactly the rows after it, from the server's
+/// history: the rest of the epoch it was in, then whole epochs with the source's
+/// checksum.
+#[test]
+fn a_remote_subscriber_resumes_from_its_cursor() {
+    let mut h = Harness::new();
+    h.dataset(20_000);
+    h.plan(
+        "p.sql",
+        "SET sluice.topic = 'back'; SET sluice.batch_rows = 1000; SET sluice.epochs = 2;\n\
+         SET sluice.window = 64; SET sluice.message_batches = 1;\n\
+         CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION 'data/';\n\
+         SELECT id, label, text, features FROM train WHERE label IS NOT NULL;\n",
+    );
+    let (rows, sum) = h.source_checksum(&h.path("p.sql"));
+    let (server, addr) = serve(&mut h);
+    let url = format!("flight://{addr}/back");
+    // A local trainer paces the stream, so the producer is still there for the restart.
+    let pace = h.spawn(&[
+        "subscribe",
+        "back",
+        "--json",
+        "--timeout",
+        "120",
+        "--delay-ms",
+        "100",
+    ]);
+    let first = subscribe(
+        &mut h,
+        TOKEN,
+        &[
+            &url,
+            "--json",
+            "--timeout",
+            "120",
+            "--batch-size",
+            "333",
+            "--batches",
+            "5",
+            "--save-cursor",
+            "cursor.json",
+        ],
+    );
+    let producer = h.spawn_producer(2, &[]);
+    assert!(first.wait(LIMIT).status.success());
+    let cursor: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(h.path("cursor.json")).unwrap()).unwrap();
+    assert_eq!(
+        (cursor["epoch"].as_u64(), cursor["batch"].as_u64()),
+        (Some(0), Some(1))
+    );
+    let again = subscribe(
+        &mut h,
+        TOKEN,
+        &[
+            &url,
+            "--json",
+            "--timeout",
+            "120",
+            "--batch-size",
+            "333",
+            "--cursor",
+            "cursor.json",
+        ],
+    );
+    let out = again.wait(LIMIT);
+    assert!(out.status.success(), "{}", out.stderr);
+    let lines = out.json_lines();
+    assert_eq!(lines[0]["epoch"], 0);
+    assert_eq!(lines[0]["rows"].as_u64(), Some(rows - 5 * 333), "{lines:?}");
+    assert_eq!(lines[1]["rows"].as_u64(), Some(rows));
+    assert_eq!(lines[1]["checksum"].as_str(), Some(sum.as_str()));
+    assert_exactly_once(&pace.wait(LIMIT), 2, rows, &sum);
+    assert!(producer.wait(LIMIT).status.success());
+    server.kill9();
+}

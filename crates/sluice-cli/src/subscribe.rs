@@ -43,6 +43,36 @@ pub(crate) struct SubscribeArgs {
     /// (`sluice run --resume`) and continue without duplicates or gaps.
     #[arg(long)]
     reconnect: Option<f64>,
+    /// Start exactly after the rows of the cursor saved in this file (`--save-cursor`,
+    /// or a Python subscriber's `state_dict()` as JSON).
+    #[arg(long, value_name = "FILE")]
+    cursor: Option<std::path::PathBuf>,
+    /// After each batch, save this subscriber's cursor to this file (atomically).
+    #[arg(long, value_name = "FILE")]
+    save_cursor: Option<std::path::PathBuf>,
+    /// Leave after this many batches (a trainer that stops; with `--save-cursor`, one
+    /// started again with `--cursor` continues where it stopped).
+    #[arg(long)]
+    batches: Option<u64>,
+}
+
+/// The cursor saved in `path`.
+fn load_cursor(path: &std::path::Path) -> anyhow::Result<sluice::Cursor> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read the cursor {}: {e}", path.display()))?;
+    Ok(sluice::Cursor::from_json(&text)?)
+}
+
+/// Saves `sub`'s cursor to `path`: written beside it, then renamed over it.
+fn save_cursor(sub: &Subscriber, path: &std::path::Path) -> anyhow::Result<()> {
+    let Some(cursor) = sub.cursor() else {
+        return Ok(());
+    };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, cursor.to_json())?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
 }
 
 /// What one epoch (or the whole stream) delivered.
@@ -83,14 +113,18 @@ pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
             columns: args.columns.as_ref().map_or(Columns::All, Columns::named),
             // The tool drops every batch once counted: it never holds `max_held`.
             on_max_held: Default::default(),
-            cursor: None,
+            cursor: args.cursor.as_deref().map(load_cursor).transpose()?,
         },
     )?;
     let delay = args.delay_ms.map(Duration::from_millis);
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut report = Report::new(args.json, !args.no_checksum);
+    let mut taken = 0u64;
     loop {
+        if args.batches.is_some_and(|n| taken >= n) {
+            break;
+        }
         match sub.next_event()? {
             Event::Batch { batch, .. } => report.batch(&batch)?,
             // The tool counts and checksums rows on the host: a GPU topic's batches are
@@ -101,6 +135,10 @@ pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
                 continue;
             }
             Event::End => break,
+        }
+        taken += 1;
+        if let Some(path) = &args.save_cursor {
+            save_cursor(&sub, path)?;
         }
         if let Some(delay) = delay {
             std::thread::sleep(delay);
