@@ -438,3 +438,91 @@ def test_a_list_of_arrays_of_one_shape_stays_a_list_of_columns() -> None:
     assert structure.get("ragged") is True
     with pytest.raises(ValueError, match="as many rows"):
         sluice.loader.flatten([np.zeros(3), np.zeros((5, 1))])
+
+
+def _publish_in_background(loader: Any, topic: str, **options: Any) -> Any:
+    import threading
+
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["stats"] = sluice.publish(loader, topic, **options)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            done["error"] = e
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, done
+
+
+def test_a_fed_topic_s_lag_limit_detaches_a_slow_trainer_or_lets_it_skip(topic: str) -> None:
+    """``lag_limit`` on a topic fed by a loader: the producer waits for no one; a trainer
+    that falls behind gets ``Lagged``, or with ``on_lag="skip"`` goes on with the gap
+    counted; the loader's batches go out all the same."""
+    import time
+
+    class Counted(Loader):
+        yielded = 0
+
+        def __iter__(self) -> Any:
+            for batch in super().__iter__():
+                self.yielded += 1
+                yield batch
+
+    for on_lag in ("error", "skip"):
+        loader = Counted(lambda i, n: np.arange(100 * i, 100 * i + n, dtype=np.int64), batches=80)
+        name = f"{topic}-{on_lag}"
+        thread, done = _publish_in_background(loader, name, min_subscribers=1, lag_limit=2,
+                                              window=2, wait_timeout=60, linger=2)
+        with sluice.subscribe(name, timeout=30, on_lag=on_lag) as sub:
+            first = next(sub)
+            del first
+            # The producer does not wait for this trainer: the loader runs to its end
+            # (only the epoch's end waits for the trainer's queue).
+            deadline = time.monotonic() + 60
+            while loader.yielded < 80:
+                assert time.monotonic() < deadline, loader.yielded
+                time.sleep(0.01)
+            if on_lag == "error":
+                with pytest.raises(sluice.Lagged):
+                    for batch in sub:
+                        del batch
+            else:
+                rows = 16 + sum(len(b) for b in sub)
+                summary = sub.last_epoch
+                assert rows < 80 * 16 and summary.missed > 0 and not summary.complete
+        thread.join(60)
+        assert done["stats"].batches == 80, done
+
+
+def test_a_fed_topic_s_max_held_copies_or_refuses_batches_held_beyond_it(topic: str) -> None:
+    """``max_held`` on a topic fed by a loader: a trainer that keeps more batches than it
+    may hold gets ``TransportError`` with ``on_max_held="error"`` (losing nothing), and
+    private copies by default."""
+    loader = Loader(lambda i, n: np.arange(100 * i, 100 * i + n, dtype=np.int64), batches=10)
+    for mode in ("error", "copy"):
+        name = f"{topic}-{mode}"
+        thread, done = _publish_in_background(loader, name, min_subscribers=1, max_held=3,
+                                              wait_timeout=60)
+        ids: list[int] = []
+        with sluice.subscribe(name, timeout=30, on_max_held=mode) as sub:
+            held = []
+            if mode == "error":
+                with pytest.raises(sluice.TransportError, match="max_held = 3"):
+                    for batch in sub:
+                        held.append(batch)
+                copies = [b.copy() for b in held]
+                del held, batch
+                ids += [int(i) for b in copies for i in np.asarray(sluice.structured(b))]
+                held = copies
+            for batch in sub:
+                # Under "error" a trainer copies what it keeps; by default Sluice does.
+                held.append(batch.copy() if mode == "error" else batch)
+                ids += [int(i) for i in np.asarray(sluice.structured(batch))]
+            del batch
+            assert mode == "error" or sum(b.shm_range is None for b in held) >= len(held) - 3
+            del held
+        thread.join(60)
+        assert "error" not in done, done
+        assert ids == [v for b in loader for v in b.tolist()]
