@@ -1,6 +1,7 @@
-//! Comparison 9: a trainer that restarts from its cursor. Two trainers read the stream
+//! Comparison 9: a trainer that restarts from its cursor. Two trainers read the stream,
 //! at a fixed training step per batch (the stream is paced by them, as GPU-bound trainers
-//! pace it); a third stops and starts again from its cursor: once while the topic's
+//! pace it) or as fast as the pipeline goes; a third stops and starts again from its
+//! cursor: once while the topic's
 //! history still holds it, once an epoch later (a catch-up, the plan run again in its
 //! process). Measured in the same run: its time from the call to its first batch, against
 //! the epoch's length, and the two others' rate while it catches up, against their rate
@@ -17,11 +18,8 @@ use sluice::{Cursor, RunOptions};
 use crate::Bench;
 use crate::report::{Report, ratio_summary};
 
-/// Rows per batch, and the training step the trainers take per batch.
+/// Rows per batch.
 const BATCH_ROWS: usize = 1024;
-const STEP: Duration = Duration::from_millis(2);
-/// How long the others' rate is measured, before and during the catch-up.
-const WINDOW: Duration = Duration::from_secs(1);
 
 /// When each batch of a trainer arrived, and its epoch and rows.
 type Arrivals = Arc<Mutex<Vec<(Instant, u64, u64)>>>;
@@ -36,47 +34,66 @@ struct Rep {
     others: f64,
 }
 
+/// How the trainers run: a training step per batch (the stream paced by them, as
+/// GPU-bound trainers pace it), or none (the pipeline paces them).
+#[derive(Clone, Copy)]
+struct Mode {
+    name: &'static str,
+    step: Duration,
+    epochs: u64,
+}
+
+const MODES: [Mode; 2] = [
+    Mode {
+        name: "trainers at a 2 ms step",
+        step: Duration::from_millis(2),
+        epochs: 3,
+    },
+    Mode {
+        name: "trainers as fast as the pipeline",
+        step: Duration::ZERO,
+        epochs: 8,
+    },
+];
+
 pub(crate) fn compare(bench: &Bench<'_>, report: &mut Report) -> Result<()> {
     bench.step("9. a trainer restarting from its cursor");
-    let reps = (0..bench.scale.reps)
-        .map(|rep| measure(bench, &format!("resume{rep}")))
-        .collect::<Result<Vec<_>>>()?;
-    let fresh = ratio_summary(reps.iter().map(|r| (r.fresh, 1.0))).show(3);
-    let history = ratio_summary(reps.iter().map(|r| (r.history, 1.0))).show(3);
-    let catch_up = ratio_summary(reps.iter().map(|r| (r.catch_up, 1.0))).show(3);
-    let others = ratio_summary(reps.iter().map(|r| (r.others, 1.0))).show(2);
-    let body = &mut report.body;
-    writeln!(body, "\n## 9. A trainer restarting from its cursor\n")?;
     writeln!(
-        body,
-        "Two trainers at a {} ms step per {BATCH_ROWS}-row batch pace the stream; a third \
-         restarts from its cursor (`sub.state_dict()`).\n",
-        STEP.as_millis()
-    )?;
-    writeln!(body, "| measured (same run) | ratio |\n|---|---|")?;
-    writeln!(
-        body,
-        "| time to the first batch, a new subscriber (join 'now') / one epoch | {fresh} |"
+        report.body,
+        "\n## 9. A trainer restarting from its cursor\n"
     )?;
     writeln!(
-        body,
-        "| time to the first batch, cursor in the topic's history / one epoch | {history} |"
+        report.body,
+        "Two trainers read the stream ({BATCH_ROWS}-row batches); a third restarts from its \
+         cursor (`sub.state_dict()`). Times are fractions of one epoch.\n"
     )?;
     writeln!(
-        body,
-        "| time to the first batch, cursor an epoch behind (catch-up) / one epoch | {catch_up} |"
+        report.body,
+        "| trainers | first batch: new subscriber | from the history | from a catch-up an \
+         epoch behind | the others' rows/s during the catch-up / just before |\n|---|---|---|---|---|"
     )?;
-    writeln!(
-        body,
-        "| the other trainers' rows/s during the catch-up / just before | {others} |"
-    )?;
-    report.summary.push(format!(
-        "9. restart: first batch {catch_up} of an epoch from a catch-up; others at {others}"
-    ));
+    for mode in MODES {
+        let reps = (0..bench.scale.reps)
+            .map(|rep| measure(bench, &format!("resume{}r{rep}", mode.epochs), mode))
+            .collect::<Result<Vec<_>>>()?;
+        let show = |f: fn(&Rep) -> f64, d| ratio_summary(reps.iter().map(|r| (f(r), 1.0))).show(d);
+        let (fresh, history) = (show(|r| r.fresh, 3), show(|r| r.history, 3));
+        let (catch_up, others) = (show(|r| r.catch_up, 3), show(|r| r.others, 2));
+        writeln!(
+            report.body,
+            "| {} | {fresh} | {history} | {catch_up} | {others} |",
+            mode.name
+        )?;
+        report.summary.push(format!(
+            "9. restart ({}): first batch {catch_up} of an epoch from a catch-up; others at \
+             {others}",
+            mode.name
+        ));
+    }
     Ok(())
 }
 
-fn measure(bench: &Bench<'_>, topic: &str) -> Result<Rep> {
+fn measure(bench: &Bench<'_>, topic: &str, mode: Mode) -> Result<Rep> {
     let ns = bench.ns;
     let sql = format!(
         "SET sluice.shuffle_seed = 1; SET sluice.message_batches = 1; SET sluice.window = 8;\n{}",
@@ -85,7 +102,7 @@ fn measure(bench: &Bench<'_>, topic: &str) -> Result<Rep> {
             &format!("{}/", bench.data.dir.display()),
             "",
             BATCH_ROWS,
-            3
+            mode.epochs
         )
     );
     let rt = tokio::runtime::Runtime::new()?;
@@ -103,7 +120,7 @@ fn measure(bench: &Bench<'_>, topic: &str) -> Result<Rep> {
         .iter()
         .map(|a| {
             let (sub, a) = (subscribe(ns, topic, None)?, a.clone());
-            Ok(std::thread::spawn(move || pace(sub, &a)))
+            Ok(std::thread::spawn(move || pace(sub, &a, mode.step)))
         })
         .collect::<Result<Vec<_>>>()?;
     let mut trainer = subscribe(ns, topic, None)?;
@@ -114,17 +131,19 @@ fn measure(bench: &Bench<'_>, topic: &str) -> Result<Rep> {
     drop(trainer);
     let from_history = first_batch(ns, topic, Some(cursor.clone()))?;
     let fresh = first_batch(ns, topic, None)?;
-    // An epoch later: the cursor is out of the history.
+    // An epoch later: the cursor is out of the history. The others' rate is measured
+    // over half an epoch before the restart and half an epoch after its first batch.
     let epoch = wait_for_epoch(&arrivals[0], cursor.epoch + 1)?;
-    std::thread::sleep(WINDOW.min(epoch / 3));
-    let before = rate(&arrivals, Instant::now() - WINDOW, Instant::now());
+    let window = epoch / 2;
+    std::thread::sleep(window);
+    let before = rate(&arrivals, Instant::now() - window, Instant::now());
     let start = Instant::now();
     let mut late = subscribe(ns, topic, Some(cursor))?;
     let from_catch_up = first_of(&mut late, start)?;
     let caught = late.catching_up();
-    while start.elapsed() < WINDOW + from_catch_up {
+    while start.elapsed() < window + from_catch_up {
         late.next_event()?;
-        std::thread::sleep(STEP);
+        std::thread::sleep(mode.step);
     }
     let during = rate(&arrivals, start + from_catch_up, Instant::now());
     drop(late);
@@ -160,7 +179,7 @@ fn subscribe(ns: &Namespace, topic: &str, cursor: Option<Cursor>) -> Result<Subs
 }
 
 /// A trainer at a fixed step per batch, to the end of the stream.
-fn pace(mut sub: Subscriber, arrivals: &Arrivals) -> Result<()> {
+fn pace(mut sub: Subscriber, arrivals: &Arrivals, step: Duration) -> Result<()> {
     loop {
         match sub.next_event()? {
             Event::Batch { epoch, batch, .. } => {
@@ -169,7 +188,7 @@ fn pace(mut sub: Subscriber, arrivals: &Arrivals) -> Result<()> {
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 a.push((Instant::now(), epoch, batch.num_rows() as u64));
                 drop(a);
-                std::thread::sleep(STEP);
+                std::thread::sleep(step);
             }
             Event::End => return Ok(()),
             _ => {}
