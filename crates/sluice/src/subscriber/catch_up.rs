@@ -27,7 +27,7 @@ use super::payload::Payload;
 use super::port::LocalInlet;
 use crate::checkpoint::DataListing;
 use crate::cursor::{PlanRecord, plan_hash};
-use crate::producer::{PlanSource, ProducerHandle, Source};
+use crate::producer::{PlanSource, Source};
 
 /// How often, at most, a catch-up looks at the producer's report to see whether the
 /// shared stream is within reach (a catch-up can run ahead of it: a trainer faster than
@@ -277,7 +277,7 @@ fn replan(attach: &Attach, start: Position, found: &str) -> Result<(Plan, Runtim
              its saved state, or with join='next_epoch'"
         )));
     };
-    let runtime = ProducerHandle::runtime("sluice-catch-up")?;
+    let runtime = background_runtime()?;
     let plan = runtime.block_on(async {
         let mut plan = Plan::from_sql(&record.file, &record.sql).await?;
         let options = plan.options_mut();
@@ -319,6 +319,42 @@ fn replan(attach: &Attach, start: Position, found: &str) -> Result<(Plan, Runtim
     Ok((plan, runtime))
 }
 
+/// How much lower than the rest of the process the catch-up's threads run (a `nice`
+/// value): where the cores are busy, the shared stream comes first.
+const CATCH_UP_NICENESS: libc::c_int = 10;
+
+/// Lowers the calling thread's scheduling priority by [`CATCH_UP_NICENESS`]. A
+/// catch-up serves one trainer; on a machine whose cores the pipeline keeps busy it
+/// would otherwise take as much CPU as the pipeline every trainer shares (measured:
+/// the others' rate halved on 2 cores, docs/benchmarks.md).
+fn lower_priority() {
+    // SAFETY: getpriority/setpriority take plain integers and touch no memory of
+    // ours; on Linux `PRIO_PROCESS` with `who = 0` names the calling thread alone.
+    // `getpriority` may return -1 legitimately: errno is not needed here, since a
+    // failed `setpriority` only leaves the priority as it was.
+    unsafe {
+        let now = libc::getpriority(libc::PRIO_PROCESS, 0);
+        libc::setpriority(
+            libc::PRIO_PROCESS,
+            0,
+            now.saturating_add(CATCH_UP_NICENESS).min(19),
+        );
+    }
+}
+
+/// A runtime for the catch-up's plan, its threads at a lower priority.
+fn background_runtime() -> Result<Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name(format!(
+            "{}-catch-up",
+            sluice_core::panics::RUNTIME_THREAD_PREFIX
+        ))
+        .on_thread_start(lower_priority)
+        .build()
+        .map_err(|e| SluiceError::io("cannot start the catch-up's runtime", e))
+}
+
 /// The plan computed again from a position, on a thread of its own, one batch per
 /// message, as its producer's messages would be.
 pub(crate) struct CatchUpFeed {
@@ -336,6 +372,7 @@ impl CatchUpFeed {
         std::thread::Builder::new()
             .name("sluice-catch-up".into())
             .spawn(move || {
+                lower_priority();
                 let feed = Thread {
                     tx,
                     stop: stopped,
