@@ -354,3 +354,34 @@ fn a_catching_up_trainer_that_stops_reading_holds_nobody_back() {
     other.join().unwrap();
     producer.join().unwrap().unwrap();
 }
+
+/// A cursor past its epoch's end (edited, or of data that changed) is a clear error of
+/// the catch-up, not a hang or a crash.
+#[test]
+fn a_cursor_past_its_epoch_is_a_clear_error() {
+    let ns = TestNamespace::new();
+    let producer = producer(ns.0.clone(), plan("past", 2), 1);
+    let at = Arc::new(Progress::default());
+    let other = pacer(
+        Subscriber::connect("past", options(&ns, 10, None)).unwrap(),
+        Duration::from_millis(5),
+        at.clone(),
+    );
+    while at.batches.load(Ordering::Relaxed) < 10 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut cursor = Cursor::new("past", sluice::core::RowPosition::new(0, 10_000, 0));
+    cursor.plan = None;
+    let mut sub = Subscriber::connect("past", options(&ns, 7, Some(cursor))).unwrap();
+    let err = loop {
+        match sub.next_event() {
+            Ok(Event::End) => panic!("the stream ended without an error"),
+            Ok(_) => {}
+            Err(e) => break e,
+        }
+    };
+    assert!(err.to_string().contains("10000"), "{err}");
+    drop(sub);
+    other.join().unwrap();
+    producer.join().unwrap().unwrap();
+}

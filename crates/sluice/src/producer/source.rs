@@ -133,7 +133,7 @@ impl<'a> PlanSource<'a> {
         while self.index < skip {
             let Some(message) = self.next(handle)? else {
                 return Err(SluiceError::Config(format!(
-                    "the checkpoint is at batch {skip} of epoch {epoch}, but the epoch has only {} batches: the data changed since it was taken. Run without --resume to start over",
+                    "the position to resume from is batch {skip} of epoch {epoch}, but the epoch has only {} batches: the data changed since it was taken. Start over (a producer: without --resume; a trainer: without its saved cursor)",
                     self.index
                 )));
             };
