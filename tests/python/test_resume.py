@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import sluice
+from helpers import waiting_subscribers
 
 ROWS, EPOCHS, BATCH_ROWS = 3000, 4, 50
 
@@ -75,13 +76,18 @@ def _plan(plans):
 
 
 def test_a_trainer_killed_at_random_moments_resumes_exactly_from_its_saved_state(
-        plans, run_python, tmp_path):
+        plans, run_python, tmp_path, ns):
     """The trainer is SIGKILLed 20 times at random moments (while it subscribes, catches
     up, trains or saves) and restarted from its last save; over the run it trains on every
     row of every epoch exactly once (the oracle: the ids 0..ROWS-1, not Sluice's
     checksum), in the order the trainers that never stopped saw, and they are unaffected."""
     save = str(tmp_path / "trainer.json")
     others = [run_python(_OTHER, plans.topic, str(EPOCHS)) for _ in range(2)]
+    # Both wait before the producer starts, so both see every epoch whole.
+    deadline = time.monotonic() + 30
+    while waiting_subscribers(ns, plans.topic) < 2:
+        assert time.monotonic() < deadline, "the other trainers did not start waiting"
+        time.sleep(0.01)
     rng = random.Random(20261129)
     with sluice.Producer(_plan(plans), min_subscribers=2, wait_timeout=60):
         kills = 0
