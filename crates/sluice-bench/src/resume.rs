@@ -30,7 +30,8 @@ struct Rep {
     fresh: f64,
     history: f64,
     catch_up: f64,
-    /// The others' rows/s while the third trainer catches up, against just before.
+    /// The others' rows/s while the third trainer catches up, against their rate
+    /// while it reads the shared stream (the same trainer without a catch-up).
     others: f64,
 }
 
@@ -70,7 +71,8 @@ pub(crate) fn compare(bench: &Bench<'_>, report: &mut Report) -> Result<()> {
     writeln!(
         report.body,
         "| trainers | first batch: new subscriber | from the history | from a catch-up an \
-         epoch behind | the others' rows/s during the catch-up / just before |\n|---|---|---|---|---|"
+         epoch behind | the others' rows/s during the catch-up / with the third trainer on \
+         the shared stream |\n|---|---|---|---|---|"
     )?;
     for mode in MODES {
         let reps = (0..bench.scale.reps)
@@ -132,11 +134,20 @@ fn measure(bench: &Bench<'_>, topic: &str, mode: Mode) -> Result<Rep> {
     let from_history = first_batch(ns, topic, Some(cursor.clone()))?;
     let fresh = first_batch(ns, topic, None)?;
     // An epoch later: the cursor is out of the history. The others' rate is measured
-    // over half an epoch before the restart and half an epoch after its first batch.
+    // over half an epoch while a third trainer reads the shared stream, then over half
+    // an epoch after the catch-up's first batch.
     let epoch = wait_for_epoch(&arrivals[0], cursor.epoch + 1)?;
     let window = epoch / 2;
-    std::thread::sleep(window);
-    let before = rate(&arrivals, Instant::now() - window, Instant::now());
+    let mut third = subscribe(ns, topic, None)?;
+    let joined = Instant::now();
+    first_of(&mut third, joined)?;
+    let from = Instant::now();
+    while from.elapsed() < window {
+        third.next_event()?;
+        std::thread::sleep(mode.step);
+    }
+    let before = rate(&arrivals, from, Instant::now());
+    drop(third);
     let start = Instant::now();
     let mut late = subscribe(ns, topic, Some(cursor))?;
     let from_catch_up = first_of(&mut late, start)?;
