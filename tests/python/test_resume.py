@@ -127,6 +127,7 @@ def test_state_dict_round_trips_and_bad_state_is_refused(plans):
             assert state["batch_size"] == 7 and state["shuffle_seed"] == 7
             assert json.loads(json.dumps(state)) == state
             assert batch.num_rows == 7
+        assert sub.state_dict() == state, "a closed subscriber keeps its state"
         with pytest.raises(ValueError, match="cursor"):
             sluice.subscribe(plans.topic, state={"epoch": "x"})
         with pytest.raises(sluice.SluiceError, match="taken on topic"):

@@ -20,7 +20,7 @@ use arrow::record_batch::{RecordBatch, RecordBatchReader};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyCapsule, PyList, PyString, PyTuple};
-use sluice::core::TopicName;
+use sluice::core::{RowPosition, TopicName};
 use sluice::{
     Columns, Connector, Cursor, EpochSummary, Event, Join, OnLag, OnMaxHeld, SluiceError,
     SubscribeOptions, Subscriber,
@@ -49,10 +49,13 @@ struct Stream {
     last_published_ns: Option<u64>,
     /// The subscriber's cursor after the last event handed to Python (not one looked at
     /// and put back), and before it.
-    consumed: Option<Cursor>,
-    before_last: Option<Cursor>,
+    consumed: Option<RowPosition>,
+    before_last: Option<RowPosition>,
     /// The cursor after the event put back.
-    peeked_after: Option<Cursor>,
+    peeked_after: Option<RowPosition>,
+    /// The closed subscription's cursor (its identity: topic, plan, batch size), kept
+    /// for `state_dict()` once `sub` is gone.
+    closed_cursor: Option<Cursor>,
 }
 
 impl Stream {
@@ -69,7 +72,7 @@ impl Stream {
             return Ok(Event::End);
         };
         let event = sub.next_event_within(timeout)?;
-        self.before_last = std::mem::replace(&mut self.consumed, sub.cursor());
+        self.before_last = std::mem::replace(&mut self.consumed, sub.consumed());
         self.last_published_ns = sub.last_published_ns().or(self.last_published_ns);
         if matches!(event, Event::End) {
             self.ended = true;
@@ -465,6 +468,7 @@ impl PySubscriber {
                 consumed: None,
                 before_last: None,
                 peeked_after: None,
+                closed_cursor: None,
             })),
             last_epoch: Mutex::new(None),
             owner: Owner::this(),
@@ -481,7 +485,21 @@ impl PySubscriber {
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.here()?;
         let stream = &self.stream;
-        let json = py.detach(|| lock(stream).consumed.as_ref().map(Cursor::to_json));
+        let json = py.detach(|| {
+            let stream = lock(stream);
+            let at = stream.consumed?;
+            let cursor = match (stream.sub.as_ref(), &stream.closed_cursor) {
+                (Some(sub), _) => sub.cursor_at(at),
+                (None, Some(closed)) => Cursor {
+                    epoch: at.epoch,
+                    batch: at.index,
+                    row: at.row,
+                    ..closed.clone()
+                },
+                (None, None) => return None,
+            };
+            Some(cursor.to_json())
+        });
         match json {
             Some(json) => py.import("json")?.call_method1("loads", (json,)),
             None => Ok(pyo3::types::PyDict::new(py).into_any()),
@@ -593,6 +611,8 @@ impl PySubscriber {
             let mut stream = lock(stream);
             *stream.peeked = None;
             stream.ended = true;
+            let at = stream.consumed.unwrap_or_default();
+            stream.closed_cursor = stream.sub.as_ref().map(|s| s.cursor_at(at));
             stream.sub.take()
         });
         if let Some(mut sub) = sub {

@@ -411,10 +411,20 @@ impl Subscriber {
     /// started from it ([`SubscribeOptions::cursor`]) gets exactly the rows after it.
     /// `None` before the first batch (unless it started from a cursor).
     pub fn cursor(&self) -> Option<Cursor> {
-        let at = self.subscription.receiver().consumed()?;
+        self.consumed().map(|at| self.cursor_at(at))
+    }
+
+    /// The position of [`Subscriber::cursor`] alone (no allocation: for callers that
+    /// track it per batch and build the cursor when asked, with [`Subscriber::cursor_at`]).
+    pub fn consumed(&self) -> Option<RowPosition> {
+        self.subscription.receiver().consumed()
+    }
+
+    /// This subscriber's cursor at `at` (a position [`Subscriber::consumed`] gave).
+    pub fn cursor_at(&self, at: RowPosition) -> Cursor {
         let mut cursor = self.identity.clone();
         (cursor.epoch, cursor.batch, cursor.row) = (at.epoch, at.index, at.row);
-        Some(cursor)
+        cursor
     }
 
     /// Whether this subscriber's rows come from a catch-up computed in this process (it
