@@ -14,4 +14,5 @@ mod gpu_subscriber;
 mod in_process;
 mod object_storage;
 mod parquet_testing;
+mod rounds;
 mod trainer_resume;

@@ -26,6 +26,7 @@ pub use listing::Listing;
 mod options;
 mod planner;
 mod read_ahead;
+pub mod rounds;
 mod shard;
 mod split;
 mod store;
@@ -74,6 +75,9 @@ pub struct Plan {
     counters: Arc<store::Counters>,
     /// Where the final query runs.
     engine: Engine,
+    /// The round it was planned for (0 without rounds), which the selection functions
+    /// draw from.
+    round: u64,
 }
 
 impl std::fmt::Debug for Plan {
@@ -126,7 +130,7 @@ impl Plan {
         store::env_secrets(&mut secrets);
         secrets.add_literals(sql);
         // Secrets found in the file so far are blanked out of any error, whatever its source.
-        Self::plan_sql(file, sql, &mut secrets)
+        Self::plan_sql(file, sql, &mut secrets, None)
             .await
             .map_err(|e| match e {
                 SluiceError::Plan { location, message } => SluiceError::Plan {
@@ -147,8 +151,33 @@ impl Plan {
             })
     }
 
-    async fn plan_sql(file: &str, sql: &str, secrets: &mut store::Secrets) -> Result<Self> {
+    /// Plans `sql` for one round of a run (see [`rounds`]): its tables list the files
+    /// modified before the round's cutoff, and it reads the round's `sluice_feedback` and
+    /// `sluice_round`.
+    pub async fn for_round(file: &str, sql: &str, inputs: &rounds::RoundInputs) -> Result<Self> {
+        let mut secrets = store::Secrets::default();
+        store::env_secrets(&mut secrets);
+        secrets.add_literals(sql);
+        let plan = Self::plan_sql(file, sql, &mut secrets, Some(inputs)).await;
+        plan.map_err(|e| match e {
+            SluiceError::Plan { location, message } => SluiceError::Plan {
+                location,
+                message: secrets.redact(&message),
+            },
+            other => SluiceError::Config(secrets.redact(&other.to_string())),
+        })
+    }
+
+    async fn plan_sql(
+        file: &str,
+        sql: &str,
+        secrets: &mut store::Secrets,
+        round: Option<&rounds::RoundInputs>,
+    ) -> Result<Self> {
         let mut planner = planner::Planner::new(file, secrets);
+        if let Some(inputs) = round {
+            planner.for_round(inputs);
+        }
         let (query, query_at) = planner.statements(sql).await?;
         let planner::Planned {
             ctx,
@@ -184,6 +213,7 @@ impl Plan {
             secrets: secrets.clone(),
             counters,
             engine,
+            round: round.map_or(0, |r| r.round),
         })
     }
 
@@ -394,10 +424,7 @@ impl Plan {
             .config_mut()
             .options_mut()
             .extensions
-            .insert(functions::FunctionContext {
-                seed: self.options.shuffle_seed.unwrap_or(0),
-                epoch,
-            });
+            .insert(self.function_context(epoch));
         // The planner hands the config in the execution props to every scalar function.
         state.mark_start_execution();
         let plan = state
@@ -405,6 +432,94 @@ impl Plan {
             .await
             .map_err(|e| SluiceError::Execution(self.redact(&df_message(e))))?;
         Ok((plan, state))
+    }
+
+    /// What the plan's functions draw from in `epoch`.
+    fn function_context(&self, epoch: u64) -> functions::FunctionContext {
+        functions::FunctionContext {
+            seed: self.options.shuffle_seed.unwrap_or(0),
+            epoch,
+            round: self.round,
+        }
+    }
+
+    /// The round the plan was made for (0 without rounds).
+    pub fn round(&self) -> u64 {
+        self.round
+    }
+
+    /// Rows in the plan's file tables (each table counted once, whatever the query
+    /// reads of it): what a `rows:N` trigger compares. Parquet files answer from their
+    /// footers; other formats are read.
+    pub async fn table_rows(&self) -> Result<u64> {
+        use datafusion::catalog::CatalogProvider;
+        use datafusion::datasource::listing::ListingTable;
+        let run = |e: DataFusionError| SluiceError::Execution(self.redact(&df_message(e)));
+        let mut rows = 0u64;
+        let Some(catalog) = self.ctx.catalog("datafusion") else {
+            return Ok(0);
+        };
+        for schema_name in catalog.schema_names() {
+            let Some(schema) = CatalogProvider::schema(catalog.as_ref(), &schema_name) else {
+                continue;
+            };
+            for name in schema.table_names() {
+                let Some(table) = schema.table(&name).await.map_err(run)? else {
+                    continue;
+                };
+                if !table.is::<ListingTable>() {
+                    continue;
+                }
+                let qualified = format!("{schema_name}.\"{}\"", name.replace('"', "\"\""));
+                let count = self.ctx.table(qualified.as_str()).await.map_err(run)?;
+                let n = count.count().await.map_err(run)?;
+                rows = rows.saturating_add(n as u64);
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Whether `query` holds: its one row's first column is `true` (no row, `NULL` or
+    /// `false`: it does not). It reads what the plan's query may, `sluice_round()` being
+    /// the plan's round; statements other than a query are refused.
+    pub async fn holds(&self, query: &str) -> Result<bool> {
+        use datafusion::arrow::array::{Array, AsArray};
+        use datafusion::execution::context::SQLOptions;
+        let mut state = self.ctx.state();
+        state
+            .config_mut()
+            .options_mut()
+            .extensions
+            .insert(self.function_context(0));
+        let ctx = SessionContext::new_with_state(state);
+        let only_queries = SQLOptions::new()
+            .with_allow_ddl(false)
+            .with_allow_dml(false)
+            .with_allow_statements(false);
+        let batches = guarded(async {
+            ctx.sql_with_options(query, only_queries)
+                .await?
+                .collect()
+                .await
+        })
+        .await
+        .map_err(|m| {
+            SluiceError::Execution(format!("the trigger query failed: {}", self.redact(&m)))
+        })?;
+        let Some(batch) = batches.iter().find(|b| b.num_rows() > 0) else {
+            return Ok(false);
+        };
+        let column = batch.column(0);
+        match column.data_type() {
+            datafusion::arrow::datatypes::DataType::Boolean => {
+                let values = column.as_boolean();
+                Ok(values.is_valid(0) && values.value(0))
+            }
+            other => Err(SluiceError::Config(format!(
+                "the trigger query must give one boolean (e.g. SELECT count(*) > 100 FROM \
+                 sluice_feedback), not a column of {other}"
+            ))),
+        }
     }
 
     /// Requests and bytes read through the plan's object stores so far (local files

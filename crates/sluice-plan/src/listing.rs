@@ -23,6 +23,8 @@ pub struct Listing {
     /// xxh3 of every file's path, size, modification time and entity tag, in path
     /// order (16 hex digits).
     pub digest: String,
+    /// The files' paths in their stores, in order.
+    pub paths: Vec<String>,
 }
 
 impl std::fmt::Display for Listing {
@@ -69,5 +71,6 @@ pub(crate) fn of(plan: &Arc<dyn ExecutionPlan>) -> Listing {
         files: entries.len() as u64,
         bytes: entries.iter().fold(0u64, |sum, e| sum.saturating_add(e.1)),
         digest: format!("{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes())),
+        paths: entries.into_iter().map(|e| e.0).collect(),
     }
 }

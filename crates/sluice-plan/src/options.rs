@@ -48,6 +48,14 @@ extensions_options! {
         pub read_ahead: String, default = "8MiB".to_string()
         /// Where the final query runs: 'local' (DataFusion in the producer), 'ballista:standalone' (an in-process Ballista scheduler and executor) or 'ballista://HOST:PORT' (a Ballista cluster's scheduler). Set before the query.
         pub engine: String, default = "local".to_string()
+        /// Rounds the producer publishes: each runs sluice.epochs epochs over a snapshot of the data and the trainers' feedback taken when it starts (see docs/rounds.md). 1: one snapshot, as a plan without rounds.
+        pub rounds: u64, default = 1
+        /// What starts each round after the first: '' (at once), 'rows:N' (the plan's tables grew by N rows), 'every:D' (D after the last round started: '90s', '10m', '2h'), 'sql:QUERY' (a one-row boolean query over the tables, sluice_feedback and sluice_round holds) or 'manual' (a trainer or `sluice round` asks).
+        pub trigger: String, default = String::new()
+        /// Seconds a file must have been left unmodified to enter a round: a file still being written is never read half-way. Applies to plans with more than one round.
+        pub settle_s: f64, default = 1.0
+        /// The values trainers report per sample that the plan reads from sluice_feedback, comma-separated (each a Float64 column; other reported values are ignored).
+        pub feedback: String, default = "loss".to_string()
     }
 }
 
@@ -157,6 +165,19 @@ impl SluiceOptions {
             )));
         }
         self.listing()?;
+        self.trigger()?;
+        crate::rounds::feedback_columns(&self.feedback)?;
+        if self.rounds == 0 {
+            return Err(SluiceError::Config(
+                "sluice.rounds must be at least 1".into(),
+            ));
+        }
+        if !(self.settle_s.is_finite() && (0.0..=86_400.0).contains(&self.settle_s)) {
+            return Err(SluiceError::Config(format!(
+                "sluice.settle_s must be between 0 and 86400 seconds, not {}",
+                self.settle_s
+            )));
+        }
         let shard = crate::shard::Shard::parse(&self.shard)?;
         if self.engine()?.is_ballista() && shard.world > 1 {
             return Err(SluiceError::Config(format!(
@@ -194,6 +215,16 @@ impl SluiceOptions {
             )));
         }
         Ok(Some(digest))
+    }
+
+    /// The validated `sluice.trigger`.
+    pub fn trigger(&self) -> Result<crate::rounds::Trigger> {
+        crate::rounds::Trigger::parse(&self.trigger)
+    }
+
+    /// The epochs of the whole run: `sluice.epochs` per round.
+    pub fn total_epochs(&self) -> u64 {
+        self.epochs.saturating_mul(self.rounds)
     }
 
     /// `(seed, buffer rows)` when shuffling is on.

@@ -30,6 +30,10 @@ pub(crate) struct Planner<'a> {
     file: &'a str,
     secrets: &'a mut store::Secrets,
     planned: Planned,
+    /// The round planned for (`None`: a run's first); taken once the tables begin.
+    round: Option<crate::rounds::RoundInputs>,
+    /// Whether the first statement other than `SET` was reached.
+    tables_begun: bool,
 }
 
 impl<'a> Planner<'a> {
@@ -45,7 +49,44 @@ impl<'a> Planner<'a> {
                 options: SluiceOptions::default(),
                 stores: store::StoreSpecs::default(),
             },
+            round: None,
+            tables_begun: false,
         }
+    }
+
+    /// Plans the file for one round (see [`crate::rounds`]) rather than as a run's first.
+    pub(crate) fn for_round(&mut self, inputs: &crate::rounds::RoundInputs) {
+        self.round = Some(inputs.clone());
+    }
+
+    /// Once the `SET` lines before the first table have run: cuts the listings off at the
+    /// round's cutoff (a plan of several rounds: at `sluice.settle_s` ago, so that no file
+    /// still being written is read) and registers `sluice_feedback` and `sluice_round`
+    /// (empty, round 0, outside a round).
+    fn before_tables(&mut self) -> Result<()> {
+        let options = &self.planned.options;
+        let round = self
+            .round
+            .take()
+            .unwrap_or_else(|| crate::rounds::RoundInputs {
+                round: 0,
+                cutoff: (options.rounds > 1).then(|| {
+                    let settle = std::time::Duration::try_from_secs_f64(options.settle_s)
+                        .unwrap_or_default();
+                    std::time::SystemTime::now() - settle
+                }),
+                files: None,
+                feedback: Vec::new(),
+                rounds: Vec::new(),
+            });
+        if let Some(cutoff) = round.cutoff {
+            self.planned.counters.set_cutoff(cutoff);
+        }
+        if let Some(files) = &round.files {
+            self.planned.counters.set_only(files);
+        }
+        let columns = crate::rounds::feedback_columns(&options.feedback)?;
+        crate::rounds::register(&self.planned.ctx, &round, &columns)
     }
 
     /// What the statements left.
@@ -102,6 +143,16 @@ impl<'a> Planner<'a> {
         statement: Statement,
         here: &Location,
     ) -> Result<Option<LogicalPlan>> {
+        let is_set = statement
+            .to_string()
+            .trim_start()
+            .to_ascii_uppercase()
+            .starts_with("SET ");
+        if !is_set && !self.tables_begun {
+            self.tables_begun = true;
+            self.before_tables()
+                .map_err(|e| plan_err(here.clone(), config_message(e)))?;
+        }
         let state = self.planned.ctx.state();
         let plan = guarded(state.statement_to_plan(statement))
             .await

@@ -14,12 +14,12 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
 use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
@@ -549,16 +549,46 @@ pub struct StoreStats {
     pub bytes: u64,
 }
 
-/// Counters shared by the counting stores of a plan.
+/// Counters shared by the counting stores of a plan, and the cutoff of their listings.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     gets: AtomicU64,
     heads: AtomicU64,
     lists: AtomicU64,
     bytes: AtomicU64,
+    /// Listings leave out objects modified after this many microseconds since the Unix
+    /// epoch; 0: none left out (a round's snapshot, see [`crate::rounds`]).
+    listed_before_us: AtomicI64,
+    /// Listings keep only these paths (`None`: any).
+    only: std::sync::RwLock<Option<std::collections::HashSet<String>>>,
 }
 
 impl Counters {
+    /// Leaves objects modified after `cutoff` out of every listing from now on.
+    pub fn set_cutoff(&self, cutoff: std::time::SystemTime) {
+        let us = cutoff.duration_since(std::time::UNIX_EPOCH).map_or(1, |d| {
+            i64::try_from(d.as_micros()).unwrap_or(i64::MAX).max(1)
+        });
+        self.listed_before_us.store(us, Ordering::Relaxed);
+    }
+
+    /// Leaves every object but `paths` out of every listing from now on.
+    pub fn set_only(&self, paths: &[String]) {
+        let set = paths.iter().cloned().collect();
+        *self.only.write().unwrap_or_else(PoisonError::into_inner) = Some(set);
+    }
+
+    /// Whether a listing keeps `meta` (see [`Counters::set_cutoff`], [`Counters::set_only`]).
+    fn listed(&self, meta: &ObjectMeta) -> bool {
+        let cutoff = self.listed_before_us.load(Ordering::Relaxed);
+        let recent = cutoff != 0 && meta.last_modified.timestamp_micros() > cutoff;
+        let only = self.only.read().unwrap_or_else(PoisonError::into_inner);
+        !recent
+            && only
+                .as_ref()
+                .is_none_or(|set| set.contains(meta.location.as_ref()))
+    }
+
     pub fn snapshot(&self) -> StoreStats {
         StoreStats {
             gets: self.gets.load(Ordering::Relaxed),
@@ -643,7 +673,11 @@ impl ObjectStore for Counting {
         prefix: Option<&StorePath>,
     ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
         self.counters.lists.fetch_add(1, Ordering::Relaxed);
-        self.inner.list(prefix)
+        let counters = self.counters.clone();
+        self.inner
+            .list(prefix)
+            .try_filter(move |m| std::future::ready(counters.listed(m)))
+            .boxed()
     }
 
     fn list_with_offset(
@@ -652,7 +686,11 @@ impl ObjectStore for Counting {
         offset: &StorePath,
     ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
         self.counters.lists.fetch_add(1, Ordering::Relaxed);
-        self.inner.list_with_offset(prefix, offset)
+        let counters = self.counters.clone();
+        self.inner
+            .list_with_offset(prefix, offset)
+            .try_filter(move |m| std::future::ready(counters.listed(m)))
+            .boxed()
     }
 
     async fn list_with_delimiter(
@@ -660,7 +698,9 @@ impl ObjectStore for Counting {
         prefix: Option<&StorePath>,
     ) -> object_store::Result<ListResult> {
         self.counters.lists.fetch_add(1, Ordering::Relaxed);
-        self.inner.list_with_delimiter(prefix).await
+        let mut result = self.inner.list_with_delimiter(prefix).await?;
+        result.objects.retain(|m| self.counters.listed(m));
+        Ok(result)
     }
 
     async fn copy_opts(

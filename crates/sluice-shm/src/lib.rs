@@ -60,7 +60,9 @@ pub use departure::{DepartedSubscriber, departed_subscribers};
 pub use frame::{BatchForm, Frame, OnMaxHeld};
 pub use header::{FrameHeader, monotonic_ns};
 pub use interest::{Interest, pending_interest};
-pub use namespace::{Namespace, existing_user_dir, shm_available, user_dir, write_private};
+pub use namespace::{
+    Namespace, existing_user_dir, private_dir, shm_available, user_dir, write_private,
+};
 pub use pacing::{Pacing, pacing};
 pub use publisher::TopicPublisher;
 pub use reconnect::{CONNECT_SLICE, connect_while};

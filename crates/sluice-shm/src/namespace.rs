@@ -739,7 +739,7 @@ pub fn shm_available() -> Result<u64> {
 
 /// Creates `dir` owner-only, or checks that it is a directory (not a link) owned by this
 /// user, narrowing its mode to owner-only; `otherwise` says what to do when it is not.
-fn private_dir(dir: &Path, otherwise: &str) -> Result<()> {
+pub fn private_dir(dir: &Path, otherwise: &str) -> Result<()> {
     // Owner-only from the start: no moment in which others may enter it.
     let created = {
         use std::os::unix::fs::DirBuilderExt;

@@ -44,6 +44,7 @@ pub mod demo;
 pub mod gpu;
 pub mod logging;
 mod producer;
+pub mod rounds;
 pub mod status;
 mod subscriber;
 
@@ -54,6 +55,7 @@ pub use gpu::host_copy::HostCopier;
 pub use producer::{
     Feeder, Producer, ProducerHandle, Progress, RunOptions, RunStats, auto_message_batches,
 };
+pub use rounds::{FeedbackWriter, request_round};
 pub use sluice_core::{Checksum, Columns, Position, Result, SluiceError};
 pub use sluice_plan::{Plan, Shard, SluiceOptions, StoreStats};
 pub use sluice_shm::{Namespace, OnMaxHeld};

@@ -50,6 +50,7 @@
 
 mod common;
 mod image;
+mod selection;
 mod tensor;
 mod text;
 
@@ -62,7 +63,8 @@ use datafusion::prelude::SessionContext;
 
 pub use common::{IMAGE_CHANNELS_KEY, tensor_field, tensor_shape};
 
-/// The (seed, epoch) pair that random functions draw from, set by the plan per epoch.
+/// The (seed, epoch) pair that random functions draw from, set by the plan per epoch,
+/// and the round that the selection functions draw from.
 ///
 /// Not settable from a plan file: `sluice.shuffle_seed` is the seed, and the epoch is
 /// the one being executed.
@@ -77,6 +79,9 @@ pub struct FunctionContext {
     pub seed: u64,
     /// The epoch being executed.
     pub epoch: u64,
+    /// The round the plan was made for (`sluice.rounds`), which the selection functions
+    /// draw from.
+    pub round: u64,
 }
 
 impl ConfigExtension for FunctionContext {
@@ -111,9 +116,10 @@ impl ExtensionOptions for FunctionContext {
         match key {
             "seed" => self.seed = parsed?,
             "epoch" => self.epoch = parsed?,
+            "round" => self.round = parsed?,
             other => {
                 return Err(DataFusionError::Configuration(format!(
-                    "unknown option {}.{other}; the options are seed and epoch",
+                    "unknown option {}.{other}; the options are seed, epoch and round",
                     Self::PREFIX
                 )));
             }
@@ -133,6 +139,11 @@ impl ExtensionOptions for FunctionContext {
                 value: Some(self.epoch.to_string()),
                 description: "The epoch being executed.",
             },
+            ConfigEntry {
+                key: format!("{}.round", Self::PREFIX),
+                value: Some(self.round.to_string()),
+                description: "The round the plan was made for.",
+            },
         ]
     }
 }
@@ -142,6 +153,7 @@ pub fn all() -> Vec<ScalarUDF> {
     let mut out = image::udfs();
     out.extend(tensor::udfs());
     out.push(text::udf());
+    out.extend(selection::udfs());
     out
 }
 

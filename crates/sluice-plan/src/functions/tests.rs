@@ -658,8 +658,11 @@ async fn wrong_arguments_are_plan_errors_that_say_what_is_expected() {
 fn the_function_context_round_trips_through_its_named_entries() {
     use datafusion::common::config::ConfigOptions;
     let mut sent = ConfigOptions::new();
-    sent.extensions
-        .insert(super::FunctionContext { seed: 7, epoch: 3 });
+    sent.extensions.insert(super::FunctionContext {
+        seed: 7,
+        epoch: 3,
+        round: 0,
+    });
     let mut received = ConfigOptions::new();
     received
         .extensions
@@ -673,7 +676,11 @@ fn the_function_context_round_trips_through_its_named_entries() {
     }
     assert_eq!(
         received.extensions.get::<super::FunctionContext>(),
-        Some(&super::FunctionContext { seed: 7, epoch: 3 })
+        Some(&super::FunctionContext {
+            seed: 7,
+            epoch: 3,
+            round: 0
+        })
     );
     assert!(received.set("sluice_functions.seed", "x").is_err());
     assert!(received.set("sluice_functions.nope", "1").is_err());

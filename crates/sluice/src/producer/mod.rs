@@ -25,10 +25,11 @@ pub use handle::ProducerHandle;
 pub use sizing::auto_message_batches;
 
 use crate::checkpoint::{CheckpointWriter, DataListing};
+use crate::rounds::RoundSource;
 use report::ProducerReporter;
 use run::{Run, Sink, wait_for_interested};
 use sizing::{First, SHORT_WINDOW, TopicPlan};
-pub(crate) use source::{PlanSource, Source};
+pub(crate) use source::{Message, PlanSource, Source};
 use start::StartPoint;
 
 /// How a run behaves beyond what the plan file says.
@@ -194,11 +195,30 @@ impl Producer {
                 let opts = plan.options().clone();
                 opts.validate()?;
                 let topic = opts.topic_name()?;
-                // The files as listed now: what a checkpoint of this run is taken over.
-                let data = DataListing::from(&handle.block_on(plan.listing())?);
+                // The files as listed now: what a checkpoint of this run is taken over. A
+                // run of rounds lists files anew each round, and checks each round's
+                // listing against its record instead.
+                let data = match opts.rounds {
+                    1 => DataListing::from(&handle.block_on(plan.listing())?),
+                    _ => DataListing::of_rounds(),
+                };
                 let start = StartPoint::resolve(plan, &self.namespace, &topic, options, data)?;
                 let position = start.position;
-                let source = PlanSource::new(plan, &opts).stamped(start.plan_hash());
+                if opts.rounds == 1 {
+                    let source = PlanSource::new(plan, &opts).stamped(start.plan_hash());
+                    let checkpoint = start.writer(plan, &self.namespace, &topic)?;
+                    let run = (source, position, Some(checkpoint));
+                    return self.publish(handle, options, &opts, run, on_progress);
+                }
+                let source = RoundSource::new(
+                    plan,
+                    &opts,
+                    start.plan_hash(),
+                    &self.namespace,
+                    &topic,
+                    options.resume,
+                    options.stop.clone(),
+                )?;
                 let checkpoint = start.writer(plan, &self.namespace, &topic)?;
                 let run = (source, position, Some(checkpoint));
                 self.publish(handle, options, &opts, run, on_progress)
@@ -295,7 +315,7 @@ impl Producer {
             reporter: ProducerReporter::new(
                 &self.namespace,
                 &topic,
-                opts.epochs,
+                opts.total_epochs(),
                 opts.lag_limit,
                 shm_bytes,
             ),
@@ -325,19 +345,31 @@ fn read_first(
     on_device: bool,
     encoder: &mut wire::Encoder,
 ) -> Result<Option<First>> {
-    if start.epoch >= opts.epochs {
+    if start.epoch >= opts.total_epochs() {
         return Ok(None);
     }
-    source.start(handle, start.epoch, start.index)?;
-    let Some(message) = source.next(handle)? else {
-        return Ok(None);
+    let sizing = source.sizing_message(handle, start)?;
+    let sizing_only = sizing.is_some();
+    let message = match sizing {
+        Some(message) => message,
+        None => {
+            source.start(handle, start.epoch, start.index)?;
+            let Some(message) = source.next(handle)? else {
+                return Ok(None);
+            };
+            message
+        }
     };
     // A device topic carries descriptors, not Arrow IPC.
     let encoded = match on_device {
         false => Some(encoder.encode(&message.rows)?),
         true => None,
     };
-    Ok(Some(First { message, encoded }))
+    Ok(Some(First {
+        message,
+        encoded,
+        sizing_only,
+    }))
 }
 
 impl Producer {

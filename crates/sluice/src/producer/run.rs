@@ -104,7 +104,7 @@ impl<S: Source> Run<S> {
         // hear why there is none).
         wait_for_interested(&self.publisher, opts, &options.stop)?;
         let mut first = match first {
-            Ok(first) => first,
+            Ok(first) => first.filter(|f| !f.sizing_only),
             Err(e) => {
                 // The subscribers this run waits for must hear why no data comes, not
                 // time out on a topic that came and went before they attached; the wait
@@ -131,15 +131,15 @@ impl<S: Source> Run<S> {
         // The first batch was read (and a resumed run's first batches passed over)
         // before the topic existed: `elapsed` and the waits count from here.
         let waited_before_start = self.source.waited();
-        for epoch in start.epoch..opts.epochs {
+        for epoch in start.epoch..opts.total_epochs() {
             self.publish_epoch(handle, epoch, &mut first, &options.stop, on_progress)?;
         }
-        self.publisher.publish_end_of_stream(opts.epochs)?;
+        self.publisher.publish_end_of_stream(opts.total_epochs())?;
         if let Sink::Device(Some(stager)) = &self.sink {
             stager.synchronize()?;
         }
         Ok(RunStats {
-            epochs: opts.epochs,
+            epochs: opts.total_epochs(),
             batches: self.progress.batches,
             rows: self.progress.rows,
             bytes: self.progress.bytes,

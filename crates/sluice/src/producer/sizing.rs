@@ -27,6 +27,10 @@ pub(crate) struct First {
     pub message: Message,
     /// Its encoding, on a host topic (a device topic carries descriptors).
     pub encoded: Option<Encoded>,
+    /// Whether it only sizes the topic and is not published (a run of rounds resumed
+    /// before a round that has not started: it waits for the round's trigger with its
+    /// topic up, sized by a message of the data as it is now).
+    pub sizing_only: bool,
 }
 
 /// A run's topic, planned from its first message.
@@ -63,6 +67,7 @@ impl TopicPlan {
             Some(First {
                 message,
                 encoded: Some(encoded),
+                ..
             }) if message.batches == 1 && !on_device => {
                 message_batches(opts, encoded.len(), message.rows.num_rows())?
             }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use futures::StreamExt;
-use sluice_core::{Result, Shaper, SluiceError};
+use sluice_core::{Position, Result, Shaper, SluiceError};
 use sluice_plan::{BatchStream, Plan, SluiceOptions};
 use tokio::runtime::Handle;
 
@@ -44,6 +44,12 @@ pub(crate) trait Source {
     fn produced(&self) -> (u64, u64);
     /// Time spent waiting for the source's batches, in all.
     fn waited(&self) -> Duration;
+    /// A message like those the run from `start` publishes, to size the topic with,
+    /// where the run's own first message cannot be had without waiting (a run of rounds
+    /// resumed before a round's trigger fired); `None`: read the first message.
+    fn sizing_message(&mut self, _handle: &Handle, _start: Position) -> Result<Option<Message>> {
+        Ok(None)
+    }
     /// Whether each message is a batch as the source got it, of any size (not cut into
     /// `sluice.batch_rows`): the topic is then sized by the first.
     fn batches_as_fed(&self) -> bool {
@@ -51,10 +57,26 @@ pub(crate) trait Source {
     }
 }
 
+/// A plan a source runs: the producer's own, or one it made (a round's).
+enum PlanRef<'a> {
+    Borrowed(&'a Plan),
+    Owned(Box<Plan>),
+}
+
+impl std::ops::Deref for PlanRef<'_> {
+    type Target = Plan;
+    fn deref(&self) -> &Plan {
+        match self {
+            PlanRef::Borrowed(plan) => plan,
+            PlanRef::Owned(plan) => plan,
+        }
+    }
+}
+
 /// One epoch of the plan at a time, shaped into the published messages, with the index
 /// of their first batch in the epoch.
 pub(crate) struct PlanSource<'a> {
-    plan: &'a Plan,
+    plan: PlanRef<'a>,
     opts: &'a SluiceOptions,
     epoch: Option<u64>,
     stream: Option<BatchStream>,
@@ -77,6 +99,15 @@ pub(crate) struct PlanSource<'a> {
 
 impl<'a> PlanSource<'a> {
     pub(crate) fn new(plan: &'a Plan, opts: &'a SluiceOptions) -> Self {
+        Self::of(PlanRef::Borrowed(plan), opts)
+    }
+
+    /// A source of a plan it keeps (a round's).
+    pub(crate) fn owned(plan: Box<Plan>, opts: &'a SluiceOptions) -> Self {
+        Self::of(PlanRef::Owned(plan), opts)
+    }
+
+    fn of(plan: PlanRef<'a>, opts: &'a SluiceOptions) -> Self {
         Self {
             plan,
             opts,
@@ -104,6 +135,12 @@ impl<'a> PlanSource<'a> {
             self.identity
                 .insert(crate::cursor::SEED_KEY.into(), seed.to_string());
         }
+        self
+    }
+
+    /// Puts `key = value` in every batch's schema metadata too.
+    pub(crate) fn with_identity(mut self, key: &str, value: String) -> Self {
+        self.identity.insert(key.into(), value);
         self
     }
 

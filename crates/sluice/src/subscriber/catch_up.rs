@@ -301,6 +301,14 @@ fn replan(attach: &Attach, start: Position, found: &str) -> Result<(Plan, Runtim
                 .into(),
         ));
     }
+    if plan.options().rounds > 1 {
+        return Err(refuse(
+            "the topic runs rounds (sluice.rounds), each over its own snapshot of the data and \
+             feedback, which this process does not rebuild; resume while the producer's \
+             history still holds the position, or with join='next_epoch'"
+                .into(),
+        ));
+    }
     if let Some(function) = plan.nondeterministic_function() {
         return Err(refuse(format!(
             "the plan calls {function}(), whose values differ every time it runs; draw them \

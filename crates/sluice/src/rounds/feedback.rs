@@ -1,0 +1,304 @@
+//! The trainers' feedback: per-sample values reported for rows they received, which a
+//! round's plan reads as `sluice_feedback`.
+//!
+//! Each trainer appends Arrow IPC files to `<state>/<topic>.feedback/`, each written
+//! under a temporary name and renamed into place, so the producer reads a whole file or
+//! none. The directory is in the namespace's owner-only state directory: the trainers of
+//! the producer's user write it. The producer reads every file as data (a wrong column
+//! type, a key that is not an integer, an unreadable file are skipped with a warning and
+//! counted), and lists the files each round read in the round's record, so a restarted
+//! producer reads the same.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use arrow::array::{Array, ArrayRef, AsArray, Float64Array, new_null_array};
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, Int64Type};
+use arrow::record_batch::RecordBatch;
+use sluice_core::{Result, SluiceError, TopicName};
+use sluice_plan::rounds::{feedback_batch, feedback_schema};
+use sluice_shm::Namespace;
+
+/// Reports a trainer buffers before writing them out (also written at most a second
+/// after the first, on [`FeedbackWriter::flush`] and when the writer drops).
+const BUFFERED_ROWS: usize = 65_536;
+const BUFFERED_FOR: Duration = Duration::from_secs(1);
+
+/// The feedback directory of `topic`.
+pub fn feedback_dir(namespace: &Namespace, topic: &TopicName) -> PathBuf {
+    namespace.state_dir().join(format!("{topic}.feedback"))
+}
+
+/// A trainer's reports, written to the topic's feedback directory.
+#[derive(Debug)]
+pub struct FeedbackWriter {
+    dir: PathBuf,
+    trainer: String,
+    pending: Vec<RecordBatch>,
+    rows: usize,
+    since: Option<Instant>,
+    files: u64,
+}
+
+static WRITERS: AtomicU64 = AtomicU64::new(0);
+
+impl FeedbackWriter {
+    /// A writer of `trainer`'s reports on `topic` (letters, digits, `_`, `-` and `.` of
+    /// the name are kept; it names the rows in `sluice_feedback.trainer`).
+    pub fn open(namespace: &Namespace, topic: &str, trainer: &str) -> Result<Self> {
+        namespace.prepare_state_dir()?;
+        let dir = feedback_dir(namespace, &TopicName::new(topic)?);
+        sluice_shm::private_dir(
+            &dir,
+            "set TMPDIR or XDG_RUNTIME_DIR to a directory of your own",
+        )?;
+        let trainer: String = trainer
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+            .take(64)
+            .collect();
+        if trainer.is_empty() {
+            return Err(SluiceError::Config(
+                "a trainer's name must hold a letter or digit".into(),
+            ));
+        }
+        Ok(Self {
+            dir,
+            trainer,
+            pending: Vec::new(),
+            rows: 0,
+            since: None,
+            files: 0,
+        })
+    }
+
+    /// The trainer's name as it appears in `sluice_feedback`.
+    pub fn trainer(&self) -> &str {
+        &self.trainer
+    }
+
+    /// Reports `values` (name, one value per key) for the samples `keys` of round
+    /// `round`, epoch `epoch`. Written out within a second (or on [`Self::flush`]).
+    pub fn report(
+        &mut self,
+        keys: Vec<i64>,
+        (round, epoch): (u64, u64),
+        values: Vec<(String, Vec<Option<f64>>)>,
+    ) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let (names, columns): (Vec<String>, Vec<_>) = values.into_iter().unzip();
+        sluice_plan::rounds::feedback_columns(&names.join(","))?;
+        let batch = feedback_batch(
+            &names,
+            keys,
+            &self.trainer,
+            (round, epoch),
+            columns,
+            now_us(),
+        )?;
+        self.rows += batch.num_rows();
+        self.pending.push(batch);
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if self.rows >= BUFFERED_ROWS || since.elapsed() >= BUFFERED_FOR {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the reports buffered so far as one file (one per set of value columns).
+    pub fn flush(&mut self) -> Result<()> {
+        let pending = std::mem::take(&mut self.pending);
+        self.rows = 0;
+        self.since = None;
+        let mut groups: Vec<Vec<RecordBatch>> = Vec::new();
+        for batch in pending {
+            match groups.iter_mut().find(|g| g[0].schema() == batch.schema()) {
+                Some(group) => group.push(batch),
+                None => groups.push(vec![batch]),
+            }
+        }
+        for group in groups {
+            self.write(&group)?;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, batches: &[RecordBatch]) -> Result<()> {
+        let n = WRITERS.fetch_add(1, Ordering::Relaxed);
+        self.files += 1;
+        let name = format!(
+            "{}-{}-{n}-{}.arrow",
+            self.trainer,
+            std::process::id(),
+            self.files
+        );
+        let mut bytes = Vec::new();
+        {
+            let mut writer =
+                arrow::ipc::writer::FileWriter::try_new(&mut bytes, &batches[0].schema())?;
+            for batch in batches {
+                writer.write(batch)?;
+            }
+            writer.finish()?;
+        }
+        let to = self.dir.join(&name);
+        let tmp = self.dir.join(format!(".{name}.tmp"));
+        sluice_shm::write_private(&tmp, &to, &bytes)
+            .map_err(|e| SluiceError::io(format!("cannot write feedback {}", to.display()), e))
+    }
+}
+
+impl Drop for FeedbackWriter {
+    fn drop(&mut self) {
+        if let Err(e) = self.flush() {
+            tracing::warn!("reports not written: {e}");
+        }
+    }
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// The feedback files in `dir` now, by name (closed files only).
+pub(crate) fn feedback_files(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".arrow") && !n.starts_with('.'))
+        .collect();
+    names.sort();
+    names
+}
+
+/// The reports in `files` of `dir`, in `sluice_feedback`'s columns (`columns` the value
+/// columns the plan reads), and how many batches were skipped as malformed. A file that
+/// is gone (a topic's feedback removed by hand) is skipped too.
+pub(crate) fn read_feedback(
+    dir: &Path,
+    files: &[String],
+    columns: &[String],
+) -> (Vec<RecordBatch>, u64) {
+    let schema = feedback_schema(columns);
+    let mut out = Vec::new();
+    let mut skipped = 0u64;
+    for name in files {
+        let path = dir.join(name);
+        let reader = std::fs::File::open(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|f| {
+                arrow::ipc::reader::FileReader::try_new(std::io::BufReader::new(f), None)
+                    .map_err(|e| e.to_string())
+            });
+        let reader = match reader {
+            Ok(reader) => reader,
+            Err(e) => {
+                tracing::warn!("feedback file {} skipped: {e}", path.display());
+                skipped += 1;
+                continue;
+            }
+        };
+        for batch in reader {
+            match batch
+                .map_err(|e| e.to_string())
+                .and_then(|b| conform(&b, columns).map_err(|e| e.to_string()))
+                .and_then(|c| RecordBatch::try_new(schema.clone(), c).map_err(|e| e.to_string()))
+            {
+                Ok(batch) => out.push(batch),
+                Err(e) => {
+                    tracing::warn!("feedback in {} skipped: {e}", path.display());
+                    skipped += 1;
+                }
+            }
+        }
+    }
+    (out, skipped)
+}
+
+/// `batch`'s columns as `sluice_feedback` has them: the fixed ones checked, the value
+/// columns the plan reads cast to `Float64` (null where the trainer did not report them).
+fn conform(batch: &RecordBatch, columns: &[String]) -> Result<Vec<ArrayRef>> {
+    let rows = batch.num_rows();
+    let column = |name: &str| {
+        batch
+            .column_by_name(name)
+            .cloned()
+            .ok_or_else(|| SluiceError::Corrupt(format!("feedback without a '{name}' column")))
+    };
+    let key = cast(&column("key")?, &DataType::Int64)?;
+    if key.null_count() > 0 || key.as_primitive::<Int64Type>().len() != rows {
+        return Err(SluiceError::Corrupt(
+            "feedback keys must be integers".into(),
+        ));
+    }
+    let mut out = vec![
+        key,
+        cast(&column("trainer")?, &DataType::Utf8)?,
+        cast(&column("round")?, &DataType::UInt64)?,
+        cast(&column("epoch")?, &DataType::UInt64)?,
+    ];
+    for name in columns {
+        out.push(match batch.column_by_name(name) {
+            Some(values) => cast(values, &DataType::Float64)?,
+            None => Arc::new(Float64Array::new_null(rows)) as ArrayRef,
+        });
+    }
+    let time = DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, Some("UTC".into()));
+    out.push(match batch.column_by_name("time") {
+        Some(t) => cast(t, &time)?,
+        None => new_null_array(&time, rows),
+    });
+    if out[1..4]
+        .iter()
+        .chain(out.last())
+        .any(|c| c.null_count() > 0)
+    {
+        return Err(SluiceError::Corrupt(
+            "feedback with a null trainer, round, epoch or time".into(),
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_round_trip_and_bad_files_are_skipped() {
+        let ns = Namespace::new(&format!("fb{}", std::process::id())).unwrap();
+        let dir = feedback_dir(&ns, &TopicName::new("t").unwrap());
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut w = FeedbackWriter::open(&ns, "t", "trainer/a").unwrap();
+        assert_eq!(w.trainer(), "trainera");
+        w.report(
+            vec![1, 2, 3],
+            (0, 1),
+            vec![("loss".into(), vec![Some(0.5), None, Some(2.0)])],
+        )
+        .unwrap();
+        w.report(vec![4], (0, 1), vec![("acc".into(), vec![Some(1.0)])])
+            .unwrap();
+        drop(w);
+        std::fs::write(dir.join("garbage.arrow"), b"not arrow").unwrap();
+        let files = feedback_files(&dir);
+        assert_eq!(files.len(), 3, "{files:?}");
+        let cols = vec!["loss".to_string(), "grad".to_string()];
+        let (batches, skipped) = read_feedback(&dir, &files, &cols);
+        assert_eq!(skipped, 1);
+        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        assert_eq!(rows, 4);
+        assert!(batches.iter().all(|b| b.schema() == feedback_schema(&cols)));
+        assert!(FeedbackWriter::open(&ns, "t", "//").is_err());
+        let _ = std::fs::remove_dir_all(ns.state_dir());
+    }
+}

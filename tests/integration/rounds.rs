@@ -1,0 +1,263 @@
+//! Rounds over growing data: files arrive while a trainer trains, a `rows:N` trigger
+//! starts the next round, the trainer's reported losses steer its selection, and a
+//! producer SIGKILLed between rounds resumes with its feedback intact.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{AsArray, Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use sluice::FeedbackWriter;
+use sluice::prelude::*;
+use sluice::rounds::{NEW_ROWS_KEY, ROUND_KEY, TRIGGER_KEY};
+
+use crate::common::Harness;
+
+/// The loss a trainer reports for sample `id`: distinct for the ids used here.
+fn loss(id: i64) -> f64 {
+    ((id * 37) % 101) as f64
+}
+
+/// Writes ids `ids` (and label = id % 3) as a Parquet file, into place by rename, its
+/// modification time a second ago (settled: `sluice.settle_s` is 0.2 here).
+fn write_ids(dir: &Path, name: &str, ids: std::ops::Range<i64>) {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("label", DataType::Int64, false),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(ids.clone())),
+            Arc::new(Int64Array::from_iter_values(ids.map(|i| i % 3))),
+        ],
+    )
+    .unwrap();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let file = std::fs::File::create(&tmp).unwrap();
+    let mut writer = parquet::arrow::ArrowWriter::try_new(file, schema, None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    let settled = std::time::SystemTime::now() - Duration::from_secs(1);
+    std::fs::File::options()
+        .write(true)
+        .open(&tmp)
+        .unwrap()
+        .set_modified(settled)
+        .unwrap();
+    std::fs::rename(&tmp, dir.join("data").join(name)).unwrap();
+}
+
+/// A plan of `rounds` rounds of one epoch over `data/`: top-`k` by reported loss, samples
+/// without a report (new ones) first.
+fn plan(topic: &str, rounds: u64, k: usize) -> String {
+    format!(
+        "SET sluice.topic = '{topic}'; SET sluice.batch_rows = 10; SET sluice.rounds = {rounds};\n\
+         SET sluice.trigger = 'rows:50'; SET sluice.settle_s = 0.2; SET sluice.feedback = 'loss';\n\
+         SET sluice.message_batches = 1;\n\
+         CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION 'data/';\n\
+         SELECT t.id, t.label FROM train t\n\
+         LEFT JOIN (SELECT key, max(loss) AS loss FROM sluice_feedback GROUP BY key) f ON t.id = f.key\n\
+         ORDER BY f.loss DESC NULLS FIRST, t.id LIMIT {k}"
+    )
+}
+
+/// The ids of one round (one epoch), and the round's metadata as the batches carry it.
+fn read_round(sub: &mut Subscriber) -> (Vec<i64>, [String; 3]) {
+    let mut ids = Vec::new();
+    let mut meta = None;
+    loop {
+        match sub.next_event().unwrap() {
+            Event::Batch { batch, .. } => {
+                let m = batch.schema().metadata().clone();
+                meta.get_or_insert_with(|| {
+                    [ROUND_KEY, TRIGGER_KEY, NEW_ROWS_KEY]
+                        .map(|k| m.get(k).cloned().unwrap_or_default())
+                });
+                ids.extend(batch.column(0).as_primitive::<Int64Type>().values().iter());
+            }
+            Event::EpochEnd(_) => return (ids, meta.expect("a round without batches")),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+/// What top-`k` by loss over `ids` with `reported` losses selects, computed here.
+fn expected(ids: std::ops::Range<i64>, reported: &BTreeSet<i64>, k: usize) -> BTreeSet<i64> {
+    let mut rows: Vec<(Option<f64>, i64)> = ids
+        .map(|id| (reported.contains(&id).then(|| loss(id)), id))
+        .collect();
+    // NULLS FIRST, then loss descending, then id.
+    rows.sort_by(|a, b| match (a.0, b.0) {
+        (None, None) => a.1.cmp(&b.1),
+        (None, Some(_)) => std::cmp::Ordering::Less,
+        (Some(_), None) => std::cmp::Ordering::Greater,
+        (Some(x), Some(y)) => y.total_cmp(&x).then(a.1.cmp(&b.1)),
+    });
+    rows.into_iter().take(k).map(|r| r.1).collect()
+}
+
+fn report(ns: &Namespace, topic: &str, ids: &[i64], round: u64) {
+    let mut w = FeedbackWriter::open(ns, topic, "trainer").unwrap();
+    let losses = ids.iter().map(|&i| Some(loss(i))).collect();
+    w.report(ids.to_vec(), (round, round), vec![("loss".into(), losses)])
+        .unwrap();
+    w.flush().unwrap();
+}
+
+fn subscribe(ns: &Namespace, topic: &str) -> Subscriber {
+    Subscriber::connect(
+        topic,
+        SubscribeOptions {
+            timeout: Some(Duration::from_secs(60)),
+            namespace: Some(ns.clone()),
+            ..SubscribeOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn files_that_arrive_start_rounds_whose_selection_follows_the_reported_losses() {
+    let mut h = Harness::new();
+    std::fs::create_dir(h.path("data")).unwrap();
+    write_ids(h.dir.path(), "a.parquet", 0..100);
+    h.plan("p.sql", &plan("grow", 3, 60));
+    let producer = h.spawn(&["run", "p.sql", "--quiet", "--min-subscribers", "1"]);
+    let mut sub = subscribe(&h.ns, "grow");
+
+    let (round0, meta) = read_round(&mut sub);
+    assert_eq!(meta, ["0".to_string(), "start".into(), "100".into()]);
+    assert_eq!(
+        round0.iter().copied().collect::<BTreeSet<_>>(),
+        (0..60).collect()
+    );
+    report(&h.ns, "grow", &round0, 0);
+
+    // Fewer than 50 new rows do not start a round; 50 more do.
+    write_ids(h.dir.path(), "b.parquet", 100..130);
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(producer.running());
+    write_ids(h.dir.path(), "c.parquet", 130..150);
+    let (round1, meta) = read_round(&mut sub);
+    assert_eq!(meta, ["1".to_string(), "rows:50".into(), "50".into()]);
+    let reported: BTreeSet<i64> = round0.iter().copied().collect();
+    assert_eq!(
+        round1.iter().copied().collect::<BTreeSet<_>>(),
+        expected(0..150, &reported, 60)
+    );
+    report(&h.ns, "grow", &round1, 1);
+
+    write_ids(h.dir.path(), "d.parquet", 150..200);
+    let (round2, meta) = read_round(&mut sub);
+    assert_eq!(meta[0], "2");
+    let reported: BTreeSet<i64> = round0.iter().chain(&round1).copied().collect();
+    assert_eq!(
+        round2.iter().copied().collect::<BTreeSet<_>>(),
+        expected(0..200, &reported, 60)
+    );
+    assert!(matches!(sub.next_event().unwrap(), Event::End));
+    let out = producer.wait(Duration::from_secs(60));
+    assert!(out.status.success(), "{}", out.stderr);
+}
+
+#[test]
+fn a_producer_killed_between_rounds_resumes_with_its_feedback() {
+    let mut h = Harness::new();
+    std::fs::create_dir(h.path("data")).unwrap();
+    write_ids(h.dir.path(), "a.parquet", 0..100);
+    h.plan("p.sql", &plan("killed", 2, 60));
+    let first = h.spawn(&["run", "p.sql", "--quiet", "--min-subscribers", "1"]);
+    let mut sub = subscribe(&h.ns, "killed");
+    let (round0, _) = read_round(&mut sub);
+    report(&h.ns, "killed", &round0, 0);
+    // Between rounds: the producer waits for 50 new rows.
+    std::thread::sleep(Duration::from_millis(300));
+    first.kill9();
+    drop(sub);
+    let _ = first.wait(Duration::from_secs(30));
+
+    let second = h.spawn(&[
+        "run",
+        "p.sql",
+        "--quiet",
+        "--resume",
+        "--min-subscribers",
+        "1",
+    ]);
+    let mut sub = subscribe(&h.ns, "killed");
+    write_ids(h.dir.path(), "b.parquet", 100..150);
+    let (round1, meta) = read_round(&mut sub);
+    assert_eq!(meta[0], "1", "the resumed run goes on with round 1");
+    let reported: BTreeSet<i64> = round0.iter().copied().collect();
+    assert_eq!(
+        round1.iter().copied().collect::<BTreeSet<_>>(),
+        expected(0..150, &reported, 60),
+        "round 1 selects by the losses reported before the crash"
+    );
+    assert!(matches!(sub.next_event().unwrap(), Event::End));
+    let out = second.wait(Duration::from_secs(60));
+    assert!(out.status.success(), "{}", out.stderr);
+}
+
+/// The first `n` batches' ids of the round being read.
+fn read_batches(sub: &mut Subscriber, n: usize) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        match sub.next_event().unwrap() {
+            Event::Batch { batch, .. } => {
+                ids.extend(batch.column(0).as_primitive::<Int64Type>().values().iter())
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    ids
+}
+
+#[test]
+fn a_producer_killed_mid_round_resumes_the_round_as_it_started() {
+    let mut h = Harness::new();
+    std::fs::create_dir(h.path("data")).unwrap();
+    write_ids(h.dir.path(), "a.parquet", 0..100);
+    // A window of 2 batches: the producer stays close to the trainer.
+    let sql = plan("midround", 2, 80).replace(
+        "SET sluice.message_batches = 1;",
+        "SET sluice.message_batches = 1; SET sluice.window = 2;",
+    );
+    h.plan("p.sql", &sql);
+    let first = h.spawn(&["run", "p.sql", "--quiet", "--min-subscribers", "1"]);
+    let mut sub = subscribe(&h.ns, "midround");
+    let (round0, _) = read_round(&mut sub);
+    report(&h.ns, "midround", &round0, 0);
+    write_ids(h.dir.path(), "b.parquet", 100..150);
+    let before = read_batches(&mut sub, 3);
+    // Data and feedback that come after round 1 started are not round 1's.
+    write_ids(h.dir.path(), "c.parquet", 150..300);
+    report(&h.ns, "midround", &(100..150).collect::<Vec<_>>(), 1);
+    std::thread::sleep(Duration::from_millis(300));
+    first.kill9();
+    drop(sub);
+    let _ = first.wait(Duration::from_secs(30));
+
+    let second = h.spawn(&[
+        "run",
+        "p.sql",
+        "--quiet",
+        "--resume",
+        "--min-subscribers",
+        "1",
+    ]);
+    let mut sub = subscribe(&h.ns, "midround");
+    let (after, meta) = read_round(&mut sub);
+    assert_eq!(meta[0], "1");
+    let reported: BTreeSet<i64> = round0.iter().copied().collect();
+    let round1 = expected(0..150, &reported, 80);
+    assert!(after.iter().all(|id| round1.contains(id)), "{after:?}");
+    let seen: BTreeSet<i64> = before.iter().chain(&after).copied().collect();
+    assert_eq!(seen, round1, "the resumed round is the round that started");
+    assert!(matches!(sub.next_event().unwrap(), Event::End));
+    let out = second.wait(Duration::from_secs(60));
+    assert!(out.status.success(), "{}", out.stderr);
+}
