@@ -312,7 +312,7 @@ pub(crate) fn run_producer(
     quiet: bool,
 ) -> anyhow::Result<sluice::RunStats> {
     let namespace = Namespace::from_env()?;
-    let epochs = plan.options().epochs;
+    let epochs = plan.options().total_epochs();
     let handle = ProducerHandle::spawn(Producer::new(plan, namespace), options, rt)?;
     let bar = if quiet {
         indicatif::ProgressBar::hidden()

@@ -174,6 +174,12 @@ impl PyBatch {
         self.index
     }
 
+    /// The round of a plan of several rounds the batch belongs to (``None``: one round).
+    #[getter]
+    fn round(&self) -> Option<u64> {
+        crate::subscriber::round_of(&self.batch)
+    }
+
     /// `(start, end)` addresses of the shared-memory sample every buffer of this batch
     /// lies in, or `None` for a batch that was assembled (copied once) from two samples.
     #[getter]

@@ -35,6 +35,7 @@ mod batch;
 mod c_device;
 mod dlpack;
 mod errors;
+mod feedback;
 mod feeder;
 mod gpu;
 mod private_map;
@@ -56,6 +57,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Benchmarks refuse to report figures of an unoptimised build (the test wheel).
     m.add("_optimized", !cfg!(debug_assertions))?;
+    m.add_function(wrap_pyfunction!(feedback::request_round, m)?)?;
     m.add_class::<subscriber::PySubscriber>()?;
     m.add_class::<subscriber::PyEpochs>()?;
     m.add_class::<subscriber::PyEpoch>()?;

@@ -238,7 +238,7 @@ impl PyProducer {
         }
         options.validate().map_err(|e| to_py(&e))?;
         let topic = options.topic.clone();
-        let epochs = options.epochs;
+        let epochs = options.total_epochs();
         let plan_file = plan.file().to_string();
 
         let run_options = RunOptions {

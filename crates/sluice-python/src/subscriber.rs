@@ -113,6 +113,16 @@ fn batch_object(py: Python<'_>, event: Event) -> PyResult<Option<Py<PyAny>>> {
     }
 }
 
+/// The round a batch of a plan of several rounds belongs to.
+pub fn round_of(batch: &RecordBatch) -> Option<u64> {
+    batch
+        .schema_ref()
+        .metadata()
+        .get(sluice::rounds::ROUND_KEY)?
+        .parse()
+        .ok()
+}
+
 fn lock(stream: &Mutex<Stream>) -> MutexGuard<'_, Stream> {
     // A panic while the lock was held cannot leave `Stream` half-updated in a way that
     // matters more than the panic itself, which pyo3 already reported.
@@ -291,6 +301,10 @@ pub struct PySubscriber {
     timeout: Option<Duration>,
     stream: Arc<Mutex<Stream>>,
     last_epoch: Mutex<Option<EpochSummary>>,
+    /// The round of the last batch taken (plans of several rounds), and the reports
+    /// written so far.
+    round: Mutex<Option<u64>>,
+    feedback: Mutex<Option<sluice::FeedbackWriter>>,
     /// The process that subscribed: a forked child's copy refuses to be used (before it
     /// takes the stream's lock, which a thread of the parent may have held at the fork)
     /// and lets go of nothing of its parent's (see `sluice::shm::process`).
@@ -319,7 +333,14 @@ impl PySubscriber {
             let stream = &self.stream;
             let result = py.detach(|| lock(stream).next_within(Some(slice)));
             match result {
-                Ok(event) => return Ok(event),
+                Ok(event) => {
+                    if let Event::Batch { batch, .. } = &event
+                        && let Some(round) = round_of(batch)
+                    {
+                        *self.round.lock().unwrap_or_else(PoisonError::into_inner) = Some(round);
+                    }
+                    return Ok(event);
+                }
                 Err(SluiceError::Timeout { .. }) => {}
                 Err(e) => {
                     py.check_signals()?;
@@ -471,6 +492,8 @@ impl PySubscriber {
                 closed_cursor: None,
             })),
             last_epoch: Mutex::new(None),
+            round: Mutex::new(None),
+            feedback: Mutex::new(None),
             owner: Owner::this(),
         })
     }
@@ -504,6 +527,53 @@ impl PySubscriber {
             Some(json) => py.import("json")?.call_method1("loads", (json,)),
             None => Ok(pyo3::types::PyDict::new(py).into_any()),
         }
+    }
+
+    /// Reports per-sample values for samples this trainer received, e.g.
+    /// ``sub.report(batch["id"], loss=losses)``: one value per key for each name. A plan
+    /// of several rounds reads them as ``sluice_feedback`` from its next round on
+    /// (see docs/rounds.md). Written out within a second, on ``flush_reports()`` and on
+    /// ``close()``; ``trainer`` names this trainer in ``sluice_feedback.trainer``.
+    #[pyo3(signature = (keys, trainer=None, **values))]
+    fn report(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        trainer: Option<&str>,
+        values: Option<&Bound<'_, pyo3::types::PyDict>>,
+    ) -> PyResult<()> {
+        self.here()?;
+        let keys = crate::feedback::keys(keys)?;
+        let values = crate::feedback::values(keys.len(), values)?;
+        let round = self
+            .round
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .unwrap_or(0);
+        let epoch = lock(&self.stream).consumed.map_or(0, |c| c.epoch);
+        let mut feedback = self.feedback.lock().unwrap_or_else(PoisonError::into_inner);
+        if feedback.is_none() {
+            *feedback = Some(crate::feedback::writer(&self.topic, trainer)?);
+        }
+        let writer = feedback.as_mut().expect("opened above");
+        py.detach(|| writer.report(keys, (round, epoch), values))
+            .map_err(|e| to_py(&e))
+    }
+
+    /// Writes the reports made so far now (else within a second, and on ``close()``).
+    fn flush_reports(&self, py: Python<'_>) -> PyResult<()> {
+        self.here()?;
+        let mut feedback = self.feedback.lock().unwrap_or_else(PoisonError::into_inner);
+        match feedback.as_mut() {
+            Some(writer) => py.detach(|| writer.flush()).map_err(|e| to_py(&e)),
+            None => Ok(()),
+        }
+    }
+
+    /// The round of the last batch taken (``None``: a plan of one round, or no batch yet).
+    #[getter]
+    fn round(&self) -> Option<u64> {
+        *self.round.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     #[getter]
@@ -606,6 +676,13 @@ impl PySubscriber {
         if self.here().is_err() {
             return;
         }
+        let writer = self
+            .feedback
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        // Dropping the writer writes its reports out.
+        py.detach(move || drop(writer));
         let stream = &self.stream;
         let sub = py.detach(|| {
             let mut stream = lock(stream);

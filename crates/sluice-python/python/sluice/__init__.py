@@ -68,6 +68,7 @@ from sluice._sluice import (
     TransportError,
     __version__,
     _shutdown,
+    request_round,
     subscribe,
 )
 from sluice.loader import publish, structured
@@ -97,6 +98,7 @@ __all__ = [
     "TransportError",
     "__version__",
     "publish",
+    "request_round",
     "structured",
     "subscribe",
 ]

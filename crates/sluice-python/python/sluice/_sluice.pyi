@@ -103,6 +103,9 @@ class Batch:
     def index(self) -> int:
         """Position of the batch in its epoch, in this subscriber's batches."""
     @property
+    def round(self) -> int | None:
+        """The round of a plan of several rounds the batch belongs to (``None``: one)."""
+    @property
     def shm_range(self) -> tuple[int, int] | None:
         """``(start, end)`` addresses of the shared-memory sample the batch lies in, or
         ``None`` for a batch assembled (copied once) from two producer batches."""
@@ -284,6 +287,16 @@ class Subscriber(Iterator[Batch]):
     def state_dict(self) -> dict[str, Any]:
         """Where this trainer is: save it with the model, pass it as ``state=`` to resume
         exactly after the rows this subscriber handed out (``{}`` before the first)."""
+    def report(self, keys: Any, trainer: str | None = None, **values: Any) -> None:
+        """Reports per-sample values (``loss=``, ``grad_norm=``, …; one per key) for
+        samples received, which a plan of several rounds reads as ``sluice_feedback``
+        from its next round on. Written within a second, on :meth:`flush_reports` and on
+        :meth:`close`."""
+    def flush_reports(self) -> None:
+        """Writes the reports made so far now."""
+    @property
+    def round(self) -> int | None:
+        """The round of the last batch taken (``None``: a plan of one round)."""
     @property
     def topic(self) -> str: ...
     @property
@@ -478,3 +491,7 @@ class Feeder:
         """After the last epoch: waits for the run to end and returns what it did."""
     def close(self) -> None:
         """Stops the run where it is (subscribers are told it stopped)."""
+
+def request_round(topic: str) -> None:
+    """Asks the producer of a local ``topic`` whose plan sets ``sluice.trigger =
+    'manual'`` to start its next round once the current one ends."""

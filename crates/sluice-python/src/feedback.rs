@@ -1,0 +1,82 @@
+//! A trainer's reports of per-sample values (`sub.report(keys, loss=…)`) and its
+//! requests for a round (`sluice.request_round(topic)`), for plans of several rounds.
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use sluice::{FeedbackWriter, Namespace};
+
+use crate::errors::to_py;
+
+/// `value` as a list: a sequence, or anything with `tolist()` (numpy arrays, torch
+/// tensors, jax arrays), flattened by the caller's checks.
+fn as_list<'py>(what: &str, value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    if value.hasattr("tolist")? {
+        let list = value.call_method0("tolist")?;
+        if list.cast::<pyo3::types::PyList>().is_ok() {
+            return Ok(list);
+        }
+        return Err(PyValueError::new_err(format!(
+            "{what} must be one value per sample (a 1-d array), not a scalar"
+        )));
+    }
+    Ok(value.clone())
+}
+
+/// The keys of a report: integers (the samples' ids, as the plan's key column has them).
+pub fn keys(value: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    as_list("keys", value)?.extract::<Vec<i64>>().map_err(|_| {
+        PyTypeError::new_err(
+            "report(keys, …): keys must be integers, one per sample (a list, a numpy array or \
+             a tensor of int64 ids, as the plan's key column has them)",
+        )
+    })
+}
+
+/// The values of a report, one list per name, each as long as `n`.
+pub fn values(
+    n: usize,
+    values: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Vec<(String, Vec<Option<f64>>)>> {
+    let Some(values) = values.filter(|v| !v.is_empty()) else {
+        return Err(PyValueError::new_err(
+            "report(keys, …) needs at least one value per sample, e.g. loss=losses",
+        ));
+    };
+    let mut out = Vec::new();
+    for (name, column) in values.iter() {
+        let name: String = name.extract()?;
+        let column: Vec<Option<f64>> = as_list(&name, &column)?.extract().map_err(|_| {
+            PyTypeError::new_err(format!("report: {name} must be numbers, one per sample"))
+        })?;
+        if column.len() != n {
+            return Err(PyValueError::new_err(format!(
+                "report: {n} keys but {} values of {name}",
+                column.len()
+            )));
+        }
+        out.push((name, column));
+    }
+    Ok(out)
+}
+
+/// A writer of this process's reports on `topic`, as `trainer` (default `pid<PID>`).
+pub fn writer(topic: &str, trainer: Option<&str>) -> PyResult<FeedbackWriter> {
+    if topic.contains("://") {
+        return Err(PyValueError::new_err(format!(
+            "reports go to a local producer's topic; '{topic}' is remote (report to the \
+             machine that runs the producer)"
+        )));
+    }
+    let namespace = Namespace::from_env().map_err(|e| to_py(&e))?;
+    let name = trainer.map_or_else(|| format!("pid{}", std::process::id()), str::to_string);
+    FeedbackWriter::open(&namespace, topic, &name).map_err(|e| to_py(&e))
+}
+
+/// Asks the producer of `topic` (a local topic whose plan sets `sluice.trigger =
+/// 'manual'`) to start its next round once the current one ends.
+#[pyfunction]
+pub fn request_round(topic: &str) -> PyResult<()> {
+    let namespace = Namespace::from_env().map_err(|e| to_py(&e))?;
+    sluice::request_round(&namespace, topic).map_err(|e| to_py(&e))
+}
