@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::{AsArray, Int64Array, RecordBatch};
+use arrow::array::{Array, AsArray, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use sluice::FeedbackWriter;
 use sluice::prelude::*;
@@ -260,4 +260,138 @@ fn a_producer_killed_mid_round_resumes_the_round_as_it_started() {
     assert!(matches!(sub.next_event().unwrap(), Event::End));
     let out = second.wait(Duration::from_secs(60));
     assert!(out.status.success(), "{}", out.stderr);
+}
+
+/// Rows as (id, label), label `None` where null.
+type Rows = Vec<(i64, Option<i32>)>;
+
+/// The ids and labels of `batches`.
+fn ids_and_labels(batches: &[RecordBatch]) -> Rows {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let ids = b.column(0).as_primitive::<Int64Type>().clone();
+            let labels = b
+                .column(1)
+                .as_primitive::<arrow::datatypes::Int32Type>()
+                .clone();
+            (0..b.num_rows())
+                .map(move |i| (ids.value(i), labels.is_valid(i).then(|| labels.value(i))))
+        })
+        .collect()
+}
+
+/// Round 1 of a shipped selection plan over 30 000 demo rows, ids below 15 000 reported
+/// with loss `(id * 37 % 101) / 100`: its rows, and every demo row.
+fn select_round_one(file: &str) -> (Rows, Rows) {
+    let dir = tempfile::tempdir().unwrap();
+    let batch = sluice::demo::demo_batch(0, 30_000).unwrap();
+    let path = dir.path().join("part-0.parquet");
+    let mut w = parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(&path).unwrap(),
+        batch.schema(),
+        None,
+    )
+    .unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let sql = std::fs::read_to_string(root.join("pipelines/selection").join(file))
+        .unwrap()
+        .replace("'data/demo/'", &format!("'{}/'", dir.path().display()));
+    let columns = vec!["loss".to_string()];
+    let reported: Vec<i64> = (0..15_000).collect();
+    let losses = reported
+        .iter()
+        .map(|i| Some(((i * 37) % 101) as f64 / 100.0))
+        .collect();
+    let feedback =
+        sluice::plan::rounds::feedback_batch(&columns, reported, "t", (0, 0), vec![losses], 0)
+            .unwrap();
+    let round = |r| sluice::plan::rounds::RoundRow {
+        round: r,
+        trigger: "start".into(),
+        started_us: 0,
+        rows: 30_000,
+        new_rows: 0,
+    };
+    let inputs = sluice::plan::rounds::RoundInputs {
+        round: 1,
+        cutoff: None,
+        files: None,
+        feedback: vec![feedback],
+        rounds: vec![round(0), round(1)],
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let selected = rt.block_on(async {
+        use futures::TryStreamExt;
+        let plan = Plan::for_round(file, &sql, &inputs).await.unwrap();
+        assert!(plan.options().rounds > 1 && plan.options().trigger().is_ok());
+        let batches: Vec<RecordBatch> = plan
+            .execute_epoch(1)
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        batches
+    });
+    (ids_and_labels(&selected), ids_and_labels(&[batch]))
+}
+
+fn demo_loss(id: i64) -> f64 {
+    ((id * 37) % 101) as f64 / 100.0
+}
+
+#[test]
+fn the_shipped_selection_plans_select_what_they_say() {
+    let labelled = |all: &[(i64, Option<i32>)]| -> BTreeSet<i64> {
+        all.iter().filter(|r| r.1.is_some()).map(|r| r.0).collect()
+    };
+    // Top-k by loss: the unreported first, then the highest losses.
+    let (got, all) = select_round_one("top_loss.sql");
+    let mut order: Vec<i64> = labelled(&all).into_iter().collect();
+    order.sort_by(|a, b| {
+        let key = |i: i64| (i < 15_000, -demo_loss(i), i);
+        key(*a).partial_cmp(&key(*b)).unwrap()
+    });
+    let ids: BTreeSet<i64> = got.iter().map(|r| r.0).collect();
+    assert_eq!(ids, order[..20_000].iter().copied().collect());
+
+    // Label-balanced: 1 000 of each label.
+    let (got, _) = select_round_one("label_balanced.sql");
+    let mut per_label = std::collections::BTreeMap::new();
+    for (_, label) in &got {
+        *per_label.entry(label.expect("labelled only")).or_insert(0) += 1;
+    }
+    assert_eq!(per_label.len(), 10);
+    assert!(per_label.values().all(|&n| n == 1000), "{per_label:?}");
+
+    // New data only: the unreported.
+    let (got, all) = select_round_one("unseen_only.sql");
+    let unseen: BTreeSet<i64> = labelled(&all)
+        .into_iter()
+        .filter(|&i| i >= 15_000)
+        .collect();
+    assert_eq!(got.iter().map(|r| r.0).collect::<BTreeSet<_>>(), unseen);
+
+    // Freshness: every unreported sample and about a fifth of the others.
+    let (got, _) = select_round_one("freshness.sql");
+    let ids: BTreeSet<i64> = got.iter().map(|r| r.0).collect();
+    assert!(unseen.is_subset(&ids));
+    let old = ids.len() - unseen.len();
+    let reported = labelled(&all).len() - unseen.len();
+    let share = old as f64 / reported as f64;
+    assert!((0.17..0.23).contains(&share), "{share}");
+
+    // Loss-weighted: heavier losses drawn more often than their share.
+    let (got, all) = select_round_one("loss_weighted.sql");
+    assert_eq!(got.len(), 20_000);
+    let mean = |ids: &mut dyn Iterator<Item = i64>| {
+        let v: Vec<f64> = ids.filter(|&i| i < 15_000).map(demo_loss).collect();
+        v.iter().sum::<f64>() / v.len() as f64
+    };
+    let drawn = mean(&mut got.iter().map(|r| r.0));
+    let everyone = mean(&mut labelled(&all).into_iter());
+    assert!(drawn > everyone + 0.05, "{drawn} vs {everyone}");
 }

@@ -1,0 +1,17 @@
+-- Label-balanced presampling: at most 1 000 samples of each label per round, drawn
+-- afresh each round from (sluice.shuffle_seed, round, id). A round starts every 10 minutes.
+SET sluice.topic = 'label_balanced';
+SET sluice.batch_rows = 512;
+SET sluice.rounds = 10;
+SET sluice.trigger = 'every:10m';
+SET sluice.shuffle_seed = 7;
+
+CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION 'data/demo/';
+
+SELECT id, label, features
+FROM (
+  SELECT id, label, features,
+         ROW_NUMBER() OVER (PARTITION BY label ORDER BY sample_hash(id)) AS drawn
+  FROM train
+  WHERE label IS NOT NULL)
+WHERE drawn <= 1000;
