@@ -164,3 +164,27 @@ def test_reports_are_checked_where_they_are_made(plans):
                 sub.report([1], key=[0.5])
             for _ in sub:
                 pass
+
+
+def test_each_trainer_gets_its_own_subset_of_one_shared_stream(plans):
+    """A plan computes a mask and a weight per trainer; ``mask=`` hands each trainer only
+    its rows (the mask dropped, the weight kept), while positions count the whole stream."""
+    select = ("SELECT id, x, id % 2 = 0 AS mask_a, "
+              "CASE WHEN id % 3 = 0 THEN 1.5 ELSE 0.0 END AS weight_b FROM t")
+    with sluice.Producer(plans.plan(rows=300, select=select), min_subscribers=3,
+                         wait_timeout=60):
+        subs = [sluice.subscribe(plans.topic, timeout=60, mask=m)
+                for m in ("mask_a", "weight_b", None)]
+        got = []
+        for sub in subs:
+            batches = [pa.record_batch(b) for b in sub]
+            got.append(batches)
+            sub.close()
+    a, b, whole = got
+    assert sum((x.column("id").to_pylist() for x in a), []) == list(range(0, 300, 2))
+    assert all("mask_a" not in x.schema.names for x in a)
+    assert sum((x.column("id").to_pylist() for x in b), []) == list(range(0, 300, 3))
+    assert all(set(x.column("weight_b").to_pylist()) == {1.5} for x in b)
+    assert sum(x.num_rows for x in whole) == 300
+    with pytest.raises(sluice.PlanError, match="add it to columns"):
+        sluice.subscribe(plans.topic, columns=["id"], mask="mask_a", timeout=1)

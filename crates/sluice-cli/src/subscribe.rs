@@ -54,6 +54,10 @@ pub(crate) struct SubscribeArgs {
     /// started again with `--cursor` continues where it stopped).
     #[arg(long)]
     batches: Option<u64>,
+    /// Receive only the rows this column of the topic selects: a boolean mask (where
+    /// true; the column is dropped) or a per-trainer weight (where above zero).
+    #[arg(long, value_name = "COLUMN")]
+    mask: Option<String>,
 }
 
 /// The cursor saved in `path`.
@@ -114,6 +118,7 @@ pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
             // The tool drops every batch once counted: it never holds `max_held`.
             on_max_held: Default::default(),
             cursor: args.cursor.as_deref().map(load_cursor).transpose()?,
+            mask: args.mask.clone(),
         },
     )?;
     let delay = args.delay_ms.map(Duration::from_millis);

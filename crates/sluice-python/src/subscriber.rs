@@ -398,7 +398,7 @@ impl PySubscriber {
     /// raises `TransportError` instead. `state`: what `state_dict()` returned in an
     /// earlier run of the trainer: start exactly after the rows it had consumed.
     #[new]
-    #[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None, columns=None, on_max_held="copy", state=None))]
+    #[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None, columns=None, on_max_held="copy", state=None, mask=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -411,6 +411,7 @@ impl PySubscriber {
         columns: Option<&Bound<'_, PyAny>>,
         on_max_held: &str,
         state: Option<&Bound<'_, PyAny>>,
+        mask: Option<String>,
     ) -> PyResult<Self> {
         // A local topic name, or flight://HOST:PORT/TOPIC: a bad one is a ValueError.
         match sluice::flight::FlightTarget::parse(topic) {
@@ -441,6 +442,7 @@ impl PySubscriber {
             columns: columns.as_ref().map_or(Columns::All, Columns::named),
             on_max_held,
             cursor,
+            mask,
             ..SubscribeOptions::default()
         };
         // Waits in slices, so that Ctrl-C is answered between two; the connector keeps
@@ -986,7 +988,7 @@ impl PyEpoch {
 
 /// `sluice.subscribe(...)`: the same as `sluice.Subscriber(...)`.
 #[pyfunction]
-#[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None, columns=None, on_max_held="copy", state=None))]
+#[pyo3(signature = (topic, batch_size=None, join="now", timeout=None, on_lag="error", reconnect=None, columns=None, on_max_held="copy", state=None, mask=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn subscribe(
     py: Python<'_>,
@@ -999,6 +1001,7 @@ pub fn subscribe(
     columns: Option<&Bound<'_, PyAny>>,
     on_max_held: &str,
     state: Option<&Bound<'_, PyAny>>,
+    mask: Option<String>,
 ) -> PyResult<PySubscriber> {
     PySubscriber::new(
         py,
@@ -1011,6 +1014,7 @@ pub fn subscribe(
         columns,
         on_max_held,
         state,
+        mask,
     )
 }
 

@@ -283,6 +283,7 @@ class Subscriber(Iterator[Batch]):
         columns: Sequence[str] | None = None,
         on_max_held: OnMaxHeldMode = "copy",
         state: dict[str, Any] | str | None = None,
+        mask: str | None = None,
     ) -> None: ...
     def state_dict(self) -> dict[str, Any]:
         """Where this trainer is: save it with the model, pass it as ``state=`` to resume
@@ -346,6 +347,7 @@ def subscribe(
     columns: Sequence[str] | None = None,
     on_max_held: OnMaxHeldMode = "copy",
     state: dict[str, Any] | str | None = None,
+    mask: str | None = None,
 ) -> Subscriber:
     """Attaches to ``topic``, waiting for its producer (up to ``timeout`` seconds).
 
@@ -371,6 +373,10 @@ def subscribe(
     ``on_max_held``: once this subscriber holds ``sluice.max_held`` producer messages
     (batches it keeps alive, views included), ``"copy"`` (the default) receives the next
     ones as private copies, warning once; ``"error"`` raises :class:`TransportError`.
+    ``mask``: this trainer's own subset of the shared stream, a column the plan computes
+    for it: a boolean (rows where true; the column is dropped) or a weight (rows where
+    above zero; kept for the loss). Only the columns received are filtered; a batch
+    selected whole stays zero-copy. ``state_dict()`` still counts every row.
 
     ``topic`` may also be ``"flight://HOST:PORT/TOPIC"`` (or ``"flight+tls://…"``): a
     topic that ``sluice serve --flight`` serves on another machine, with the same

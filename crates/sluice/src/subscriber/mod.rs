@@ -15,6 +15,7 @@ use crate::gpu::batch::DeviceBatch;
 use crate::status::{Reporter, SubscriberReport, unix_now};
 
 mod catch_up;
+mod mask;
 mod payload;
 mod port;
 
@@ -65,6 +66,12 @@ pub struct SubscribeOptions {
     /// this process until the shared stream is reached. See docs/protocol.md, "Resuming
     /// a trainer".
     pub cursor: Option<Cursor>,
+    /// This trainer's own subset of a shared stream: the rows a column of the plan's
+    /// selects for it (a boolean column where true, then dropped; a numeric weight where
+    /// above zero, kept for the trainer's loss). Positions and cursors still count every
+    /// row of the stream; batches are the selected part of each batch (a batch of which
+    /// nothing is selected is not handed out).
+    pub mask: Option<String>,
 }
 
 /// What a subscriber receives.
@@ -119,6 +126,9 @@ impl Connector {
     /// the name and declares the subscriber's interest. Waiting happens in
     /// [`Connector::attach`].
     pub fn new(topic: &str, mut options: SubscribeOptions) -> Result<Self> {
+        if let Some(name) = &options.mask {
+            mask::check(name, &options.columns)?;
+        }
         let namespace = match options.namespace.clone() {
             Some(ns) => ns,
             None => Namespace::from_env()?,
@@ -196,6 +206,8 @@ pub struct Subscriber {
     /// Whether the stream's first batch was looked at (and checked against the cursor
     /// this subscriber started from).
     identified: bool,
+    /// The column that selects this subscriber's rows (see [`SubscribeOptions::mask`]).
+    mask: Option<String>,
 }
 
 impl Subscriber {
@@ -403,6 +415,7 @@ impl Subscriber {
             columns: options.columns.clone(),
             waiting_since: None,
             stall_noted: false,
+            mask: options.mask.clone(),
         })
     }
 
@@ -474,6 +487,35 @@ impl Subscriber {
     /// The next event, waiting up to `timeout` (`None`: as long as it takes) for each
     /// message. A timeout loses nothing: call again to keep waiting.
     pub fn next_event_within(&mut self, timeout: Option<Duration>) -> Result<Event> {
+        loop {
+            let event = self.next_unmasked_within(timeout)?;
+            let (
+                Some(mask),
+                Event::Batch {
+                    epoch,
+                    index,
+                    batch,
+                    shm_range,
+                },
+            ) = (&self.mask, &event)
+            else {
+                return Ok(event);
+            };
+            let selected = mask::apply(batch, mask)?;
+            if selected.num_rows() == 0 {
+                continue;
+            }
+            let whole = selected.num_rows() == batch.num_rows();
+            return Ok(Event::Batch {
+                epoch: *epoch,
+                index: *index,
+                shm_range: shm_range.clone().filter(|_| whole),
+                batch: selected,
+            });
+        }
+    }
+
+    fn next_unmasked_within(&mut self, timeout: Option<Duration>) -> Result<Event> {
         if self.reporter.as_ref().is_some_and(Reporter::due) {
             self.report();
         }
