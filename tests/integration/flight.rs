@@ -40,7 +40,7 @@ fn serve_with(h: &mut Harness, extra: &[&str]) -> (Proc, String) {
 }
 
 /// The address a starting `sluice serve` prints.
-fn address_of(server: &Proc) -> String {
+pub(crate) fn address_of(server: &Proc) -> String {
     let start = Instant::now();
     loop {
         if let Some(addr) = server

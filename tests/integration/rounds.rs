@@ -395,3 +395,45 @@ fn the_shipped_selection_plans_select_what_they_say() {
     let everyone = mean(&mut labelled(&all).into_iter());
     assert!(drawn > everyone + 0.05, "{drawn} vs {everyone}");
 }
+
+/// A trainer on another machine subscribes over Flight and reports over Flight: the
+/// next round selects by its reports as by a local trainer's.
+#[test]
+fn a_remote_trainer_s_reports_reach_the_next_round_over_flight() {
+    let mut h = Harness::new();
+    std::fs::create_dir(h.path("data")).unwrap();
+    write_ids(h.dir.path(), "a.parquet", 0..100);
+    h.plan("p.sql", &plan("remote", 2, 60));
+    let producer = h.spawn(&["run", "p.sql", "--quiet", "--min-subscribers", "1"]);
+    // A loopback server without a token: this user's clients find the one it made.
+    let server = h.spawn(&["serve", "--flight", "127.0.0.1:0"]);
+    let url = format!("flight://{}/remote", crate::flight::address_of(&server));
+    let mut sub = Subscriber::connect(
+        &url,
+        SubscribeOptions {
+            timeout: Some(Duration::from_secs(60)),
+            namespace: Some(h.ns.clone()),
+            ..SubscribeOptions::default()
+        },
+    )
+    .unwrap();
+    let (round0, _) = read_round(&mut sub);
+    let mut w = FeedbackWriter::open(&h.ns, &url, "far").unwrap();
+    let losses = round0.iter().map(|&i| Some(loss(i))).collect();
+    w.report(round0.clone(), (0, 0), vec![("loss".into(), losses)])
+        .unwrap();
+    w.flush().unwrap();
+    write_ids(h.dir.path(), "b.parquet", 100..150);
+    let (round1, meta) = read_round(&mut sub);
+    assert_eq!(meta[0], "1");
+    let reported: BTreeSet<i64> = round0.iter().copied().collect();
+    assert_eq!(
+        round1.iter().copied().collect::<BTreeSet<_>>(),
+        expected(0..150, &reported, 60)
+    );
+    assert!(matches!(sub.next_event().unwrap(), Event::End));
+    let out = producer.wait(Duration::from_secs(60));
+    assert!(out.status.success(), "{}", out.stderr);
+    server.signal(libc::SIGINT);
+    let _ = server.wait(Duration::from_secs(30));
+}

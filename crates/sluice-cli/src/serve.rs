@@ -74,10 +74,12 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         "flight"
     };
+    let namespace = Namespace::from_env()?;
     let server = FlightServer::start(
         addr,
         ServeOptions {
-            namespace: Namespace::from_env()?,
+            feedback: Some(feedback_sink(namespace.clone())),
+            namespace,
             token,
             tls,
             threads: args.threads,
@@ -102,4 +104,15 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
     server.run_until(crate::stop_signal())?;
     Ok(())
+}
+
+/// Writes remote trainers' reports where the topic's local trainers write theirs.
+fn feedback_sink(namespace: Namespace) -> sluice::flight::FeedbackSink {
+    std::sync::Arc::new(move |topic, trainer, batches| {
+        let mut writer = sluice::FeedbackWriter::open(&namespace, topic, trainer)?;
+        for batch in batches {
+            writer.append(batch)?;
+        }
+        writer.flush()
+    })
 }

@@ -213,6 +213,39 @@ async fn open(target: &FlightTarget, options: &ClientOptions) -> Result<FlightDa
         client_validates: true,
     })
     .map_err(|e| SluiceError::Internal(format!("cannot encode a ticket: {e}")))?;
+    let (channel, authorization) = connect(target, options).await?;
+    let mut request = tonic::Request::new(Ticket::new(ticket));
+    if let Some(value) = authorization {
+        request.metadata_mut().insert("authorization", value);
+    }
+    // A message carries as many bytes as the producer's (a batch, or several batches):
+    // tonic's default limit of 4 MiB would refuse larger ones that local subscribers
+    // take. Not unbounded: a server must not make a subscriber buffer what it likes.
+    let response = FlightServiceClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .do_get(request)
+        .await
+        .map_err(|status| from_status(&status, target))?;
+    let messages = response.into_inner().map(|message| {
+        let mut data = message.map_err(FlightError::from)?;
+        if data.data_header.is_empty() {
+            data.data_header = metadata_only();
+        }
+        Ok::<FlightData, FlightError>(data)
+    });
+    Ok(FlightDataDecoder::new(messages))
+}
+
+/// A channel to `target`'s server (TLS where it speaks it), and the `authorization`
+/// header its requests carry (the token given, else one this user's loopback server
+/// left).
+pub(crate) async fn connect(
+    target: &FlightTarget,
+    options: &ClientOptions,
+) -> Result<(
+    tonic::transport::Channel,
+    Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+)> {
     let scheme = if target.tls { "https" } else { "http" };
     let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", target.server))
         .map_err(|e| SluiceError::Config(format!("{target}: {e}")))?
@@ -246,35 +279,21 @@ async fn open(target: &FlightTarget, options: &ClientOptions) -> Result<FlightDa
             error_chain(&e)
         ))
     })?;
-    let mut request = tonic::Request::new(Ticket::new(ticket));
     let found = || crate::token::find(&target.server);
-    if let Some(token) = options
+    let authorization = match options
         .token
         .clone()
         .filter(|t| !t.is_empty())
         .or_else(found)
     {
-        let value = format!("Bearer {token}")
-            .parse()
-            .map_err(|e| SluiceError::Config(format!("unusable token: {e}")))?;
-        request.metadata_mut().insert("authorization", value);
-    }
-    // A message carries as many bytes as the producer's (a batch, or several batches):
-    // tonic's default limit of 4 MiB would refuse larger ones that local subscribers
-    // take. Not unbounded: a server must not make a subscriber buffer what it likes.
-    let response = FlightServiceClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .do_get(request)
-        .await
-        .map_err(|status| from_status(&status, target))?;
-    let messages = response.into_inner().map(|message| {
-        let mut data = message.map_err(FlightError::from)?;
-        if data.data_header.is_empty() {
-            data.data_header = metadata_only();
-        }
-        Ok::<FlightData, FlightError>(data)
-    });
-    Ok(FlightDataDecoder::new(messages))
+        Some(token) => Some(
+            format!("Bearer {token}")
+                .parse()
+                .map_err(|e| SluiceError::Config(format!("unusable token: {e}")))?,
+        ),
+        None => None,
+    };
+    Ok((channel, authorization))
 }
 
 /// The `data_header` that arrow-rs's decoder takes for a message of metadata alone: an
@@ -319,7 +338,7 @@ fn stalled(status: &Status) -> Option<f64> {
 }
 
 /// A gRPC status from the server as the error a local subscriber would see.
-fn from_status(status: &Status, target: &FlightTarget) -> SluiceError {
+pub(crate) fn from_status(status: &Status, target: &FlightTarget) -> SluiceError {
     let topic = &target.topic;
     if let Some(seconds) = stalled(status) {
         return SluiceError::Stalled {

@@ -36,11 +36,13 @@
 #![warn(missing_docs)]
 
 mod client;
+mod feedback;
 pub mod meta;
 mod server;
 mod token;
 
 pub use client::{ClientOptions, FlightInlet, FlightTarget};
+pub use feedback::{FeedbackSink, MAX_FEEDBACK_BYTES, MAX_FEEDBACK_ROWS, put_feedback};
 pub use server::{
     DEFAULT_MAX_STALL, DEFAULT_MAX_STREAMS, FlightServer, MAX_TICKET_COLUMNS, ServeOptions,
     TlsIdentity, parse_ticket,

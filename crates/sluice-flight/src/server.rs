@@ -69,6 +69,9 @@ pub struct ServeOptions {
     /// [`SluiceError::Stalled`]), so that a client that stopped reading does not hold the
     /// producer back for every trainer; `None`: never.
     pub max_stall: Option<Duration>,
+    /// Where trainers' reports sent with `do_put` go (see [`crate::put_feedback`]);
+    /// `None`: refused.
+    pub feedback: Option<crate::FeedbackSink>,
 }
 
 impl ServeOptions {
@@ -82,6 +85,7 @@ impl ServeOptions {
             threads: None,
             max_streams: DEFAULT_MAX_STREAMS,
             max_stall: Some(DEFAULT_MAX_STALL),
+            feedback: None,
         }
     }
 }
@@ -203,6 +207,7 @@ impl FlightServer {
             token: token.map(Arc::new),
             streams: Arc::new(Semaphore::new(options.max_streams.get())),
             max_stall: options.max_stall,
+            feedback: options.feedback.clone(),
         });
         let mut builder = Server::builder();
         if let Some(tls) = &options.tls {
@@ -296,6 +301,7 @@ struct TopicService {
     /// A permit per stream served.
     streams: Arc<Semaphore>,
     max_stall: Option<Duration>,
+    feedback: Option<crate::FeedbackSink>,
 }
 
 type Resp<T> = BoxStream<'static, std::result::Result<T, Status>>;
@@ -1022,13 +1028,24 @@ impl FlightService for TopicService {
         Err(Status::unimplemented("get_schema"))
     }
 
+    /// Trainers' reports (see [`crate::put_feedback`]); topics themselves are published
+    /// by `sluice run`.
     async fn do_put(
         &self,
-        _request: Request<Streaming<FlightData>>,
+        request: Request<Streaming<FlightData>>,
     ) -> std::result::Result<Response<Self::DoPutStream>, Status> {
-        Err(Status::unimplemented(
-            "do_put: topics are published by `sluice run`",
-        ))
+        self.authorize(&request)?;
+        let Some(sink) = self.feedback.clone() else {
+            return Err(Status::unimplemented(
+                "do_put: this server takes no reports; topics are published by `sluice run`",
+            ));
+        };
+        let (topic, trainer, batches) = crate::feedback::receive(request.into_inner()).await?;
+        tokio::task::spawn_blocking(move || sink(&topic, &trainer, batches))
+            .await
+            .map_err(|e| Status::internal(format!("writing reports: {e}")))?
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        Ok(Response::new(futures::stream::empty().boxed()))
     }
 
     async fn do_action(

@@ -60,14 +60,9 @@ pub fn values(
     Ok(out)
 }
 
-/// A writer of this process's reports on `topic`, as `trainer` (default `pid<PID>`).
+/// A writer of this process's reports on `topic` (local, or `flight://…`: sent to its
+/// server), as `trainer` (default `pid<PID>`).
 pub fn writer(topic: &str, trainer: Option<&str>) -> PyResult<FeedbackWriter> {
-    if topic.contains("://") {
-        return Err(PyValueError::new_err(format!(
-            "reports go to a local producer's topic; '{topic}' is remote (report to the \
-             machine that runs the producer)"
-        )));
-    }
     let namespace = Namespace::from_env().map_err(|e| to_py(&e))?;
     let name = trainer.map_or_else(|| format!("pid{}", std::process::id()), str::to_string);
     FeedbackWriter::open(&namespace, topic, &name).map_err(|e| to_py(&e))

@@ -19,6 +19,7 @@ use arrow::compute::cast;
 use arrow::datatypes::{DataType, Int64Type};
 use arrow::record_batch::RecordBatch;
 use sluice_core::{Result, SluiceError, TopicName};
+use sluice_flight::{ClientOptions, FlightTarget};
 use sluice_plan::rounds::{feedback_batch, feedback_schema};
 use sluice_shm::Namespace;
 
@@ -32,10 +33,21 @@ pub fn feedback_dir(namespace: &Namespace, topic: &TopicName) -> PathBuf {
     namespace.state_dir().join(format!("{topic}.feedback"))
 }
 
-/// A trainer's reports, written to the topic's feedback directory.
+/// Where a trainer's reports go.
+#[derive(Debug)]
+enum Destination {
+    /// A local topic's feedback directory.
+    Dir(PathBuf),
+    /// The Flight server of a remote topic (`flight://HOST:PORT/TOPIC`), which writes
+    /// them into its topic's directory.
+    Remote(FlightTarget, Box<ClientOptions>),
+}
+
+/// A trainer's reports, written to the topic's feedback directory (or sent to the
+/// server of a remote topic).
 #[derive(Debug)]
 pub struct FeedbackWriter {
-    dir: PathBuf,
+    to: Destination,
     trainer: String,
     pending: Vec<RecordBatch>,
     rows: usize,
@@ -46,15 +58,22 @@ pub struct FeedbackWriter {
 static WRITERS: AtomicU64 = AtomicU64::new(0);
 
 impl FeedbackWriter {
-    /// A writer of `trainer`'s reports on `topic` (letters, digits, `_`, `-` and `.` of
-    /// the name are kept; it names the rows in `sluice_feedback.trainer`).
+    /// A writer of `trainer`'s reports on `topic`, a local topic of `namespace` or
+    /// `flight://HOST:PORT/TOPIC` (letters, digits, `_`, `-` and `.` of the trainer's
+    /// name are kept; it names the rows in `sluice_feedback.trainer`).
     pub fn open(namespace: &Namespace, topic: &str, trainer: &str) -> Result<Self> {
-        namespace.prepare_state_dir()?;
-        let dir = feedback_dir(namespace, &TopicName::new(topic)?);
-        sluice_shm::private_dir(
-            &dir,
-            "set TMPDIR or XDG_RUNTIME_DIR to a directory of your own",
-        )?;
+        let to = match FlightTarget::parse(topic) {
+            Some(target) => Destination::Remote(target?, Box::new(ClientOptions::from_env()?)),
+            None => {
+                namespace.prepare_state_dir()?;
+                let dir = feedback_dir(namespace, &TopicName::new(topic)?);
+                sluice_shm::private_dir(
+                    &dir,
+                    "set TMPDIR or XDG_RUNTIME_DIR to a directory of your own",
+                )?;
+                Destination::Dir(dir)
+            }
+        };
         let trainer: String = trainer
             .chars()
             .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
@@ -66,7 +85,7 @@ impl FeedbackWriter {
             ));
         }
         Ok(Self {
-            dir,
+            to,
             trainer,
             pending: Vec::new(),
             rows: 0,
@@ -101,6 +120,55 @@ impl FeedbackWriter {
             columns,
             now_us(),
         )?;
+        self.push(batch)
+    }
+
+    /// Appends reports already in `sluice_feedback`'s columns (what a remote trainer
+    /// sends `sluice serve`), refused unless they have exactly its fixed columns and
+    /// `Float64` values; their trainer is this writer's.
+    pub fn append(&mut self, batch: RecordBatch) -> Result<()> {
+        const FIXED: [&str; 5] = ["key", "trainer", "round", "epoch", "time"];
+        let schema = batch.schema();
+        let names: Vec<String> = schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .filter(|n| !FIXED.contains(&n.as_str()))
+            .collect();
+        let expected = feedback_schema(&names);
+        let same = expected.fields().len() == schema.fields().len()
+            && expected.fields().iter().all(|f| {
+                schema
+                    .field_with_name(f.name())
+                    .is_ok_and(|g| g.data_type() == f.data_type())
+            });
+        if !same
+            || batch
+                .column_by_name("key")
+                .is_some_and(|k| k.null_count() > 0)
+        {
+            return Err(SluiceError::Config(format!(
+                "reports must have the columns {expected} (one Float64 per reported value),                  not {schema}"
+            )));
+        }
+        sluice_plan::rounds::feedback_columns(&names.join(","))?;
+        let columns = expected
+            .fields()
+            .iter()
+            .map(|f| match f.name().as_str() {
+                "trainer" => Arc::new(arrow::array::StringArray::from_iter_values(
+                    std::iter::repeat_n(self.trainer.as_str(), batch.num_rows()),
+                )) as ArrayRef,
+                name => batch
+                    .column_by_name(name)
+                    .cloned()
+                    .unwrap_or_else(|| new_null_array(f.data_type(), batch.num_rows())),
+            })
+            .collect();
+        self.push(RecordBatch::try_new(expected, columns)?)
+    }
+
+    fn push(&mut self, batch: RecordBatch) -> Result<()> {
         self.rows += batch.num_rows();
         self.pending.push(batch);
         let since = *self.since.get_or_insert_with(Instant::now);
@@ -123,12 +191,17 @@ impl FeedbackWriter {
             }
         }
         for group in groups {
-            self.write(&group)?;
+            match &self.to {
+                Destination::Dir(dir) => self.write(&dir.clone(), &group)?,
+                Destination::Remote(target, options) => {
+                    sluice_flight::put_feedback(target, options, &self.trainer, group)?
+                }
+            }
         }
         Ok(())
     }
 
-    fn write(&mut self, batches: &[RecordBatch]) -> Result<()> {
+    fn write(&mut self, dir: &Path, batches: &[RecordBatch]) -> Result<()> {
         let n = WRITERS.fetch_add(1, Ordering::Relaxed);
         self.files += 1;
         let name = format!(
@@ -146,8 +219,8 @@ impl FeedbackWriter {
             }
             writer.finish()?;
         }
-        let to = self.dir.join(&name);
-        let tmp = self.dir.join(format!(".{name}.tmp"));
+        let to = dir.join(&name);
+        let tmp = dir.join(format!(".{name}.tmp"));
         sluice_shm::write_private(&tmp, &to, &bytes)
             .map_err(|e| SluiceError::io(format!("cannot write feedback {}", to.display()), e))
     }
@@ -299,6 +372,35 @@ mod tests {
         assert_eq!(rows, 4);
         assert!(batches.iter().all(|b| b.schema() == feedback_schema(&cols)));
         assert!(FeedbackWriter::open(&ns, "t", "//").is_err());
+        // What a remote trainer sends: its columns checked, its trainer the writer's.
+        let mut w = FeedbackWriter::open(&ns, "t", "remote").unwrap();
+        let cols = vec!["loss".to_string()];
+        let good =
+            feedback_batch(&cols, vec![9], "forged", (1, 2), vec![vec![Some(1.0)]], 5).unwrap();
+        w.append(good.clone()).unwrap();
+        let mut fields: Vec<arrow::datatypes::Field> = good
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields[4] = arrow::datatypes::Field::new("loss", DataType::Int64, true);
+        let mut columns = good.columns().to_vec();
+        columns[4] = Arc::new(arrow::array::Int64Array::from(vec![1]));
+        let int_loss =
+            RecordBatch::try_new(Arc::new(arrow::datatypes::Schema::new(fields)), columns).unwrap();
+        assert!(w.append(int_loss).is_err(), "values are Float64");
+        let no_time = good.project(&[0, 1, 2, 3, 4]).unwrap();
+        assert!(w.append(no_time).is_err(), "the time column is required");
+        w.flush().unwrap();
+        let (batches, _) = read_feedback(&dir, &feedback_files(&dir), &cols);
+        assert!(batches.iter().any(|b| {
+            b.column_by_name("trainer")
+                .unwrap()
+                .as_string::<i32>()
+                .value(0)
+                == "remote"
+        }));
         let _ = std::fs::remove_dir_all(ns.state_dir());
     }
 }

@@ -1,0 +1,109 @@
+//! Trainers' reports from other machines: a Flight `do_put` to `sluice serve`, whose
+//! descriptor is the path `["feedback", TOPIC, TRAINER]` and whose batches are the
+//! reports in `sluice_feedback`'s columns. The server hands them to its
+//! [`FeedbackSink`] (`sluice serve` writes them where local trainers' reports go), so a
+//! round's plan reads local and remote reports as one table.
+
+use std::sync::Arc;
+
+use arrow::record_batch::RecordBatch;
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{FlightData, FlightDescriptor};
+use futures::{StreamExt, TryStreamExt};
+use sluice_core::{Result, SluiceError};
+use tonic::Status;
+
+use crate::client::{ClientOptions, FlightTarget, connect, from_status};
+
+/// Where a server's received reports go: `(topic, trainer, batches)`.
+pub type FeedbackSink = Arc<dyn Fn(&str, &str, Vec<RecordBatch>) -> Result<()> + Send + Sync>;
+
+/// Rows one `do_put` of reports may carry.
+pub const MAX_FEEDBACK_ROWS: usize = 1 << 22;
+/// Bytes one `do_put` of reports may carry.
+pub const MAX_FEEDBACK_BYTES: usize = 256 << 20;
+
+/// Sends `batches` of `trainer`'s reports on the topic `target` names to its server.
+pub fn put_feedback(
+    target: &FlightTarget,
+    options: &ClientOptions,
+    trainer: &str,
+    batches: Vec<RecordBatch>,
+) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| SluiceError::io("cannot start a runtime for a Flight request", e))?;
+    rt.block_on(async {
+        let (channel, authorization) = connect(target, options).await?;
+        let descriptor = FlightDescriptor::new_path(vec![
+            "feedback".into(),
+            target.topic.clone(),
+            trainer.into(),
+        ]);
+        let data = FlightDataEncoderBuilder::new()
+            .with_flight_descriptor(Some(descriptor))
+            .build(futures::stream::iter(batches.into_iter().map(Ok)))
+            .map(|d| d.expect("record batches encode"));
+        let mut request = tonic::Request::new(data);
+        if let Some(value) = authorization {
+            request.metadata_mut().insert("authorization", value);
+        }
+        let response = FlightServiceClient::new(channel)
+            .do_put(request)
+            .await
+            .map_err(|status| from_status(&status, target))?;
+        let mut results = response.into_inner();
+        while let Some(result) = results.next().await {
+            result.map_err(|status| from_status(&status, target))?;
+        }
+        Ok(())
+    })
+}
+
+/// The topic and trainer of a `do_put` of reports, and its batches, bounded by
+/// [`MAX_FEEDBACK_ROWS`] and [`MAX_FEEDBACK_BYTES`].
+pub(crate) async fn receive(
+    stream: impl futures::Stream<Item = std::result::Result<FlightData, Status>>
+    + Send
+    + Unpin
+    + 'static,
+) -> std::result::Result<(String, String, Vec<RecordBatch>), Status> {
+    let mut stream = stream.peekable();
+    let first = std::pin::Pin::new(&mut stream)
+        .peek()
+        .await
+        .and_then(|d| d.as_ref().ok())
+        .and_then(|d| d.flight_descriptor.clone());
+    let path = first.map(|d| d.path).unwrap_or_default();
+    let [kind, topic, trainer] = <[String; 3]>::try_from(path).map_err(|_| {
+        Status::invalid_argument(
+            "do_put takes reports only: a descriptor path [\"feedback\", TOPIC, TRAINER]",
+        )
+    })?;
+    if kind != "feedback" || sluice_core::TopicName::new(&topic).is_err() {
+        return Err(Status::invalid_argument(
+            "do_put takes reports only: a descriptor path [\"feedback\", TOPIC, TRAINER]",
+        ));
+    }
+    let mut decoder = FlightDataDecoder::new(stream.map_err(FlightError::from));
+    let (mut rows, mut bytes, mut batches) = (0usize, 0usize, Vec::new());
+    while let Some(data) = decoder.next().await {
+        let data = data.map_err(|e| Status::invalid_argument(format!("reports: {e}")))?;
+        if let DecodedPayload::RecordBatch(batch) = data.payload {
+            rows = rows.saturating_add(batch.num_rows());
+            bytes = bytes.saturating_add(batch.get_array_memory_size());
+            if rows > MAX_FEEDBACK_ROWS || bytes > MAX_FEEDBACK_BYTES {
+                return Err(Status::resource_exhausted(format!(
+                    "one do_put carries at most {MAX_FEEDBACK_ROWS} rows and \
+                     {MAX_FEEDBACK_BYTES} bytes of reports: send them in several"
+                )));
+            }
+            batches.push(batch);
+        }
+    }
+    Ok((topic, trainer, batches))
+}
