@@ -437,3 +437,22 @@ fn a_remote_trainer_s_reports_reach_the_next_round_over_flight() {
     server.signal(libc::SIGINT);
     let _ = server.wait(Duration::from_secs(30));
 }
+
+/// `sluice round TOPIC` starts the next round of a plan whose trigger is `manual`.
+#[test]
+fn sluice_round_starts_a_manual_round() {
+    let mut h = Harness::new();
+    std::fs::create_dir(h.path("data")).unwrap();
+    write_ids(h.dir.path(), "a.parquet", 0..100);
+    h.plan("p.sql", &plan("man", 2, 60).replace("rows:50", "manual"));
+    let producer = h.spawn(&["run", "p.sql", "--quiet", "--min-subscribers", "1"]);
+    let mut sub = subscribe(&h.ns, "man");
+    let (round0, _) = read_round(&mut sub);
+    assert_eq!(round0.len(), 60);
+    let asked = h.run(&["round", "man"]);
+    assert!(asked.status.success(), "{}", asked.stderr);
+    let (_, meta) = read_round(&mut sub);
+    assert_eq!(meta[..2], ["1".to_string(), "manual".into()]);
+    assert!(matches!(sub.next_event().unwrap(), Event::End));
+    assert!(producer.wait(Duration::from_secs(60)).status.success());
+}

@@ -23,6 +23,7 @@ mod plot;
 mod python;
 mod report;
 mod resume;
+mod rounds;
 mod s3;
 mod stats;
 mod transport;
@@ -116,6 +117,8 @@ enum Part {
     Python,
     /// 9: a trainer restarting from its cursor.
     Resume,
+    /// 10: rounds, selection over data and feedback.
+    Rounds,
 }
 
 impl Part {
@@ -129,6 +132,7 @@ impl Part {
             Part::Gpu => "7. GPU",
             Part::Python => "8. Python trainers against Python loaders",
             Part::Resume => "9. A trainer restarting from its cursor",
+            Part::Rounds => "10. Rounds: a selection over the data and the trainers' feedback",
         }
     }
 }
@@ -359,6 +363,11 @@ fn comparisons(args: &Args, bench: &Bench<'_>, report: &mut Report) -> Result<()
         resume::compare(bench, report)?;
     } else {
         skip(report, Part::Resume);
+    }
+    if runs(Part::Rounds) {
+        rounds::compare(bench, report)?;
+    } else {
+        skip(report, Part::Rounds);
     }
     Ok(())
 }

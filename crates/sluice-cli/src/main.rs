@@ -94,6 +94,11 @@ enum Command {
     Status(status::StatusArgs),
     /// Run the demo: a local dataset, pipelines/demo.sql, one producer and several subscribers.
     Demo(demo::DemoArgs),
+    /// Ask a local topic's producer (`sluice.trigger = 'manual'`) to start its next round.
+    Round {
+        /// The topic.
+        topic: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -254,6 +259,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Status(args) => status::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Round { topic } => {
+            sluice::request_round(&Namespace::from_env()?, &topic)?;
+            Ok(())
+        }
     }
 }
 

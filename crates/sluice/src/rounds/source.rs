@@ -25,8 +25,11 @@ pub const TRIGGER_KEY: &str = "sluice.round_trigger";
 /// See [`ROUND_KEY`].
 pub const NEW_ROWS_KEY: &str = "sluice.round_new_rows";
 
-/// How often a trigger is looked at while a producer waits for it.
-const TRIGGER_POLL: Duration = Duration::from_millis(250);
+/// How often a trigger is looked at while a producer waits for it: a request or a clock
+/// often (a file's presence, the time), the data and a query less often (each look
+/// plans the tables again: a listing, a LIST request per table on object storage).
+const CHEAP_POLL: Duration = Duration::from_millis(20);
+const PLANNED_POLL: Duration = Duration::from_millis(500);
 
 /// Asks the producer of `topic` to start its next round (`sluice.trigger = 'manual'`).
 pub fn request_round(namespace: &Namespace, topic: &str) -> Result<()> {
@@ -221,7 +224,10 @@ impl<'a> RoundSource<'a> {
                     }
                 }
             }
-            std::thread::sleep(TRIGGER_POLL);
+            std::thread::sleep(match self.trigger {
+                Trigger::Rows(_) | Trigger::Sql(_) => PLANNED_POLL,
+                _ => CHEAP_POLL,
+            });
         }
     }
 

@@ -1,0 +1,239 @@
+//! Comparison 10: rounds. A round whose plan selects from the data joined with the
+//! trainers' feedback (top half by reported loss, unreported first; label-balanced),
+//! against the same round without a selection: rows/s from the round's trigger to its
+//! last batch at a trainer. And the time from a trigger (`sluice.request_round`) to the
+//! round's first batch, against a new producer's time to its first batch over the same
+//! data (what restarting the pipeline for a new round costs).
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use sluice::prelude::*;
+use sluice::{FeedbackWriter, RunOptions};
+
+use crate::Bench;
+use crate::report::{Report, ratio_summary, verdict};
+
+const BATCH_ROWS: usize = 1024;
+/// The selection's goal against the round without one (Modyn reports 0.8–1.0).
+const GOAL: f64 = 0.9;
+
+/// The selections measured: a name and the query after the table. Each chooses its ids
+/// from the narrow columns, then takes their rows (`id IN (…)`): sorting whole rows
+/// instead measured 0.53 and 0.31 of the rows/s without a selection at a 2 ms step,
+/// against 0.62 and 0.27 (docs/benchmarks.md, comparison 10).
+const SELECTIONS: [(&str, &str); 3] = [
+    ("none", "SELECT id, label, text, features FROM train"),
+    (
+        "top half by loss",
+        "SELECT t.id, t.label, t.text, t.features FROM train t WHERE t.id IN (\
+         SELECT t.id FROM train t \
+         LEFT JOIN (SELECT key, max(loss) AS loss FROM sluice_feedback GROUP BY key) f \
+         ON t.id = f.key ORDER BY f.loss DESC NULLS FIRST LIMIT {half})",
+    ),
+    (
+        "label-balanced, a tenth",
+        "SELECT id, label, text, features FROM train WHERE id IN (\
+         SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY label ORDER BY \
+         sample_hash(id)) AS drawn FROM train) WHERE drawn <= {tenth})",
+    ),
+];
+
+/// The trainer's step per batch: none (the pipeline paces it), or a fixed training step
+/// (the trainer paces the stream, as a GPU-bound one does).
+const STEPS: [(&str, Duration); 2] = [
+    ("as fast as the pipeline", Duration::ZERO),
+    ("at a 2 ms step", Duration::from_millis(2)),
+];
+
+/// One round measured: rows, seconds from the trigger to the last batch, and to the first.
+struct Round {
+    rows: u64,
+    seconds: f64,
+    first: f64,
+}
+
+pub(crate) fn compare(bench: &Bench<'_>, report: &mut Report) -> Result<()> {
+    bench.step("10. rounds: selection over data and feedback");
+    writeln!(
+        report.body,
+        "\n## 10. Rounds: a selection over the data and the trainers' feedback\n\n\
+         Round 1 of a producer of {} rows ({BATCH_ROWS}-row batches), started by \
+         `sluice.request_round`, after a trainer reported a loss for every row of round \
+         0. Rows/s from the request to the round's last batch at the trainer, against the \
+         round without a selection in the same run (goal ≥ {GOAL}); time from the request \
+         to the round's first batch, against a new producer's time to its first batch \
+         (a round without a selection: last column).\n\n\
+         | trainer | selection | rows | rows/s / without a selection | trigger to first \
+         batch / a new producer's first batch | the same without a selection |\n\
+         |---|---|---|---|---|---|",
+        bench.data.rows
+    )?;
+    let mut fresh = Vec::new();
+    for rep in 0..bench.scale.reps {
+        fresh.push(new_producer_first_batch(bench, &format!("roundsnew{rep}"))?);
+    }
+    for (s, (pace, step)) in STEPS.iter().enumerate() {
+        let reps: Vec<Vec<Round>> = (0..bench.scale.reps)
+            .map(|rep| {
+                (0..SELECTIONS.len())
+                    .map(|i| measure(bench, &format!("rounds{s}{i}r{rep}"), i, *step))
+                    .collect::<Result<_>>()
+            })
+            .collect::<Result<_>>()?;
+        for (i, (name, _)) in SELECTIONS.iter().enumerate().skip(1) {
+            let rate = |r: &[Round], j: usize| r[j].rows as f64 / r[j].seconds;
+            let ratio = ratio_summary(reps.iter().map(|r| (rate(r, i), rate(r, 0))));
+            let first = ratio_summary(reps.iter().zip(&fresh).map(|(r, f)| (r[i].first, *f)));
+            let plain = ratio_summary(reps.iter().zip(&fresh).map(|(r, f)| (r[0].first, *f)));
+            writeln!(
+                report.body,
+                "| {pace} | {name} | {} of {} | {} | {} | {} |",
+                reps[0][i].rows,
+                bench.data.rows,
+                ratio.show_against(GOAL, 2),
+                first.show(2),
+                plain.show(2),
+            )?;
+            let what = format!("10. a round selecting {name}, trainer {pace}");
+            report.goal(
+                format!("{what}: rows/s / without a selection"),
+                ratio.show_against(GOAL, 2),
+                "≥ 0.9",
+                Some(ratio.median >= GOAL),
+            );
+            report.summary.push(format!(
+                "{what}: {} of the rows/s without ({}); trigger to first batch {} of a new \
+                 producer's",
+                ratio.show(2),
+                verdict(ratio.median >= GOAL),
+                first.show(2)
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn sql(bench: &Bench<'_>, topic: &str, query: &str, rounds: u64) -> String {
+    let rows = bench.data.rows;
+    format!(
+        "SET sluice.topic = '{topic}'; SET sluice.batch_rows = {BATCH_ROWS};\n\
+         SET sluice.rounds = {rounds}; SET sluice.trigger = 'manual'; SET sluice.settle_s = 0;\n\
+         SET sluice.window = 8; SET sluice.message_batches = 1; SET sluice.shuffle_seed = 3;\n\
+         CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION '{}/';\n{};",
+        bench.data.dir.display(),
+        query
+            .replace("{half}", &(rows / 2).to_string())
+            .replace("{tenth}", &(rows / 10 / 10).to_string())
+    )
+}
+
+fn subscribe(ns: &Namespace, topic: &str) -> Result<Subscriber> {
+    Ok(Subscriber::connect(
+        topic,
+        SubscribeOptions {
+            timeout: Some(Duration::from_secs(120)),
+            namespace: Some(ns.clone()),
+            ..SubscribeOptions::default()
+        },
+    )?)
+}
+
+fn spawn(
+    bench: &Bench<'_>,
+    sql: String,
+) -> std::thread::JoinHandle<sluice::Result<sluice::RunStats>> {
+    let ns = bench.ns.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().map_err(|e| SluiceError::io("runtime", e))?;
+        let plan = rt.block_on(Plan::from_sql("rounds.sql", &sql))?;
+        let options = RunOptions {
+            min_subscribers: Some(1),
+            subscriber_timeout: Some(Duration::from_secs(60)),
+            ..RunOptions::default()
+        };
+        Producer::new(plan, ns).run(rt.handle(), &options, |_| {})
+    })
+}
+
+/// Round 1 of selection `i`, after a loss was reported for every row of round 0, read
+/// with a training step of `step` per batch.
+fn measure(bench: &Bench<'_>, topic: &str, i: usize, step: Duration) -> Result<Round> {
+    let producer = spawn(bench, sql(bench, topic, SELECTIONS[i].1, 2));
+    let mut sub = subscribe(bench.ns, topic)?;
+    let mut feedback = FeedbackWriter::open(bench.ns, topic, "bench")?;
+    let mut first = None;
+    let mut rows = 0;
+    let mut start = Instant::now();
+    loop {
+        match sub.next_event()? {
+            Event::Batch {
+                epoch: 0, batch, ..
+            } => {
+                let ids = batch
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<arrow::array::Int64Array>();
+                let Some(ids) = ids else {
+                    bail!("the id column is not int64")
+                };
+                let keys: Vec<i64> = ids.values().to_vec();
+                let losses = keys.iter().map(|k| Some((k % 97) as f64)).collect();
+                feedback.report(keys, (0, 0), vec![("loss".into(), losses)])?;
+            }
+            Event::Batch { batch, .. } => {
+                first.get_or_insert_with(|| start.elapsed());
+                rows += batch.num_rows() as u64;
+                std::thread::sleep(step);
+            }
+            Event::EpochEnd(s) if s.epoch == 0 => {
+                feedback.flush()?;
+                start = Instant::now();
+                sluice::request_round(bench.ns, topic)?;
+            }
+            Event::EpochEnd(_) => break,
+            Event::End | Event::DeviceBatch { .. } => bail!("round 1 did not come"),
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    drop(sub);
+    producer
+        .join()
+        .map_err(|_| anyhow::anyhow!("the producer panicked"))??;
+    let Some(first) = first else {
+        bail!("round 1 had no batch")
+    };
+    Ok(Round {
+        rows,
+        seconds,
+        first: first.as_secs_f64(),
+    })
+}
+
+/// Seconds from a new producer's start (its plan loaded, as `sluice run` does) to the
+/// first batch at a trainer waiting for it.
+fn new_producer_first_batch(bench: &Bench<'_>, topic: &str) -> Result<f64> {
+    let sql = sql(bench, topic, SELECTIONS[0].1, 1);
+    let waiting = {
+        let (ns, topic) = (bench.ns.clone(), topic.to_string());
+        std::thread::spawn(move || -> Result<(Subscriber, Instant)> {
+            let mut sub = subscribe(&ns, &topic)?;
+            loop {
+                if let Event::Batch { .. } = sub.next_event()? {
+                    return Ok((sub, Instant::now()));
+                }
+            }
+        })
+    };
+    // The waiting trainer declares its interest before the producer starts.
+    std::thread::sleep(Duration::from_millis(200));
+    let start = Instant::now();
+    let producer = spawn(bench, sql);
+    let (sub, first) = waiting
+        .join()
+        .map_err(|_| anyhow::anyhow!("the trainer panicked"))??;
+    drop(sub);
+    let _ = producer.join();
+    Ok((first - start).as_secs_f64())
+}
