@@ -456,3 +456,32 @@ fn sluice_round_starts_a_manual_round() {
     assert!(matches!(sub.next_event().unwrap(), Event::End));
     assert!(producer.wait(Duration::from_secs(60)).status.success());
 }
+
+/// `every:D` starts each round D after the last one started, over the files then (a
+/// file written just after round 0 is in round 2, which starts 2 s after round 0).
+#[test]
+fn an_interval_trigger_starts_rounds_over_the_files_of_their_time() {
+    let mut h = Harness::new();
+    std::fs::create_dir(h.path("data")).unwrap();
+    write_ids(h.dir.path(), "a.parquet", 0..100);
+    h.plan(
+        "p.sql",
+        &plan("every", 3, 1000).replace("rows:50", "every:1s"),
+    );
+    let producer = h.spawn(&["run", "p.sql", "--quiet", "--min-subscribers", "1"]);
+    let mut sub = subscribe(&h.ns, "every");
+    let (round0, meta) = read_round(&mut sub);
+    assert_eq!((round0.len(), meta[0].as_str()), (100, "0"));
+    write_ids(h.dir.path(), "b.parquet", 100..120);
+    for r in 1..3 {
+        let (ids, meta) = read_round(&mut sub);
+        assert_eq!(meta[..2], [r.to_string(), "every:1000ms".into()]);
+        // b.parquet may land before or after round 1 starts; round 2 has it.
+        assert!(ids.len() == 100 || ids.len() == 120, "{}", ids.len());
+        if r == 2 {
+            assert_eq!(ids.len(), 120);
+        }
+    }
+    assert!(matches!(sub.next_event().unwrap(), Event::End));
+    assert!(producer.wait(Duration::from_secs(60)).status.success());
+}

@@ -130,25 +130,8 @@ impl Plan {
         store::env_secrets(&mut secrets);
         secrets.add_literals(sql);
         // Secrets found in the file so far are blanked out of any error, whatever its source.
-        Self::plan_sql(file, sql, &mut secrets, None)
-            .await
-            .map_err(|e| match e {
-                SluiceError::Plan { location, message } => SluiceError::Plan {
-                    location,
-                    message: secrets.redact(&message),
-                },
-                SluiceError::Storage {
-                    location,
-                    url,
-                    message,
-                } => SluiceError::Storage {
-                    location,
-                    url: secrets.redact(&url),
-                    message: secrets.redact(&message),
-                },
-                SluiceError::Config(m) => SluiceError::Config(secrets.redact(&m)),
-                other => other,
-            })
+        let plan = Self::plan_sql(file, sql, &mut secrets, None).await;
+        plan.map_err(|e| redacted(e, &secrets))
     }
 
     /// Plans `sql` for one round of a run (see [`rounds`]): its tables list the files
@@ -159,13 +142,7 @@ impl Plan {
         store::env_secrets(&mut secrets);
         secrets.add_literals(sql);
         let plan = Self::plan_sql(file, sql, &mut secrets, Some(inputs)).await;
-        plan.map_err(|e| match e {
-            SluiceError::Plan { location, message } => SluiceError::Plan {
-                location,
-                message: secrets.redact(&message),
-            },
-            other => SluiceError::Config(secrets.redact(&other.to_string())),
-        })
+        plan.map_err(|e| redacted(e, &secrets))
     }
 
     async fn plan_sql(
@@ -687,6 +664,27 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 fn df_message(e: DataFusionError) -> String {
     let e = e.find_root().to_string();
     e.trim().to_string()
+}
+
+/// `e` with every secret of `secrets` blanked out of its text, of the same kind.
+fn redacted(e: SluiceError, secrets: &store::Secrets) -> SluiceError {
+    match e {
+        SluiceError::Plan { location, message } => SluiceError::Plan {
+            location,
+            message: secrets.redact(&message),
+        },
+        SluiceError::Storage {
+            location,
+            url,
+            message,
+        } => SluiceError::Storage {
+            location,
+            url: secrets.redact(&url),
+            message: secrets.redact(&message),
+        },
+        SluiceError::Config(m) => SluiceError::Config(secrets.redact(&m)),
+        other => other,
+    }
 }
 
 fn config_message(e: SluiceError) -> String {
