@@ -485,3 +485,37 @@ fn an_interval_trigger_starts_rounds_over_the_files_of_their_time() {
     assert!(matches!(sub.next_event().unwrap(), Event::End));
     assert!(producer.wait(Duration::from_secs(60)).status.success());
 }
+
+/// A file removed during a round fails the round's next epoch: every epoch of a round
+/// reads the files it started with, or none.
+#[test]
+fn a_file_removed_during_a_round_fails_its_next_epoch() {
+    let mut h = Harness::new();
+    std::fs::create_dir(h.path("data")).unwrap();
+    write_ids(h.dir.path(), "a.parquet", 0..100);
+    write_ids(h.dir.path(), "b.parquet", 100..200);
+    let sql = plan("removed", 2, 1000).replace(
+        "SET sluice.message_batches = 1;",
+        "SET sluice.message_batches = 1; SET sluice.window = 2; SET sluice.epochs = 2;",
+    );
+    h.plan("p.sql", &sql);
+    let producer = h.spawn(&["run", "p.sql", "--quiet", "--min-subscribers", "1"]);
+    let mut sub = subscribe(&h.ns, "removed");
+    read_batches(&mut sub, 1);
+    std::fs::remove_file(h.path("data/b.parquet")).unwrap();
+    let failed = loop {
+        match sub.next_event() {
+            Ok(Event::End) => panic!("the round went on without its file"),
+            Ok(_) => {}
+            Err(e) => break e.to_string(),
+        }
+    };
+    // A read of the file (this epoch), or the listing of the next: never a round that
+    // goes on without it.
+    assert!(
+        failed.contains("listing") || failed.contains("not found"),
+        "{failed}"
+    );
+    let out = producer.wait(Duration::from_secs(60));
+    assert!(!out.status.success());
+}

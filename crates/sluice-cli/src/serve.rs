@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use sluice::Namespace;
+use sluice::SluiceError;
 use sluice::flight::{FlightServer, ServeOptions, TlsIdentity};
 
 /// Arguments of `sluice serve`.
@@ -92,7 +93,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     println!("serving on {}", server.local_addr());
     if let Some(file) = server.token_file() {
         eprintln!(
-            "no --token-file: subscribers need the token in {}, which only you can read;              yours on this machine find it there, others need SLUICE_TOKEN",
+            "no --token-file: subscribers need the token in {}, which only you can read; \
+             yours on this machine find it there, others need SLUICE_TOKEN",
             file.display()
         );
     }
@@ -106,13 +108,16 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes remote trainers' reports where the topic's local trainers write theirs.
+/// Writes remote trainers' reports where the topic's local trainers write theirs, for a
+/// topic whose producer runs rounds (it keeps a round log), all of a request or none.
 fn feedback_sink(namespace: Namespace) -> sluice::flight::FeedbackSink {
     std::sync::Arc::new(move |topic, trainer, batches| {
-        let mut writer = sluice::FeedbackWriter::open(&namespace, topic, trainer)?;
-        for batch in batches {
-            writer.append(batch)?;
+        let name = sluice::core::TopicName::new(topic)?;
+        if !sluice::rounds::RoundLog::path(&namespace, &name).exists() {
+            return Err(SluiceError::Config(format!(
+                "topic '{topic}' runs no rounds here: its plan reads no reports"
+            )));
         }
-        writer.flush()
+        sluice::FeedbackWriter::open(&namespace, topic, trainer)?.append_all(batches)
     })
 }

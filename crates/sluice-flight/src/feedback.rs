@@ -26,8 +26,34 @@ pub const MAX_FEEDBACK_ROWS: usize = 1 << 22;
 /// Bytes one `do_put` of reports may carry.
 pub const MAX_FEEDBACK_BYTES: usize = 256 << 20;
 
-/// Sends `batches` of `trainer`'s reports on the topic `target` names to its server.
+/// Rows a client sends in one `do_put`: well within [`MAX_FEEDBACK_ROWS`].
+const ROWS_PER_PUT: usize = 1 << 20;
+
+/// Sends `batches` of `trainer`'s reports on the topic `target` names to its server, in
+/// requests of at most [`ROWS_PER_PUT`] rows.
 pub fn put_feedback(
+    target: &FlightTarget,
+    options: &ClientOptions,
+    trainer: &str,
+    batches: Vec<RecordBatch>,
+) -> Result<()> {
+    let mut request = Vec::new();
+    let mut rows = 0;
+    for batch in batches {
+        if rows + batch.num_rows() > ROWS_PER_PUT && !request.is_empty() {
+            put(target, options, trainer, std::mem::take(&mut request))?;
+            rows = 0;
+        }
+        rows += batch.num_rows();
+        request.push(batch);
+    }
+    match request.is_empty() {
+        true => Ok(()),
+        false => put(target, options, trainer, request),
+    }
+}
+
+fn put(
     target: &FlightTarget,
     options: &ClientOptions,
     trainer: &str,
@@ -44,11 +70,13 @@ pub fn put_feedback(
             target.topic.clone(),
             trainer.into(),
         ]);
-        let data = FlightDataEncoderBuilder::new()
+        let data: Vec<FlightData> = FlightDataEncoderBuilder::new()
             .with_flight_descriptor(Some(descriptor))
             .build(futures::stream::iter(batches.into_iter().map(Ok)))
-            .map(|d| d.expect("record batches encode"));
-        let mut request = tonic::Request::new(data);
+            .try_collect()
+            .await
+            .map_err(|e| SluiceError::Transport(format!("cannot encode reports: {e}")))?;
+        let mut request = tonic::Request::new(futures::stream::iter(data));
         if let Some(value) = authorization {
             request.metadata_mut().insert("authorization", value);
         }
@@ -65,7 +93,9 @@ pub fn put_feedback(
 }
 
 /// The topic and trainer of a `do_put` of reports, and its batches, bounded by
-/// [`MAX_FEEDBACK_ROWS`] and [`MAX_FEEDBACK_BYTES`].
+/// [`MAX_FEEDBACK_ROWS`] and [`MAX_FEEDBACK_BYTES`] (the bytes as they come on the wire:
+/// a decoded batch's buffers are slices of its message, and would count it once per
+/// buffer).
 pub(crate) async fn receive(
     stream: impl futures::Stream<Item = std::result::Result<FlightData, Status>>
     + Send
@@ -89,21 +119,35 @@ pub(crate) async fn receive(
             "do_put takes reports only: a descriptor path [\"feedback\", TOPIC, TRAINER]",
         ));
     }
+    let bytes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = bytes.clone();
+    let stream = stream.inspect(move |d| {
+        if let Ok(d) = d {
+            let n = d.data_body.len().saturating_add(d.data_header.len());
+            counted.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
     let mut decoder = FlightDataDecoder::new(stream.map_err(FlightError::from));
-    let (mut rows, mut bytes, mut batches) = (0usize, 0usize, Vec::new());
+    let (mut rows, mut batches) = (0usize, Vec::new());
     while let Some(data) = decoder.next().await {
+        if bytes.load(std::sync::atomic::Ordering::Relaxed) > MAX_FEEDBACK_BYTES {
+            return Err(too_large());
+        }
         let data = data.map_err(|e| Status::invalid_argument(format!("reports: {e}")))?;
         if let DecodedPayload::RecordBatch(batch) = data.payload {
             rows = rows.saturating_add(batch.num_rows());
-            bytes = bytes.saturating_add(batch.get_array_memory_size());
-            if rows > MAX_FEEDBACK_ROWS || bytes > MAX_FEEDBACK_BYTES {
-                return Err(Status::resource_exhausted(format!(
-                    "one do_put carries at most {MAX_FEEDBACK_ROWS} rows and \
-                     {MAX_FEEDBACK_BYTES} bytes of reports: send them in several"
-                )));
+            if rows > MAX_FEEDBACK_ROWS {
+                return Err(too_large());
             }
             batches.push(batch);
         }
     }
     Ok((topic, trainer, batches))
+}
+
+fn too_large() -> Status {
+    Status::resource_exhausted(format!(
+        "one do_put carries at most {MAX_FEEDBACK_ROWS} rows and {MAX_FEEDBACK_BYTES} bytes \
+         of reports: send them in several"
+    ))
 }

@@ -192,7 +192,8 @@ impl FlightServer {
         if given.is_some() && options.tls.is_none() && !addr.ip().is_loopback() {
             tracing::warn!(
                 %addr,
-                "serving without TLS: the bearer token and the batches cross the network in                  clear text (--tls-cert and --tls-key encrypt them)"
+                "serving without TLS: the bearer token and the batches cross the network in \
+             clear text (--tls-cert and --tls-key encrypt them)"
             );
         }
         // Loopback is every local user's: without a token of its own, the server makes
@@ -1040,6 +1041,13 @@ impl FlightService for TopicService {
                 "do_put: this server takes no reports; topics are published by `sluice run`",
             ));
         };
+        // A request holds its reports in memory: it counts as a stream served.
+        let _permit = self.streams.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(
+                "the server serves as many requests as it was allowed (sluice serve \
+                 --max-streams); try again later",
+            )
+        })?;
         let (topic, trainer, batches) = crate::feedback::receive(request.into_inner()).await?;
         tokio::task::spawn_blocking(move || sink(&topic, &trainer, batches))
             .await

@@ -420,6 +420,12 @@ impl Plan {
         }
     }
 
+    /// Lists only `paths` (as [`Listing::paths`] has them) from now on, whatever else the
+    /// tables' locations hold: a round reads the files it started with.
+    pub fn restrict_listing(&self, paths: &[String]) {
+        self.counters.set_only(paths);
+    }
+
     /// The round the plan was made for (0 without rounds).
     pub fn round(&self) -> u64 {
         self.round

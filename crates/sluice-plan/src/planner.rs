@@ -199,6 +199,17 @@ impl<'a> Planner<'a> {
     /// is DataFusion's.
     async fn set(&mut self, set: SetVariable, here: &Location) -> Result<()> {
         let variable = set.variable.to_ascii_lowercase();
+        // What the tables' listings and `sluice_feedback` are made with, once they are.
+        const BEFORE_TABLES: [&str; 3] = ["feedback", "rounds", "settle_s"];
+        if let Some(key) = variable.strip_prefix("sluice.")
+            && self.tables_begun
+            && BEFORE_TABLES.contains(&key)
+        {
+            return Err(plan_err(
+                here.clone(),
+                format!("SET sluice.{key} must come before the first table or view"),
+            ));
+        }
         match variable.strip_prefix("sluice.") {
             Some(key) => self
                 .planned

@@ -454,3 +454,94 @@ async fn a_plan_has_a_memory_limit_unless_it_sets_its_own() {
     .unwrap();
     assert!(matches!(limit(&plan), MemoryLimit::Finite(b) if b == 64 << 20));
 }
+
+#[tokio::test]
+async fn round_settings_come_before_the_tables_and_a_plan_reads_its_feedback() {
+    let late =
+        "CREATE VIEW v AS SELECT 1 AS id;\nSET sluice.feedback = 'loss, acc';\nSELECT * FROM v";
+    let e = Plan::from_sql("r.sql", late).await.unwrap_err().to_string();
+    assert!(
+        e.contains("r.sql:2:1") && e.contains("before the first table"),
+        "{e}"
+    );
+    // Outside a round the feedback table is there, empty, with the columns named.
+    let sql = "SET sluice.feedback = 'loss, acc';\n\
+               SELECT key, loss, acc, sluice_round() AS r FROM sluice_feedback";
+    let plan = Plan::from_sql("r.sql", sql).await.unwrap();
+    let names: Vec<String> = plan
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    assert_eq!(names, ["key", "loss", "acc", "r"]);
+    let mut stream = plan.execute_epoch(0).await.unwrap();
+    assert!(
+        stream
+            .next()
+            .await
+            .is_none_or(|b| b.unwrap().num_rows() == 0)
+    );
+    assert!(
+        plan.holds("SELECT count(*) = 0 FROM sluice_feedback")
+            .await
+            .unwrap()
+    );
+    assert!(!plan.holds("SELECT false").await.unwrap());
+    let e = plan.holds("SELECT 1").await.unwrap_err().to_string();
+    assert!(e.contains("one boolean"), "{e}");
+    let e = plan
+        .holds("DROP VIEW sluice_round")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("trigger query failed"), "{e}");
+}
+
+/// A round's plan lists the files it started with: one added since (even with an old
+/// modification time) is not read, and one removed fails the next epoch. DataFusion's
+/// cache of listings is off, as it is for a table too large for it: every epoch lists.
+#[tokio::test]
+async fn a_round_reads_the_files_it_started_with_or_fails() {
+    let dir = dataset();
+    let pq = dir.path().join("pq");
+    let sql = format!(
+        "SET sluice.rounds = 2;\nSET datafusion.runtime.list_files_cache_limit = '0K';\n\
+         CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION '{}/';\nSELECT id FROM t",
+        pq.display()
+    );
+    let inputs = rounds::RoundInputs {
+        round: 1,
+        cutoff: Some(std::time::SystemTime::now()),
+        files: None,
+        feedback: Vec::new(),
+        rounds: Vec::new(),
+    };
+    let mut plan = Plan::for_round("r.sql", &sql, &inputs).await.unwrap();
+    let listing = plan.listing().await.unwrap();
+    assert_eq!(listing.files, 2);
+    plan.restrict_listing(&listing.paths);
+    plan.options_mut().listing = listing.digest.clone();
+    async fn rows(plan: &Plan, epoch: u64) -> Result<usize> {
+        let mut n = 0;
+        let mut s = plan.execute_epoch(epoch).await?;
+        while let Some(b) = s.next().await {
+            n += b?.num_rows();
+        }
+        Ok(n)
+    }
+    // A copy of a file, its modification time old: not this round's.
+    let copy = pq.join("part-9.parquet");
+    std::fs::copy(pq.join("part-0.parquet"), &copy).unwrap();
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    File::options()
+        .write(true)
+        .open(&copy)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    assert_eq!(rows(&plan, 1).await.unwrap(), 1000);
+    std::fs::remove_file(pq.join("part-1.parquet")).unwrap();
+    let e = rows(&plan, 2).await.unwrap_err().to_string();
+    assert!(e.contains("listing"), "{e}");
+}

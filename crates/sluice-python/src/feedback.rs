@@ -68,6 +68,21 @@ pub fn writer(topic: &str, trainer: Option<&str>) -> PyResult<FeedbackWriter> {
     FeedbackWriter::open(&namespace, topic, &name).map_err(|e| to_py(&e))
 }
 
+/// Refuses `trainer` where it names another trainer than `writer`'s (a subscriber reports
+/// as one trainer).
+pub fn same_trainer(writer: &FeedbackWriter, trainer: Option<&str>) -> PyResult<()> {
+    match trainer {
+        Some(name) if FeedbackWriter::name_of(name) != writer.trainer() => {
+            Err(PyValueError::new_err(format!(
+                "this subscriber reports as trainer '{}'; a subscriber reports as one \
+                 trainer (subscribe again for another)",
+                writer.trainer()
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Asks the producer of `topic` (a local topic whose plan sets `sluice.trigger =
 /// 'manual'`) to start its next round once the current one ends.
 #[pyfunction]

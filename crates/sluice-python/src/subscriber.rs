@@ -304,7 +304,9 @@ pub struct PySubscriber {
     /// The round of the last batch taken (plans of several rounds), and the reports
     /// written so far.
     round: Mutex<Option<u64>>,
-    feedback: Mutex<Option<sluice::FeedbackWriter>>,
+    // `Local`: a forked child (a DataLoader worker) never writes or sends its parent's
+    // buffered reports.
+    feedback: Mutex<Local<Option<sluice::FeedbackWriter>>>,
     /// The process that subscribed: a forked child's copy refuses to be used (before it
     /// takes the stream's lock, which a thread of the parent may have held at the fork)
     /// and lets go of nothing of its parent's (see `sluice::shm::process`).
@@ -327,6 +329,9 @@ impl PySubscriber {
         // A timeout past what an Instant holds: as long as it takes.
         let deadline = self.timeout.and_then(|t| start.checked_add(t));
         loop {
+            // Reports wait at most a second while the trainer waits (for a batch, for the
+            // next round, whose trigger may need them).
+            self.flush_due_reports(py);
             let slice = deadline.map_or(SLICE, |d| {
                 d.saturating_duration_since(Instant::now()).min(SLICE)
             });
@@ -370,6 +375,22 @@ impl PySubscriber {
             *stream.peeked = Some(event);
             let before = stream.before_last.take();
             stream.peeked_after = std::mem::replace(&mut stream.consumed, before);
+        });
+    }
+
+    /// Writes out reports made a second ago or more, before waiting for the next batch:
+    /// a trainer's last reports of a round are not held back while it waits for the
+    /// next round (whose trigger may need them).
+    ///
+    /// The writer's lock is taken without the GIL, never held while taking it: another
+    /// thread that holds it (flushing, without the GIL) must be able to finish.
+    fn flush_due_reports(&self, py: Python<'_>) {
+        let feedback = &self.feedback;
+        py.detach(|| {
+            let mut feedback = feedback.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(writer) = feedback.as_mut() {
+                writer.flush_if_due();
+            }
         });
     }
 
@@ -495,7 +516,7 @@ impl PySubscriber {
             })),
             last_epoch: Mutex::new(None),
             round: Mutex::new(None),
-            feedback: Mutex::new(None),
+            feedback: Mutex::new(Local::new(None)),
             owner: Owner::this(),
         })
     }
@@ -553,23 +574,34 @@ impl PySubscriber {
             .unwrap_or_else(PoisonError::into_inner)
             .unwrap_or(0);
         let epoch = lock(&self.stream).consumed.map_or(0, |c| c.epoch);
-        let mut feedback = self.feedback.lock().unwrap_or_else(PoisonError::into_inner);
-        if feedback.is_none() {
-            *feedback = Some(crate::feedback::writer(&self.topic, trainer)?);
-        }
-        let writer = feedback.as_mut().expect("opened above");
-        py.detach(|| writer.report(keys, (round, epoch), values))
-            .map_err(|e| to_py(&e))
+        let (feedback, topic) = (&self.feedback, self.topic.as_str());
+        // The writer's lock without the GIL (see `flush_due_reports`).
+        py.detach(|| {
+            let mut feedback = feedback.lock().unwrap_or_else(PoisonError::into_inner);
+            let writer = match feedback.as_mut() {
+                Some(writer) => {
+                    crate::feedback::same_trainer(writer, trainer)?;
+                    writer
+                }
+                None => feedback.insert(crate::feedback::writer(topic, trainer)?),
+            };
+            writer
+                .report(keys, (round, epoch), values)
+                .map_err(|e| to_py(&e))
+        })
     }
 
     /// Writes the reports made so far now (else within a second, and on ``close()``).
     fn flush_reports(&self, py: Python<'_>) -> PyResult<()> {
         self.here()?;
-        let mut feedback = self.feedback.lock().unwrap_or_else(PoisonError::into_inner);
-        match feedback.as_mut() {
-            Some(writer) => py.detach(|| writer.flush()).map_err(|e| to_py(&e)),
-            None => Ok(()),
-        }
+        let feedback = &self.feedback;
+        py.detach(|| {
+            let mut feedback = feedback.lock().unwrap_or_else(PoisonError::into_inner);
+            match feedback.as_mut() {
+                Some(writer) => writer.flush().map_err(|e| to_py(&e)),
+                None => Ok(()),
+            }
+        })
     }
 
     /// The round of the last batch taken (``None``: a plan of one round, or no batch yet).
@@ -678,13 +710,16 @@ impl PySubscriber {
         if self.here().is_err() {
             return;
         }
-        let writer = self
-            .feedback
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        // Dropping the writer writes its reports out.
-        py.detach(move || drop(writer));
+        // Dropping the writer writes its reports out (its lock without the GIL, see
+        // `flush_due_reports`).
+        let feedback = &self.feedback;
+        py.detach(|| {
+            let writer = feedback
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            drop(writer);
+        });
         let stream = &self.stream;
         let sub = py.detach(|| {
             let mut stream = lock(stream);

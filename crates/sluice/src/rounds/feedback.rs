@@ -74,11 +74,7 @@ impl FeedbackWriter {
                 Destination::Dir(dir)
             }
         };
-        let trainer: String = trainer
-            .chars()
-            .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-            .take(64)
-            .collect();
+        let trainer = Self::name_of(trainer);
         if trainer.is_empty() {
             return Err(SluiceError::Config(
                 "a trainer's name must hold a letter or digit".into(),
@@ -123,10 +119,42 @@ impl FeedbackWriter {
         self.push(batch)
     }
 
-    /// Appends reports already in `sluice_feedback`'s columns (what a remote trainer
-    /// sends `sluice serve`), refused unless they have exactly its fixed columns and
-    /// `Float64` values; their trainer is this writer's.
-    pub fn append(&mut self, batch: RecordBatch) -> Result<()> {
+    /// Writes out reports made a second ago or more: a trainer that waits (for the next
+    /// batch, the next round) calls it, so that its last reports are not held back. A
+    /// failure is logged, and the reports kept for the next flush.
+    pub fn flush_if_due(&mut self) {
+        if self.since.is_some_and(|s| s.elapsed() >= BUFFERED_FOR)
+            && let Err(e) = self.flush()
+        {
+            tracing::warn!("reports not written yet: {e}");
+        }
+    }
+
+    /// The name a trainer called `trainer` has in `sluice_feedback.trainer`.
+    pub fn name_of(trainer: &str) -> String {
+        // A name never starts with a dot: the producer skips dot files (unfinished ones).
+        trainer
+            .trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+            .take(64)
+            .collect()
+    }
+
+    /// Writes out reports already in `sluice_feedback`'s columns (what a remote trainer
+    /// sends `sluice serve`), all or none: refused unless each has exactly its fixed
+    /// columns and `Float64` values; their trainer is this writer's.
+    pub fn append_all(&mut self, batches: Vec<RecordBatch>) -> Result<()> {
+        let checked = batches
+            .into_iter()
+            .map(|b| self.conformed(b))
+            .collect::<Result<Vec<_>>>()?;
+        self.rows += checked.iter().map(RecordBatch::num_rows).sum::<usize>();
+        self.pending.extend(checked);
+        self.flush()
+    }
+
+    fn conformed(&self, batch: RecordBatch) -> Result<RecordBatch> {
         const FIXED: [&str; 5] = ["key", "trainer", "round", "epoch", "time"];
         let schema = batch.schema();
         let names: Vec<String> = schema
@@ -148,7 +176,8 @@ impl FeedbackWriter {
                 .is_some_and(|k| k.null_count() > 0)
         {
             return Err(SluiceError::Config(format!(
-                "reports must have the columns {expected} (one Float64 per reported value),                  not {schema}"
+                "reports must have the columns {expected} (one Float64 per reported value), \
+             not {schema}"
             )));
         }
         sluice_plan::rounds::feedback_columns(&names.join(","))?;
@@ -165,7 +194,7 @@ impl FeedbackWriter {
                     .unwrap_or_else(|| new_null_array(f.data_type(), batch.num_rows())),
             })
             .collect();
-        self.push(RecordBatch::try_new(expected, columns)?)
+        Ok(RecordBatch::try_new(expected, columns)?)
     }
 
     fn push(&mut self, batch: RecordBatch) -> Result<()> {
@@ -179,25 +208,28 @@ impl FeedbackWriter {
     }
 
     /// Writes the reports buffered so far as one file (one per set of value columns).
+    /// Those a failure left unwritten stay buffered for the next flush.
     pub fn flush(&mut self) -> Result<()> {
-        let pending = std::mem::take(&mut self.pending);
+        while let Some(first) = self.pending.first() {
+            let schema = first.schema();
+            let (group, rest): (Vec<RecordBatch>, Vec<RecordBatch>) =
+                std::mem::take(&mut self.pending)
+                    .into_iter()
+                    .partition(|b| b.schema() == schema);
+            self.pending = rest;
+            let written = match &self.to {
+                Destination::Dir(dir) => self.write(&dir.clone(), &group),
+                Destination::Remote(target, options) => {
+                    sluice_flight::put_feedback(target, options, &self.trainer, group.clone())
+                }
+            };
+            if let Err(e) = written {
+                self.pending.extend(group);
+                return Err(e);
+            }
+        }
         self.rows = 0;
         self.since = None;
-        let mut groups: Vec<Vec<RecordBatch>> = Vec::new();
-        for batch in pending {
-            match groups.iter_mut().find(|g| g[0].schema() == batch.schema()) {
-                Some(group) => group.push(batch),
-                None => groups.push(vec![batch]),
-            }
-        }
-        for group in groups {
-            match &self.to {
-                Destination::Dir(dir) => self.write(&dir.clone(), &group)?,
-                Destination::Remote(target, options) => {
-                    sluice_flight::put_feedback(target, options, &self.trainer, group)?
-                }
-            }
-        }
         Ok(())
     }
 
@@ -219,6 +251,11 @@ impl FeedbackWriter {
             }
             writer.finish()?;
         }
+        // A new run of the producer removes the directory with the last run's reports.
+        sluice_shm::private_dir(
+            dir,
+            "set TMPDIR or XDG_RUNTIME_DIR to a directory of your own",
+        )?;
         let to = dir.join(&name);
         let tmp = dir.join(format!(".{name}.tmp"));
         sluice_shm::write_private(&tmp, &to, &bytes)
@@ -353,6 +390,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let mut w = FeedbackWriter::open(&ns, "t", "trainer/a").unwrap();
         assert_eq!(w.trainer(), "trainera");
+        assert_eq!(
+            FeedbackWriter::open(&ns, "t", "..x").unwrap().trainer(),
+            "x"
+        );
         w.report(
             vec![1, 2, 3],
             (0, 1),
@@ -377,7 +418,7 @@ mod tests {
         let cols = vec!["loss".to_string()];
         let good =
             feedback_batch(&cols, vec![9], "forged", (1, 2), vec![vec![Some(1.0)]], 5).unwrap();
-        w.append(good.clone()).unwrap();
+        w.append_all(vec![good.clone()]).unwrap();
         let mut fields: Vec<arrow::datatypes::Field> = good
             .schema()
             .fields()
@@ -389,11 +430,18 @@ mod tests {
         columns[4] = Arc::new(arrow::array::Int64Array::from(vec![1]));
         let int_loss =
             RecordBatch::try_new(Arc::new(arrow::datatypes::Schema::new(fields)), columns).unwrap();
-        assert!(w.append(int_loss).is_err(), "values are Float64");
+        assert!(
+            w.append_all(vec![good.clone(), int_loss]).is_err(),
+            "values are Float64, and a refused request writes nothing"
+        );
         let no_time = good.project(&[0, 1, 2, 3, 4]).unwrap();
-        assert!(w.append(no_time).is_err(), "the time column is required");
+        assert!(
+            w.append_all(vec![no_time]).is_err(),
+            "the time column is required"
+        );
         w.flush().unwrap();
         let (batches, _) = read_feedback(&dir, &feedback_files(&dir), &cols);
+        assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 5);
         assert!(batches.iter().any(|b| {
             b.column_by_name("trainer")
                 .unwrap()

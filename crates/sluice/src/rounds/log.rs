@@ -30,7 +30,7 @@ pub struct RoundEntry {
     pub listing: String,
     /// The files it listed (paths in their stores).
     pub files: Vec<String>,
-    /// The feedback files it read.
+    /// The feedback files written since the round before (it read these and theirs).
     pub feedback: Vec<String>,
 }
 
@@ -112,6 +112,15 @@ impl RoundLog {
     /// Round `round`, if it started.
     pub fn get(&self, round: u64) -> Option<&RoundEntry> {
         self.rounds.iter().find(|r| r.round == round)
+    }
+
+    /// The feedback files of the rounds before `round`.
+    pub fn feedback_before(&self, round: u64) -> Vec<String> {
+        self.rounds
+            .iter()
+            .filter(|r| r.round < round)
+            .flat_map(|r| r.feedback.iter().cloned())
+            .collect()
     }
 
     /// The rows of `sluice_round` up to `round`.

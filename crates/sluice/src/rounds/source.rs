@@ -128,7 +128,11 @@ impl<'a> RoundSource<'a> {
             round,
             cutoff: Some(from_us(entry.cutoff_us)),
             files: recorded.as_ref().map(|r| r.files.clone()),
-            feedback: read_feedback(&self.feedback_dir, &entry.feedback, &self.columns).0,
+            feedback: {
+                let mut files = self.log.feedback_before(round);
+                files.extend(entry.feedback.iter().cloned());
+                read_feedback(&self.feedback_dir, &files, &self.columns).0
+            },
             rounds: {
                 let mut rows = self.log.rows(round);
                 if recorded.is_none() {
@@ -137,8 +141,13 @@ impl<'a> RoundSource<'a> {
                 rows
             },
         };
-        let plan = self.plan(handle, &inputs)?;
+        let mut plan = self.plan(handle, &inputs)?;
         let listing = handle.block_on(plan.listing())?;
+        // Every epoch of the round lists these files and no others, and fails (like a
+        // read error) where one was removed or rewritten: DataFusion's cache of listings
+        // holds only so much, and a larger table is listed again each epoch.
+        plan.restrict_listing(&listing.paths);
+        plan.options_mut().listing = listing.digest.clone();
         let entry = match recorded {
             Some(entry) if entry.listing != listing.digest => {
                 return Err(SluiceError::Config(format!(
@@ -200,7 +209,13 @@ impl<'a> RoundSource<'a> {
             let cutoff = SystemTime::now() - settle;
             match self.fired(handle, round, previous.as_ref(), cutoff) {
                 Ok(Some((trigger, rows))) => {
-                    let feedback = feedback_files(&self.feedback_dir);
+                    // The files new since the last round (the record lists each once).
+                    let seen: std::collections::HashSet<String> =
+                        self.log.feedback_before(round).into_iter().collect();
+                    let feedback = feedback_files(&self.feedback_dir)
+                        .into_iter()
+                        .filter(|f| !seen.contains(f))
+                        .collect();
                     let new_rows = rows.saturating_sub(previous.as_ref().map_or(0, |p| p.rows));
                     return Ok(RoundEntry {
                         round,

@@ -489,6 +489,12 @@ impl Subscriber {
     pub fn next_event_within(&mut self, timeout: Option<Duration>) -> Result<Event> {
         loop {
             let event = self.next_unmasked_within(timeout)?;
+            if let (Some(mask), Event::DeviceBatch { .. }) = (&self.mask, &event) {
+                return Err(SluiceError::Config(format!(
+                    "mask='{mask}' filters host batches; this topic's batches are on a GPU: \
+                     index them with the mask column there"
+                )));
+            }
             let (
                 Some(mask),
                 Event::Batch {
