@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -152,8 +153,14 @@ def test_a_round_starts_when_a_trainer_asks_or_when_a_query_over_the_feedback_ho
 def test_reports_are_checked_where_they_are_made(plans):
     with sluice.Producer(plans.plan(rows=50), min_subscribers=1, wait_timeout=60):
         with sluice.subscribe(plans.topic, timeout=60) as sub:
-            next(iter(sub))
+            batch = next(iter(sub))
             assert sub.round is None, "a plan of one round has no rounds"
+            # A batch's column, numpy arrays and pyarrow arrays are taken as they are.
+            ids = batch["id"]
+            sub.report(ids, loss=np.zeros(len(ids)))
+            sub.report(pa.array([1, 2]), loss=pa.array([0.5, None]))
+            with pytest.raises(ValueError, match="another"):
+                sub.report([1], loss=[0.5], trainer="someone-else")
             with pytest.raises(ValueError, match="at least one value"):
                 sub.report([1, 2])
             with pytest.raises(ValueError, match="2 keys but 1 values of loss"):

@@ -9,18 +9,23 @@ use sluice::{FeedbackWriter, Namespace};
 use crate::errors::to_py;
 
 /// `value` as a list: a sequence, or anything with `tolist()` (numpy arrays, torch
-/// tensors, jax arrays), flattened by the caller's checks.
+/// tensors, jax arrays), `to_numpy()` (a batch's column) or `to_pylist()` (pyarrow).
 fn as_list<'py>(what: &str, value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    if value.hasattr("tolist")? {
-        let list = value.call_method0("tolist")?;
-        if list.cast::<pyo3::types::PyList>().is_ok() {
-            return Ok(list);
-        }
-        return Err(PyValueError::new_err(format!(
-            "{what} must be one value per sample (a 1-d array), not a scalar"
-        )));
+    let list = if value.hasattr("tolist")? {
+        value.call_method0("tolist")?
+    } else if value.hasattr("to_numpy")? {
+        value.call_method0("to_numpy")?.call_method0("tolist")?
+    } else if value.hasattr("to_pylist")? {
+        value.call_method0("to_pylist")?
+    } else {
+        return Ok(value.clone());
+    };
+    if list.cast::<pyo3::types::PyList>().is_ok() {
+        return Ok(list);
     }
-    Ok(value.clone())
+    Err(PyValueError::new_err(format!(
+        "{what} must be one value per sample (a 1-d array), not a scalar"
+    )))
 }
 
 /// The keys of a report: integers (the samples' ids, as the plan's key column has them).
