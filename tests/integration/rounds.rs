@@ -384,6 +384,17 @@ fn the_shipped_selection_plans_select_what_they_say() {
     let share = old as f64 / reported as f64;
     assert!((0.17..0.23).contains(&share), "{share}");
 
+    // Above the median: the unreported and the reported at or above the median loss.
+    let (got, all) = select_round_one("above_median_loss.sql");
+    let mut losses: Vec<f64> = (0..15_000).map(demo_loss).collect();
+    losses.sort_by(f64::total_cmp);
+    let cut = (losses[7_499] + losses[7_500]) / 2.0;
+    let want: BTreeSet<i64> = labelled(&all)
+        .into_iter()
+        .filter(|&i| i >= 15_000 || demo_loss(i) >= cut)
+        .collect();
+    assert_eq!(got.iter().map(|r| r.0).collect::<BTreeSet<_>>(), want);
+
     // Loss-weighted: heavier losses drawn more often than their share.
     let (got, all) = select_round_one("loss_weighted.sql");
     assert_eq!(got.len(), 20_000);

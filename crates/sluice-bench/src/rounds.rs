@@ -19,11 +19,12 @@ const BATCH_ROWS: usize = 1024;
 /// The selection's goal against the round without one (Modyn reports 0.8–1.0).
 const GOAL: f64 = 0.9;
 
-/// The selections measured: a name and the query after the table. Each chooses its ids
-/// from the narrow columns, then takes their rows (`id IN (…)`): sorting whole rows
-/// instead measured 0.53 and 0.31 of the rows/s without a selection at a 2 ms step,
-/// against 0.62 and 0.27 (docs/benchmarks.md, comparison 10).
-const SELECTIONS: [(&str, &str); 3] = [
+/// The selections measured: a name and the query after the table. The sorted and exact
+/// forms choose their ids from the narrow columns, then take their rows (`id IN (…)`):
+/// sorting whole rows instead measured 0.53 and 0.31 of the rows/s without a selection at
+/// a 2 ms step, against 0.62 and 0.27 (docs/benchmarks.md, comparison 10). The streaming
+/// forms compute a threshold first, then filter the scan as it goes.
+const SELECTIONS: [(&str, &str); 5] = [
     ("none", "SELECT id, label, text, features FROM train"),
     (
         "top half by loss",
@@ -37,6 +38,22 @@ const SELECTIONS: [(&str, &str); 3] = [
         "SELECT id, label, text, features FROM train WHERE id IN (\
          SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY label ORDER BY \
          sample_hash(id)) AS drawn FROM train) WHERE drawn <= {tenth})",
+    ),
+    (
+        "new, and the reported at or above their median loss (streaming)",
+        "SELECT t.id, t.label, t.text, t.features FROM train t \
+         LEFT JOIN (SELECT key, max(loss) AS loss FROM sluice_feedback GROUP BY key) f \
+         ON t.id = f.key \
+         CROSS JOIN (SELECT median(loss) AS cut FROM \
+           (SELECT max(loss) AS loss FROM sluice_feedback GROUP BY key)) c \
+         WHERE f.loss IS NULL OR f.loss >= c.cut",
+    ),
+    (
+        "label-balanced, a tenth, drawn at a rate per label (streaming)",
+        "SELECT t.id, t.label, t.text, t.features FROM train t \
+         JOIN (SELECT coalesce(label, -1) AS label, count(*) AS n FROM train GROUP BY 1) c \
+         ON coalesce(t.label, -1) = c.label \
+         WHERE sample_hash(t.id) < {tenth} / CAST(c.n AS DOUBLE)",
     ),
 ];
 
