@@ -449,7 +449,8 @@ fn a_remote_trainer_s_reports_reach_the_next_round_over_flight() {
     let _ = server.wait(Duration::from_secs(30));
 }
 
-/// `sluice round TOPIC` starts the next round of a plan whose trigger is `manual`.
+/// `sluice round TOPIC` starts the next round of a plan whose trigger is `manual`; the
+/// same plan started a second time meanwhile is refused and takes no reports away.
 #[test]
 fn sluice_round_starts_a_manual_round() {
     let mut h = Harness::new();
@@ -460,10 +461,25 @@ fn sluice_round_starts_a_manual_round() {
     let mut sub = subscribe(&h.ns, "man");
     let (round0, _) = read_round(&mut sub);
     assert_eq!(round0.len(), 60);
+    report(&h.ns, "man", &round0, 0);
+    // The same plan started again by mistake: refused, and the reports stay.
+    let twice = h.run(&["run", "p.sql", "--quiet"]);
+    assert_eq!(twice.status.code(), Some(2), "{}", twice.stderr);
+    assert!(
+        twice.stderr.contains("running producer"),
+        "{}",
+        twice.stderr
+    );
     let asked = h.run(&["round", "man"]);
     assert!(asked.status.success(), "{}", asked.stderr);
-    let (_, meta) = read_round(&mut sub);
+    let (round1, meta) = read_round(&mut sub);
     assert_eq!(meta[..2], ["1".to_string(), "manual".into()]);
+    let reported: BTreeSet<i64> = round0.iter().copied().collect();
+    assert_eq!(
+        round1.iter().copied().collect::<BTreeSet<_>>(),
+        expected(0..100, &reported, 60),
+        "round 1 read the reports made before the second start"
+    );
     assert!(matches!(sub.next_event().unwrap(), Event::End));
     assert!(producer.wait(Duration::from_secs(60)).status.success());
 }

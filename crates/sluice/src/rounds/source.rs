@@ -88,7 +88,16 @@ impl<'a> RoundSource<'a> {
         let log = match log {
             Some(log) => log,
             None => {
-                // A new run: its rounds read the feedback on its own stream only.
+                // A new run: its rounds read the feedback on its own stream only. Not
+                // while another producer runs the topic (started twice by mistake: this
+                // run then fails to create the topic, and must not take its reports).
+                if let Some(pid) = live_producer(namespace, topic) {
+                    return Err(SluiceError::Config(format!(
+                        "topic '{topic}' has a running producer (pid {pid}); a new run would \
+                         discard its trainers' reports: stop it first, or publish on another \
+                         topic"
+                    )));
+                }
                 let _ = std::fs::remove_dir_all(&feedback_dir);
                 let _ = std::fs::remove_file(&request_path);
                 RoundLog::new(topic, plan_hash)
@@ -377,6 +386,17 @@ impl Source for RoundSource<'_> {
     fn waited(&self) -> Duration {
         self.waited + self.inner.as_ref().map_or(Duration::ZERO, Source::waited)
     }
+}
+
+/// The pid of another live process that reports producing `topic` (`sluice status`).
+fn live_producer(namespace: &Namespace, topic: &TopicName) -> Option<u32> {
+    let topics = crate::status::snapshot(namespace).ok()?;
+    topics
+        .into_iter()
+        .filter(|t| t.topic == topic.as_str())
+        .filter_map(|t| t.producer)
+        .map(|p| p.pid)
+        .find(|&pid| pid != std::process::id())
 }
 
 fn to_us(t: SystemTime) -> i64 {
