@@ -126,22 +126,26 @@ impl Plan {
 
     /// Plans `sql`, reporting errors against the name `file`.
     pub async fn from_sql(file: &str, sql: &str) -> Result<Self> {
-        let mut secrets = store::Secrets::default();
-        store::env_secrets(&mut secrets);
-        secrets.add_literals(sql);
-        // Secrets found in the file so far are blanked out of any error, whatever its source.
-        let plan = Self::plan_sql(file, sql, &mut secrets, None).await;
-        plan.map_err(|e| redacted(e, &secrets))
+        Self::plan_redacted(file, sql, None).await
     }
 
     /// Plans `sql` for one round of a run (see [`rounds`]): its tables list the files
     /// modified before the round's cutoff, and it reads the round's `sluice_feedback` and
     /// `sluice_round`.
     pub async fn for_round(file: &str, sql: &str, inputs: &rounds::RoundInputs) -> Result<Self> {
+        Self::plan_redacted(file, sql, Some(inputs)).await
+    }
+
+    async fn plan_redacted(
+        file: &str,
+        sql: &str,
+        round: Option<&rounds::RoundInputs>,
+    ) -> Result<Self> {
         let mut secrets = store::Secrets::default();
         store::env_secrets(&mut secrets);
         secrets.add_literals(sql);
-        let plan = Self::plan_sql(file, sql, &mut secrets, Some(inputs)).await;
+        // Secrets found in the file so far are blanked out of any error, whatever its source.
+        let plan = Self::plan_sql(file, sql, &mut secrets, round).await;
         plan.map_err(|e| redacted(e, &secrets))
     }
 

@@ -46,6 +46,15 @@ impl From<&sluice_plan::Listing> for DataListing {
     }
 }
 
+/// Writes a state file owner-only and atomically (under `PATH.tmp`, then renamed):
+/// readers see the old file or the new one, never half of one.
+pub(crate) fn write_state(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    sluice_shm::write_private(Path::new(&tmp), path, bytes)
+        .map_err(|e| SluiceError::io(format!("cannot write {}", path.display()), e))
+}
+
 impl DataListing {
     /// What a run of several rounds is taken over: each round checks its own listing
     /// (see `crate::rounds`).

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use arrow::array::{Array, ArrayRef, AsArray, Float64Array, new_null_array};
 use arrow::compute::cast;
@@ -114,7 +114,7 @@ impl FeedbackWriter {
             &self.trainer,
             (round, epoch),
             columns,
-            now_us(),
+            super::to_us(SystemTime::now()),
         )?;
         self.push(batch)
     }
@@ -269,12 +269,6 @@ impl Drop for FeedbackWriter {
             tracing::warn!("reports not written: {e}");
         }
     }
-}
-
-fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
 /// The feedback files in `dir` now, by name (closed files only).

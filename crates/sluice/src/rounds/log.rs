@@ -103,10 +103,7 @@ impl RoundLog {
     pub fn write(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self)
             .map_err(|e| SluiceError::Internal(format!("cannot encode a round log: {e}")))?;
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        sluice_shm::write_private(Path::new(&tmp), path, text.as_bytes())
-            .map_err(|e| SluiceError::io(format!("cannot write {}", path.display()), e))
+        crate::checkpoint::write_state(path, text.as_bytes())
     }
 
     /// Round `round`, if it started.

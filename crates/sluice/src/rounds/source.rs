@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use sluice_core::{Position, Result, SluiceError, TopicName};
 use sluice_plan::rounds::{RoundInputs, Trigger, feedback_columns};
@@ -16,6 +16,7 @@ use tokio::runtime::Handle;
 
 use super::feedback::{feedback_dir, feedback_files, read_feedback};
 use super::log::{RoundEntry, RoundLog};
+use super::{from_us, to_us};
 use crate::producer::{Message, PlanSource, Source};
 
 /// Schema metadata of every batch of a round: its number, what started it, its new rows.
@@ -35,10 +36,7 @@ const PLANNED_POLL: Duration = Duration::from_millis(500);
 pub fn request_round(namespace: &Namespace, topic: &str) -> Result<()> {
     namespace.prepare_state_dir()?;
     let path = request_path(namespace, &TopicName::new(topic)?);
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    sluice_shm::write_private(std::path::Path::new(&tmp), &path, b"round\n")
-        .map_err(|e| SluiceError::io(format!("cannot write {}", path.display()), e))
+    crate::checkpoint::write_state(&path, b"round\n")
 }
 
 fn request_path(namespace: &Namespace, topic: &TopicName) -> PathBuf {
@@ -206,7 +204,6 @@ impl<'a> RoundSource<'a> {
 
     /// Waits for the trigger of `round` (round 0 starts at once) and takes its snapshot.
     fn next_round(&mut self, handle: &Handle, round: u64) -> Result<RoundEntry> {
-        let settle = Duration::try_from_secs_f64(self.opts.settle_s).unwrap_or_default();
         let previous = self.log.rounds.last().cloned();
         let mut failures = 0u64;
         loop {
@@ -215,7 +212,7 @@ impl<'a> RoundSource<'a> {
                     "waiting for the trigger of round {round}"
                 )));
             }
-            let cutoff = SystemTime::now() - settle;
+            let cutoff = self.cutoff_now();
             match self.fired(handle, round, previous.as_ref(), cutoff) {
                 Ok(Some((trigger, rows))) => {
                     // The files new since the last round (the record lists each once).
@@ -285,24 +282,33 @@ impl<'a> RoundSource<'a> {
                 return Ok((rows >= previous.rows.saturating_add(*n)).then_some((name, rows)));
             }
             Trigger::Sql(query) => {
-                let inputs = RoundInputs {
-                    round: previous.round,
-                    cutoff: Some(cutoff),
-                    files: None,
-                    feedback: read_feedback(
-                        &self.feedback_dir,
-                        &feedback_files(&self.feedback_dir),
-                        &self.columns,
-                    )
-                    .0,
-                    rounds: self.log.rows(previous.round),
-                };
-                if !handle.block_on(self.plan(handle, &inputs)?.holds(query))? {
+                // One plan answers the query and counts the rows.
+                let plan = self.plan(handle, &self.probe(previous.round, cutoff))?;
+                if !handle.block_on(plan.holds(query))? {
                     return Ok(None);
                 }
+                return Ok(Some((name, handle.block_on(plan.table_rows())?)));
             }
         }
         Ok(Some((name, self.rows(handle, round, cutoff)?)))
+    }
+
+    /// What a look at the data as it is now plans with: the files before `cutoff`, every
+    /// report so far, the rounds up to `round`.
+    fn probe(&self, round: u64, cutoff: SystemTime) -> RoundInputs {
+        let files = feedback_files(&self.feedback_dir);
+        RoundInputs {
+            round,
+            cutoff: Some(cutoff),
+            files: None,
+            feedback: read_feedback(&self.feedback_dir, &files, &self.columns).0,
+            rounds: self.log.rows(round),
+        }
+    }
+
+    /// The cutoff of a round starting now: files left unmodified for `sluice.settle_s`.
+    fn cutoff_now(&self) -> SystemTime {
+        SystemTime::now() - Duration::try_from_secs_f64(self.opts.settle_s).unwrap_or_default()
     }
 
     /// Rows in the plan's tables as listed at `cutoff`.
@@ -333,20 +339,7 @@ impl Source for RoundSource<'_> {
         if round == 0 || start.index > 0 || self.log.get(round).is_some() {
             return Ok(None);
         }
-        let cutoff =
-            SystemTime::now() - Duration::try_from_secs_f64(self.opts.settle_s).unwrap_or_default();
-        let inputs = RoundInputs {
-            round,
-            cutoff: Some(cutoff),
-            files: None,
-            feedback: read_feedback(
-                &self.feedback_dir,
-                &feedback_files(&self.feedback_dir),
-                &self.columns,
-            )
-            .0,
-            rounds: self.log.rows(round),
-        };
+        let inputs = self.probe(round, self.cutoff_now());
         let mut probe = PlanSource::owned(self.plan(handle, &inputs)?, self.opts);
         probe.start(handle, start.epoch, 0)?;
         probe.next(handle)
@@ -397,13 +390,4 @@ fn live_producer(namespace: &Namespace, topic: &TopicName) -> Option<u32> {
         .filter_map(|t| t.producer)
         .map(|p| p.pid)
         .find(|&pid| pid != std::process::id())
-}
-
-fn to_us(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-}
-
-fn from_us(us: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_micros(u64::try_from(us).unwrap_or(0))
 }

@@ -5,9 +5,9 @@
 //! `SubscribeOptions::columns`): other trainers' masks and columns are never copied, and
 //! a batch every row of which is selected is handed out as it is, zero-copy.
 
-use arrow::array::{Array, BooleanArray, Float64Array};
+use arrow::array::{AsArray, Float64Array};
 use arrow::compute::kernels::cmp::gt;
-use arrow::compute::{cast, filter_record_batch, is_not_null};
+use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::DataType;
 use arrow::record_batch::RecordBatch;
 use sluice_core::{Columns, Result, SluiceError};
@@ -40,11 +40,9 @@ pub(crate) fn apply(batch: &RecordBatch, mask: &str) -> Result<RecordBatch> {
         )));
     };
     let column = batch.column(index);
+    // A null selects nothing: the filter kernel takes a null as false.
     let (selected, drop) = match column.data_type() {
-        DataType::Boolean => (
-            selection(column.as_any().downcast_ref::<BooleanArray>())?,
-            true,
-        ),
+        DataType::Boolean => (column.as_boolean().clone(), true),
         t if t.is_numeric() => {
             let weights = cast(column, &DataType::Float64)?;
             let zero = Float64Array::new_scalar(0.0);
@@ -56,11 +54,6 @@ pub(crate) fn apply(batch: &RecordBatch, mask: &str) -> Result<RecordBatch> {
             )));
         }
     };
-    // Null selects nothing.
-    let selected = match selected.null_count() {
-        0 => selected,
-        _ => arrow::compute::and(&selected, &is_not_null(&selected)?)?,
-    };
     let mut out = filter_record_batch(batch, &selected)?;
     if drop {
         out.remove_column(index);
@@ -68,16 +61,11 @@ pub(crate) fn apply(batch: &RecordBatch, mask: &str) -> Result<RecordBatch> {
     Ok(out)
 }
 
-fn selection(mask: Option<&BooleanArray>) -> Result<BooleanArray> {
-    mask.cloned()
-        .ok_or_else(|| SluiceError::Internal("a boolean column of another array type".into()))
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
-    use arrow::array::{AsArray, Int64Array};
+    use arrow::array::{Array, BooleanArray, Int64Array};
     use arrow::datatypes::{Field, Int64Type, Schema};
 
     use super::*;
