@@ -10,6 +10,7 @@ use std::time::Duration;
 use arrow::array::AsArray;
 use arrow::datatypes::Int64Type;
 use arrow::record_batch::RecordBatch;
+use sluice::flight::{FlightServer, ServeOptions};
 use sluice::prelude::*;
 use sluice::{Cursor, Join, RunStats};
 
@@ -23,7 +24,7 @@ fn plan(topic: &str, window: usize) -> String {
         "SET sluice.topic = '{topic}'; SET sluice.batch_rows = 10; SET sluice.epochs = {EPOCHS};\n\
          SET sluice.shuffle_seed = 7; SET sluice.shuffle_buffer = 100; SET sluice.window = {window};\n\
          SET sluice.message_batches = 1;\n\
-         SELECT value AS v FROM generate_series(1, {ROWS})"
+         SELECT value AS v, repeat('x', 2000) AS pad FROM generate_series(1, {ROWS})"
     )
 }
 
@@ -137,11 +138,20 @@ fn check(trainer: &[Vec<i64>], reference: &[Vec<i64>]) {
     }
 }
 
+/// Where a restarted trainer runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Trainer {
+    /// On this machine: a catch-up is computed in its process.
+    Local,
+    /// On another, through a Flight server: the server computes its catch-up.
+    Remote,
+}
+
 /// A trainer that stops mid-epoch, inside a producer batch, and starts again from its
 /// cursor: from the topic's history when it is still there (`window` 64), from a
 /// catch-up that then meets the shared stream when it is long gone (`window` 2, and the
 /// other trainer an epoch further).
-fn stop_and_resume(window: usize, wait_for_epoch: u64) {
+fn stop_and_resume(window: usize, wait_for_epoch: u64, restarted_as: Trainer) {
     let ns = TestNamespace::new();
     let topic = format!("resume{window}");
     let producer = producer(ns.0.clone(), plan(&topic, window), 2);
@@ -168,8 +178,20 @@ fn stop_and_resume(window: usize, wait_for_epoch: u64) {
     while at.epoch.load(Ordering::Relaxed) < wait_for_epoch {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let restarted = Subscriber::connect(&topic, options(&ns, 7, Some(cursor))).unwrap();
-    let trainer = resumed(&before, restarted, 0, true);
+    let server = (restarted_as == Trainer::Remote).then(|| {
+        let options = ServeOptions {
+            catch_up: Some(sluice::remote_catch_up(ns.0.clone())),
+            ..ServeOptions::new(ns.0.clone())
+        };
+        FlightServer::start("127.0.0.1:0".parse().unwrap(), options).unwrap()
+    });
+    let at_topic = match &server {
+        Some(server) => format!("flight://{}/{topic}", server.local_addr()),
+        None => topic.clone(),
+    };
+    let restarted = Subscriber::connect(&at_topic, options(&ns, 7, Some(cursor))).unwrap();
+    // A remote subscriber's catch-up runs in the server, out of its sight.
+    let trainer = resumed(&before, restarted, 0, restarted_as == Trainer::Local);
     let reference = other.join().unwrap();
     check(&trainer, &reference);
     producer.join().unwrap().unwrap();
@@ -177,12 +199,19 @@ fn stop_and_resume(window: usize, wait_for_epoch: u64) {
 
 #[test]
 fn a_trainer_resumes_from_the_topic_s_history() {
-    stop_and_resume(64, 0);
+    stop_and_resume(64, 0, Trainer::Local);
 }
 
 #[test]
 fn a_trainer_an_epoch_behind_catches_up_and_meets_the_shared_stream() {
-    stop_and_resume(2, 1);
+    stop_and_resume(2, 1, Trainer::Local);
+}
+
+/// The same for a trainer restarted on another machine: the Flight server computes its
+/// catch-up (before, a position out of the server's history was a `ResumeGap`).
+#[test]
+fn a_remote_trainer_an_epoch_behind_is_caught_up_by_the_server() {
+    stop_and_resume(2, 1, Trainer::Remote);
 }
 
 /// `Join::CatchUp`: a trainer that starts mid-epoch gets that epoch whole.

@@ -80,6 +80,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         addr,
         ServeOptions {
             feedback: Some(feedback_sink(namespace.clone())),
+            catch_up: Some(sluice::remote_catch_up(namespace.clone())),
             namespace,
             token,
             tls,

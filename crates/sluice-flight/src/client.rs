@@ -9,7 +9,7 @@ use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightData, Ticket};
 use bytes::Bytes;
 use futures::StreamExt;
-use sluice_core::{Columns, Inbound, Inlet, Result, SluiceError};
+use sluice_core::{Columns, Inbound, Inlet, Position, Result, SluiceError};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
@@ -87,6 +87,10 @@ pub struct ClientOptions {
     pub reconnect: Option<Duration>,
     /// The columns to receive (the server sends only those).
     pub columns: Columns,
+    /// Where the stream is to start (a trainer's cursor): the server replays what the
+    /// topic holds and, where that starts later, catches up from here (see
+    /// [`crate::catch_up`]); the subscriber's protocol drops what comes before it.
+    pub from: Option<Position>,
 }
 
 impl std::fmt::Debug for ClientOptions {
@@ -98,6 +102,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("wait", &self.wait)
             .field("reconnect", &self.reconnect)
             .field("columns", &self.columns)
+            .field("from", &self.from)
             .finish()
     }
 }
@@ -129,6 +134,9 @@ pub struct FlightInlet {
     target: FlightTarget,
     options: ClientOptions,
     ended: bool,
+    /// The first batch of the last message of batches this inlet delivered: where a
+    /// stream opened again after the server was lost starts (what repeats is dropped).
+    last: Option<Position>,
 }
 
 impl std::fmt::Debug for FlightInlet {
@@ -156,6 +164,7 @@ impl FlightInlet {
             target: target.clone(),
             options,
             ended: false,
+            last: None,
         })
     }
 
@@ -177,6 +186,7 @@ impl FlightInlet {
             }
             let again = ClientOptions {
                 replay: true,
+                from: self.last.or(self.options.from),
                 wait: Some(left),
                 reconnect: Some(left),
                 ..self.options.clone()
@@ -211,6 +221,7 @@ async fn open(target: &FlightTarget, options: &ClientOptions) -> Result<FlightDa
         },
         // arrow-rs's reader (`FlightDataDecoder`) validates every column it decodes.
         client_validates: true,
+        from: options.from.map(|p| [p.epoch, p.index]),
     })
     .map_err(|e| SluiceError::Internal(format!("cannot encode a ticket: {e}")))?;
     let (channel, authorization) = connect(target, options).await?;
@@ -437,12 +448,15 @@ impl Inlet<RecordBatch> for FlightInlet {
                         batch_rows,
                     },
                     DecodedPayload::RecordBatch(batch),
-                ) => Inbound::Batch {
-                    epoch,
-                    index,
-                    batch_rows,
-                    payload: batch,
-                },
+                ) => {
+                    self.last = Some(Position::new(epoch, index));
+                    Inbound::Batch {
+                        epoch,
+                        index,
+                        batch_rows,
+                        payload: batch,
+                    }
+                }
                 (
                     Meta::EndOfEpoch {
                         epoch,

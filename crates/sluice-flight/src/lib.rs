@@ -35,12 +35,14 @@
 //! it (`SLUICE_TLS_CA`).
 #![warn(missing_docs)]
 
+pub mod catch_up;
 mod client;
 mod feedback;
 pub mod meta;
 mod server;
 mod token;
 
+pub use catch_up::CatchUpSource;
 pub use client::{ClientOptions, FlightInlet, FlightTarget};
 pub use feedback::{FeedbackSink, MAX_FEEDBACK_BYTES, MAX_FEEDBACK_ROWS, put_feedback};
 pub use server::{
@@ -75,4 +77,11 @@ pub struct TicketRequest {
     /// valid data).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub client_validates: bool,
+    /// Where the client's stream is to start: `[epoch, index]` of the first batch it has
+    /// not had (a trainer's cursor, or where a lost stream was). The server replays the
+    /// topic's history; where that starts after this position, a server given a
+    /// [`CatchUpSource`] computes the stream again from it until the history reaches back
+    /// (see [`catch_up`]). `None`: as `replay` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<[u64; 2]>,
 }

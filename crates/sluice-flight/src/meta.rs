@@ -8,7 +8,7 @@
 //! | 2 | end of epoch | epoch | batches | rows |
 //! | 3 | end of stream | epochs | 0 | 0 |
 //! | 4 | messages missed (lag limit) | messages | 0 | 0 |
-//! | 5 | reconnected to a restarted producer (repeats follow) | 0 | 0 | 0 |
+//! | 5 | the stream goes on from an earlier position: a restarted producer, or the topic after a catch-up (repeats follow) | 0 | 0 | 0 |
 
 use bytes::Bytes;
 use sluice_core::{Result, SluiceError};
@@ -49,7 +49,8 @@ pub enum Meta {
         /// Messages.
         messages: u64,
     },
-    /// The server re-attached to the topic's restarted producer.
+    /// The server re-attached to the topic (its restarted producer, or the topic after
+    /// a catch-up): messages the client already had may follow.
     Reconnected,
 }
 

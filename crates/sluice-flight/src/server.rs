@@ -40,7 +40,7 @@ use crate::token::LoopbackToken;
 pub(crate) const WINDOW: u32 = 1 << 20;
 /// How often the server's subscriber looks whether its client is still there, and, while
 /// its client takes nothing, whether the topic's producer is.
-const POLL: Duration = Duration::from_millis(200);
+pub(crate) const POLL: Duration = Duration::from_millis(200);
 /// How often an idle connection is pinged, and how long a ping may go unanswered.
 const KEEPALIVE: Duration = Duration::from_secs(20);
 
@@ -72,6 +72,10 @@ pub struct ServeOptions {
     /// Where trainers' reports sent with `do_put` go (see [`crate::put_feedback`]);
     /// `None`: refused.
     pub feedback: Option<crate::FeedbackSink>,
+    /// How a remote subscriber whose position (a trainer's cursor) the topic no longer
+    /// holds is caught up (see [`crate::catch_up`]); `None`: it gets a
+    /// [`SluiceError::ResumeGap`].
+    pub catch_up: Option<crate::CatchUpSource>,
 }
 
 impl ServeOptions {
@@ -86,6 +90,7 @@ impl ServeOptions {
             max_streams: DEFAULT_MAX_STREAMS,
             max_stall: Some(DEFAULT_MAX_STALL),
             feedback: None,
+            catch_up: None,
         }
     }
 }
@@ -100,6 +105,8 @@ impl std::fmt::Debug for ServeOptions {
             .field("threads", &self.threads)
             .field("max_streams", &self.max_streams)
             .field("max_stall", &self.max_stall)
+            .field("feedback", &self.feedback.is_some())
+            .field("catch_up", &self.catch_up.is_some())
             .finish()
     }
 }
@@ -209,6 +216,7 @@ impl FlightServer {
             streams: Arc::new(Semaphore::new(options.max_streams.get())),
             max_stall: options.max_stall,
             feedback: options.feedback.clone(),
+            catch_up: options.catch_up.clone(),
         });
         let mut builder = Server::builder();
         if let Some(tls) = &options.tls {
@@ -303,6 +311,7 @@ struct TopicService {
     streams: Arc<Semaphore>,
     max_stall: Option<Duration>,
     feedback: Option<crate::FeedbackSink>,
+    catch_up: Option<crate::CatchUpSource>,
 }
 
 type Resp<T> = BoxStream<'static, std::result::Result<T, Status>>;
@@ -349,7 +358,7 @@ fn control(meta: Meta) -> FlightData {
 }
 
 /// A topic error as the gRPC status the client maps back (see `client::from_status`).
-fn status(e: SluiceError) -> Status {
+pub(crate) fn status(e: SluiceError) -> Status {
     match e {
         SluiceError::ProducerFailed(m) => Status::aborted(m),
         SluiceError::ProducerLost(topic) => {
@@ -372,7 +381,7 @@ fn status(e: SluiceError) -> Status {
 
 /// What the server hands gRPC: a Flight message of its own, or one whose bytes are
 /// still the producer's, in shared memory ([`Loan`]).
-enum Outgoing {
+pub(crate) enum Outgoing {
     Owned(FlightData),
     Lent {
         loan: Arc<Loan>,
@@ -410,7 +419,7 @@ impl Outgoing {
 /// go. The server revokes what it lent when its client has stopped reading and the
 /// topic's producer is gone, since a restarted producer can create the topic again only
 /// once every sample of the dead one is back, and when its stream ends.
-struct Loan(Mutex<Bytes>);
+pub(crate) struct Loan(Mutex<Bytes>);
 
 impl Loan {
     fn bytes(&self) -> Bytes {
@@ -427,18 +436,18 @@ impl Loan {
 }
 
 /// The server's end of one client's stream: messages go to gRPC through a queue of two.
-struct Outbox {
-    tx: mpsc::Sender<std::result::Result<Outgoing, Status>>,
+pub(crate) struct Outbox {
+    pub(crate) tx: mpsc::Sender<std::result::Result<Outgoing, Status>>,
     runtime: tokio::runtime::Handle,
     /// The loans of the messages handed to gRPC or about to be, which gRPC may not have
     /// taken yet (those it took and encoded are dead).
     loans: Vec<Weak<Loan>>,
     /// How long the client may take nothing while a message waits ([`ServeOptions`]).
-    max_stall: Option<Duration>,
+    pub(crate) max_stall: Option<Duration>,
 }
 
 /// What became of a message handed to gRPC.
-enum Handed {
+pub(crate) enum Handed {
     Yes,
     ClientGone,
     /// The client has taken nothing for [`POLL`]: the message, to hand again.
@@ -447,7 +456,7 @@ enum Handed {
 
 impl Outbox {
     /// Hands `message` to gRPC, waiting at most [`POLL`] for room in the queue.
-    fn hand(&self, message: Outgoing) -> Handed {
+    pub(crate) fn hand(&self, message: Outgoing) -> Handed {
         match self.tx.try_reserve() {
             Ok(permit) => {
                 permit.send(Ok(message));
@@ -477,7 +486,7 @@ impl Outbox {
 
     /// Hands gRPC every message of `pending`, waiting for as long as the client takes
     /// nothing; `false` if the client went away.
-    fn hand_all(&self, pending: &mut VecDeque<Outgoing>) -> bool {
+    pub(crate) fn hand_all(&self, pending: &mut VecDeque<Outgoing>) -> bool {
         while let Some(mut message) = pending.pop_front() {
             loop {
                 match self.hand(message) {
@@ -506,7 +515,7 @@ impl Outbox {
 
     /// Copies out every sample that messages not yet taken by gRPC point into, and lets
     /// the samples go.
-    fn revoke(&mut self) {
+    pub(crate) fn revoke(&mut self) {
         for loan in self.loans.drain(..).filter_map(|loan| loan.upgrade()) {
             loan.revoke();
         }
@@ -523,23 +532,23 @@ impl Drop for Outbox {
 
 /// How a frame leaves the stream.
 #[derive(PartialEq, Eq)]
-enum Next {
+pub(crate) enum Next {
     Go,
     End,
 }
 
 /// The Flight messages of one stream, kept from frame to frame.
 #[derive(Default)]
-struct Messages {
-    encoder: Encoder,
+pub(crate) struct Messages {
+    pub(crate) encoder: Encoder,
     relay: Relay,
     /// Messages not yet handed to gRPC, in order.
-    pending: VecDeque<Outgoing>,
+    pub(crate) pending: VecDeque<Outgoing>,
 }
 
 impl Messages {
     /// Queues `frame`'s messages; `borrow`: messages may point into its sample.
-    fn queue(
+    pub(crate) fn queue(
         &mut self,
         frame: Frame,
         topic: &TopicName,
@@ -610,7 +619,7 @@ impl Messages {
         Ok(Next::Go)
     }
 
-    fn control(&mut self, meta: Meta) {
+    pub(crate) fn control(&mut self, meta: Meta) {
         self.pending.push_back(Outgoing::Owned(control(meta)));
     }
 
@@ -682,6 +691,7 @@ fn flush(outbox: &Outbox, pending: &mut VecDeque<Outgoing>, sub: &TopicSubscribe
 fn forward(
     namespace: &Namespace,
     request: &TicketRequest,
+    catch_up: Option<&crate::CatchUpSource>,
     outbox: &mut Outbox,
 ) -> std::result::Result<(), Status> {
     let topic = TopicName::new(&request.topic).map_err(status)?;
@@ -699,15 +709,29 @@ fn forward(
         (Columns::Named(_), _) => BatchForm::Decoded,
     };
     let wanted = || !outbox.tx.is_closed();
-    let connected =
-        sluice_shm::connect_while(namespace, &topic, Some(wait), request.replay, wanted);
+    let replay = request.replay || request.from.is_some();
+    let connected = sluice_shm::connect_while(namespace, &topic, Some(wait), replay, wanted);
     let Some(mut sub) = connected.map_err(status)? else {
         return Ok(());
     };
     // A successor keeps these (see `TopicSubscriber::successor`).
-    sub.set_columns(columns);
+    sub.set_columns(columns.clone());
     sub.set_batch_form(form);
     let mut messages = Messages::default();
+    if let Some([epoch, index]) = request.from {
+        let start = crate::catch_up::Start {
+            namespace,
+            topic: &topic,
+            columns: &columns,
+            form,
+            from: sluice_core::Position::new(epoch, index),
+            source: catch_up,
+        };
+        match crate::catch_up::start_at(&start, sub, &mut messages, outbox)? {
+            Some(on) => sub = on,
+            None => return Ok(()),
+        }
+    }
     loop {
         match flush(outbox, &mut messages.pending, &sub) {
             Flushed::All => {}
@@ -812,7 +836,7 @@ fn successor(
 /// Encodes one stream's batches as Flight messages: the schema when it is new, each
 /// batch's dictionaries with it.
 #[derive(Default)]
-struct Encoder {
+pub(crate) struct Encoder {
     schema: Option<SchemaRef>,
     /// Dictionary ids the schema takes (numbered 0, 1, … as its encoding met them).
     dictionaries: usize,
@@ -824,7 +848,7 @@ struct Encoder {
 impl Encoder {
     /// `batch` as Flight messages, appended to `messages` (the schema when new,
     /// dictionaries, the batch with `meta`).
-    fn messages(
+    pub(crate) fn messages(
         &mut self,
         batch: &RecordBatch,
         meta: Meta,
@@ -973,6 +997,7 @@ impl FlightService for TopicService {
         let namespace = self.namespace.clone();
         let runtime = tokio::runtime::Handle::current();
         let max_stall = self.max_stall;
+        let catch_up = self.catch_up.clone();
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
             let mut outbox = Outbox {
@@ -981,7 +1006,7 @@ impl FlightService for TopicService {
                 loans: Vec::new(),
                 max_stall,
             };
-            if let Err(status) = forward(&namespace, &ticket, &mut outbox) {
+            if let Err(status) = forward(&namespace, &ticket, catch_up.as_ref(), &mut outbox) {
                 outbox.fail(status);
             }
         });

@@ -61,6 +61,7 @@ pub use sluice_plan::{Plan, Shard, SluiceOptions, StoreStats};
 pub use sluice_shm::{Namespace, OnMaxHeld};
 pub use subscriber::{
     Connector, EpochSummary, Event, Join, OnLag, SubscribeOptions, Subscriber, lies_within,
+    remote_catch_up,
 };
 
 /// `sluice-core`: re-batching, checksums, wire format, errors.

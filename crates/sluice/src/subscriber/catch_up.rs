@@ -137,10 +137,16 @@ impl CatchUp {
         };
         // The topic's history starts after `start`: let go of it while catching up.
         drop(live);
-        let (plan, runtime) = replan(&this.attach, start, &found)?;
+        let (plan, runtime) = replan(&this.attach.namespace, &this.attach.topic, start, &found)?;
         tracing::info!(topic = %this.attach.topic, "catching up from {start} ({found})");
         let columns = this.attach.columns.clone();
-        this.feed = Some(CatchUpFeed::start(plan, runtime, start, columns)?);
+        this.feed = Some(CatchUpFeed::start(
+            plan,
+            runtime,
+            start,
+            columns,
+            this.attach.topic.clone(),
+        )?);
         Ok(this)
     }
 
@@ -254,7 +260,7 @@ impl Inlet<Payload> for CatchUp {
         let Some(feed) = &mut self.feed else {
             return Ok(Inbound::EndOfStream);
         };
-        let message = feed.recv(timeout, &self.attach.topic)?;
+        let message = feed.recv(timeout)?;
         match &message {
             Inbound::Batch { epoch, index, .. } => self.at = Position::new(*epoch, index + 1),
             Inbound::EndOfEpoch { epoch, .. } => self.at = Position::new(epoch + 1, 0),
@@ -264,12 +270,28 @@ impl Inlet<Payload> for CatchUp {
     }
 }
 
+/// The catch-up a `sluice serve --flight` server gives a remote subscriber whose position
+/// `topic`'s history no longer holds (see `sluice_flight::catch_up`): the plan its
+/// producer recorded, computed again in the server's process from that position, on
+/// threads at a lower priority, with the same refusals as a local trainer's catch-up.
+pub fn remote_catch_up(namespace: Namespace) -> sluice_flight::CatchUpSource {
+    Arc::new(move |topic, start, columns, found| {
+        let (plan, runtime) = replan(&namespace, topic, start, found)?;
+        let feed = CatchUpFeed::start(plan, runtime, start, columns.clone(), topic.clone())?;
+        Ok(Box::new(feed) as Box<dyn Inlet<RecordBatch> + Send>)
+    })
+}
+
 /// Plans the topic's plan again, as its producer recorded it, and checks that it is the
 /// same plan over the same files and that it computes the same rows each time; with the
 /// runtime it runs on.
-fn replan(attach: &Attach, start: Position, found: &str) -> Result<(Plan, Runtime)> {
-    let topic = &attach.topic;
-    let Some(record) = PlanRecord::load(&attach.namespace, topic)? else {
+fn replan(
+    namespace: &Namespace,
+    topic: &TopicName,
+    start: Position,
+    found: &str,
+) -> Result<(Plan, Runtime)> {
+    let Some(record) = PlanRecord::load(namespace, topic)? else {
         return Err(SluiceError::Config(format!(
             "{found}, not {start}, the position asked for on topic '{topic}', and its \
              producer runs no plan that this process could compute again \
@@ -319,7 +341,8 @@ fn replan(attach: &Attach, start: Position, found: &str) -> Result<(Plan, Runtim
     if plan_hash(&plan) != record.plan || listing != record.data {
         return Err(refuse(format!(
             "the plan {} plans or lists other files here than in its producer; run the \
-             trainer in the producer's working directory ({}), or use absolute paths in the plan",
+             trainer (or, for remote trainers, `sluice serve`) in the producer's working \
+             directory ({}), or use absolute paths in the plan",
             record.file,
             record.cwd.display()
         )));
@@ -368,11 +391,18 @@ fn background_runtime() -> Result<Runtime> {
 pub(crate) struct CatchUpFeed {
     messages: Receiver<Result<Inbound<RecordBatch>>>,
     stop: Arc<AtomicBool>,
+    topic: TopicName,
 }
 
 impl CatchUpFeed {
     /// Starts computing `plan` from `from`; the thread stops once it is dropped.
-    fn start(plan: Plan, runtime: Runtime, from: Position, columns: Columns) -> Result<Self> {
+    fn start(
+        plan: Plan,
+        runtime: Runtime,
+        from: Position,
+        columns: Columns,
+        topic: TopicName,
+    ) -> Result<Self> {
         // Two messages ahead: enough to overlap, and what it computes ahead is its own.
         let (tx, messages) = sync_channel(2);
         let stop = Arc::new(AtomicBool::new(false));
@@ -391,14 +421,17 @@ impl CatchUpFeed {
                 }
             })
             .map_err(|e| SluiceError::io("cannot start the catch-up thread", e))?;
-        Ok(Self { messages, stop })
+        Ok(Self {
+            messages,
+            stop,
+            topic,
+        })
     }
+}
 
-    fn recv(
-        &mut self,
-        timeout: Option<Duration>,
-        topic: &TopicName,
-    ) -> Result<Inbound<RecordBatch>> {
+impl Inlet<RecordBatch> for CatchUpFeed {
+    fn recv(&mut self, timeout: Option<Duration>) -> Result<Inbound<RecordBatch>> {
+        let topic = &self.topic;
         let message = match timeout {
             None => self
                 .messages

@@ -19,6 +19,7 @@ mod mask;
 mod payload;
 mod port;
 
+pub use catch_up::remote_catch_up;
 use catch_up::{Attach, CatchUp};
 use payload::Payload;
 use port::{LocalInlet, Port};
@@ -257,6 +258,7 @@ impl Subscriber {
                 &target,
                 ClientOptions {
                     replay: options.join == Join::Replay || options.cursor.is_some(),
+                    from: options.cursor.as_ref().map(|c| c.position().batch()),
                     wait,
                     reconnect: options.reconnect,
                     columns: options.columns.clone(),
