@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 import tempfile
 from pathlib import Path
 
@@ -96,3 +97,27 @@ def waiting_subscribers(ns: str, topic: str) -> int:
     names starting with a dot are registrations being made)."""
     interest = service_root(ns) / "interest" / topic
     return sum(1 for p in interest.glob("*") if not p.name.startswith("."))
+
+
+class EpochLoader:
+    """A loader that yields the same batches for an epoch in any process: 200 batches of
+    10 ids, a permutation of 0..1999 drawn from the epoch (``set_epoch``), 5 ms each."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        import numpy as np
+
+        order = np.random.default_rng(7 + self.epoch).permutation(2000).astype(np.int64)
+        for i in range(200):
+            time.sleep(0.005)
+            yield order[i * 10:(i + 1) * 10]
+
+
+def make_epoch_loader() -> EpochLoader:
+    """What ``python -m sluice publish helpers:make_epoch_loader --resumable`` runs."""
+    return EpochLoader()

@@ -166,6 +166,63 @@ def test_a_loader_fed_topic_refuses_a_cursor_it_no_longer_holds(ns, topic):
     publisher.join(60)
 
 
+def test_a_resumable_loader_s_topic_catches_a_trainer_up_by_making_the_loader_again(ns, topic):
+    """A topic fed by ``python -m sluice publish helpers:make_epoch_loader --resumable``
+    (another process): a trainer restarted from a state the topic no longer holds makes
+    the loader again in its own process, from the state's batch, until the shared stream
+    reaches back; it gets every row after the state exactly once, in the loader's order
+    (the oracle: the loader iterated here, not Sluice's checksum)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import helpers
+
+    def oracle(epoch):
+        loader = helpers.make_epoch_loader()
+        loader.set_epoch(epoch)
+        return [int(i) for batch in loader for i in batch]
+
+    here = Path(__file__).parent
+    publisher = subprocess.Popen(
+        [sys.executable, "-m", "sluice", "publish", "helpers:make_epoch_loader", "--topic", topic,
+         "--epochs", "2", "--window", "2", "--min-subscribers", "2", "--resumable"],
+        cwd=here, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = sluice.subscribe(topic, timeout=60)
+        pace = sluice.subscribe(topic, timeout=60)
+        seen = [[], []]
+
+        def paced():
+            # 15 ms a batch: slower than the loader made again, which meets the stream.
+            for b in pace:
+                seen[b.epoch].extend(int(i) for i in sluice.structured(b))
+                time.sleep(0.015)
+
+        reader = threading.Thread(target=paced)
+        reader.start()
+        before = []
+        it = iter(first)
+        for _ in range(3):
+            before.extend(int(i) for i in sluice.structured(next(it)))
+        state = first.state_dict()
+        first.close()
+        while len(seen[0]) < 400:  # 40 batches on: far out of a history of two
+            time.sleep(0.01)
+        after = [[], []]
+        with sluice.subscribe(topic, state=state, timeout=60) as again:
+            for b in again:
+                after[b.epoch].extend(int(i) for i in sluice.structured(b))
+        reader.join(60)
+        pace.close()
+        assert before + after[0] == oracle(0)
+        assert after[1] == oracle(1)
+        assert seen == [oracle(0), oracle(1)]
+    finally:
+        out, err = publisher.communicate(timeout=60)
+    assert publisher.returncode == 0, err
+
+
 def test_a_torch_dataset_resumes_from_its_state_dict(plans):
     """``sluice.torch.IterableDataset``'s ``state_dict()`` / ``load_state_dict()``
     (torchdata's ``StatefulDataLoader`` protocol): a new dataset loaded with the state

@@ -119,6 +119,8 @@ pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
             on_max_held: Default::default(),
             cursor: args.cursor.as_deref().map(load_cursor).transpose()?,
             mask: args.mask.clone(),
+            // A loader's batches are made again by Python trainers only.
+            loader_catch_up: None,
         },
     )?;
     let delay = args.delay_ms.map(Duration::from_millis);

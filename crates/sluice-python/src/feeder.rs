@@ -118,7 +118,7 @@ impl PyFeeder {
 #[pymethods]
 impl PyFeeder {
     #[new]
-    #[pyo3(signature = (topic, *, epochs=None, window=None, max_subscribers=None, min_subscribers=None, max_held=None, lag_limit=None, wait_timeout=None, linger=10.0))]
+    #[pyo3(signature = (topic, *, epochs=None, window=None, max_subscribers=None, min_subscribers=None, max_held=None, lag_limit=None, wait_timeout=None, linger=10.0, factory=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         topic: String,
@@ -130,6 +130,7 @@ impl PyFeeder {
         lag_limit: Option<&Bound<'_, PyAny>>,
         wait_timeout: Option<f64>,
         linger: f64,
+        factory: Option<String>,
     ) -> PyResult<Self> {
         TopicName::new(topic.as_str()).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let mut options = SluiceOptions::default();
@@ -162,6 +163,10 @@ impl PyFeeder {
         };
         let namespace = Namespace::from_env().map_err(|e| to_py(&e))?;
         let (producer, feeder) = Producer::fed(options, namespace);
+        let producer = match &factory {
+            Some(factory) => producer.remade_by(factory),
+            None => producer,
+        };
         let runtime = ProducerHandle::runtime("feeder").map_err(|e| to_py(&e))?;
         let handle =
             ProducerHandle::spawn(producer, run_options, runtime).map_err(|e| to_py(&e))?;

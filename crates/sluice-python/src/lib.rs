@@ -33,6 +33,7 @@
 
 mod batch;
 mod c_device;
+mod catch_up;
 mod dlpack;
 mod errors;
 mod feedback;
@@ -69,6 +70,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<producer::PyProducer>()?;
     m.add_class::<producer::PyRunStats>()?;
     m.add_class::<feeder::PyFeeder>()?;
+    m.add_class::<catch_up::PyCatchUpSink>()?;
     m.add_function(wrap_pyfunction!(subscriber::subscribe, m)?)?;
     m.add_function(wrap_pyfunction!(producer::_shutdown, m)?)?;
     m.add("SluiceError", py.get_type::<errors::SluiceError>())?;

@@ -464,6 +464,7 @@ impl PySubscriber {
             on_max_held,
             cursor,
             mask,
+            loader_catch_up: Some(crate::catch_up::loader_catch_up()),
             ..SubscribeOptions::default()
         };
         // Waits in slices, so that Ctrl-C is answered between two; the connector keeps

@@ -1,6 +1,7 @@
 //! A trainer's position in a topic's stream ([`Cursor`]), saved with its model so that a
 //! restarted trainer resumes exactly where it stopped; and what a producer leaves for
-//! such a trainer to compute again what the topic no longer holds ([`PlanRecord`]).
+//! such a trainer to compute again what the topic no longer holds ([`PlanRecord`],
+//! [`LoaderRecord`]).
 //!
 //! See docs/protocol.md, "Resuming a trainer".
 
@@ -183,27 +184,93 @@ impl PlanRecord {
 
     /// The record of `topic`, if its producer left one.
     pub fn load(namespace: &Namespace, topic: &TopicName) -> Result<Option<Self>> {
-        namespace.prepare_state_dir()?;
-        let path = Self::path(namespace, topic);
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => {
-                return Err(SluiceError::io(
-                    format!("cannot read {}", path.display()),
-                    e,
-                ));
-            }
-        };
-        let record: Self = serde_json::from_str(&text).map_err(|e| {
-            SluiceError::Corrupt(format!("plan record {} is unreadable: {e}", path.display()))
-        })?;
-        match record.version == VERSION && record.topic == topic.as_str() {
-            true => Ok(Some(record)),
-            false => Err(SluiceError::Corrupt(format!(
-                "plan record {} is not this Sluice's record of topic '{topic}'",
-                path.display()
-            ))),
+        let record: Option<Self> = load_record(namespace, &Self::path(namespace, topic))?;
+        check_record(record, topic, |r| (r.version, r.topic.as_str()))
+    }
+}
+
+/// What a producer fed by a loader that can compute an epoch again
+/// (`sluice.publish(make_loader, …, resumable=True)`) leaves in its namespace's state
+/// directory while it runs: the function that makes the loader, for a trainer's process
+/// to make it again and compute what the topic no longer holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LoaderRecord {
+    /// Format version.
+    pub version: u32,
+    /// The topic.
+    pub topic: String,
+    /// `package.module:function`, which makes the loader.
+    pub factory: String,
+    /// The producer's working directory (where the module may be found).
+    pub cwd: PathBuf,
+    /// Epochs of the run.
+    pub epochs: u64,
+}
+
+impl LoaderRecord {
+    /// The record of a loader made by `factory` and run for `epochs` on `topic`.
+    pub fn new(topic: &TopicName, factory: &str, epochs: u64) -> Self {
+        Self {
+            version: VERSION,
+            topic: topic.to_string(),
+            factory: factory.to_string(),
+            cwd: std::env::current_dir().unwrap_or_default(),
+            epochs,
         }
+    }
+
+    /// Where the record of `topic` is.
+    pub fn path(namespace: &Namespace, topic: &TopicName) -> PathBuf {
+        namespace.state_dir().join(format!("{topic}.loader.json"))
+    }
+
+    /// Writes the record (owner-only, atomically).
+    pub(crate) fn write(&self, path: &Path) -> Result<()> {
+        let text = serde_json::to_string(self)
+            .map_err(|e| SluiceError::Internal(format!("cannot encode a loader record: {e}")))?;
+        crate::checkpoint::write_state(path, text.as_bytes())
+    }
+
+    /// The record of `topic`, if its producer left one.
+    pub fn load(namespace: &Namespace, topic: &TopicName) -> Result<Option<Self>> {
+        let record: Option<Self> = load_record(namespace, &Self::path(namespace, topic))?;
+        check_record(record, topic, |r| (r.version, r.topic.as_str()))
+    }
+}
+
+/// The record at `path` in `namespace`'s state directory (checked to be this user's
+/// only), if there is one.
+fn load_record<T: serde::de::DeserializeOwned>(
+    namespace: &Namespace,
+    path: &Path,
+) -> Result<Option<T>> {
+    namespace.prepare_state_dir()?;
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(SluiceError::io(
+                format!("cannot read {}", path.display()),
+                e,
+            ));
+        }
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| SluiceError::Corrupt(format!("record {} is unreadable: {e}", path.display())))
+}
+
+/// `record`, if it is this Sluice's record of `topic` (its version and topic, as
+/// `identity` tells them).
+fn check_record<T>(
+    record: Option<T>,
+    topic: &TopicName,
+    identity: impl Fn(&T) -> (u32, &str),
+) -> Result<Option<T>> {
+    match record {
+        Some(r) if identity(&r) != (VERSION, topic.as_str()) => Err(SluiceError::Corrupt(format!(
+            "the state directory's record of topic '{topic}' is not this Sluice's"
+        ))),
+        other => Ok(other),
     }
 }

@@ -49,7 +49,7 @@ pub mod status;
 mod subscriber;
 
 pub use checkpoint::{Checkpoint, DataListing};
-pub use cursor::Cursor;
+pub use cursor::{Cursor, LoaderRecord};
 pub use gpu::batch::{DeviceBatch, DeviceColumn, DevicePart};
 pub use gpu::host_copy::HostCopier;
 pub use producer::{
@@ -60,8 +60,8 @@ pub use sluice_core::{Checksum, Columns, Position, Result, SluiceError};
 pub use sluice_plan::{Plan, Shard, SluiceOptions, StoreStats};
 pub use sluice_shm::{Namespace, OnMaxHeld};
 pub use subscriber::{
-    Connector, EpochSummary, Event, Join, OnLag, SubscribeOptions, Subscriber, lies_within,
-    remote_catch_up,
+    CatchUpSender, Connector, EpochSummary, Event, Join, LoaderCatchUp, OnLag, SubscribeOptions,
+    Subscriber, catch_up_channel, lies_within, remote_catch_up,
 };
 
 /// `sluice-core`: re-batching, checksums, wire format, errors.

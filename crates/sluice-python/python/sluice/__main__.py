@@ -2,7 +2,9 @@
 data loader as a producer process of its own (see :func:`sluice.publish`).
 
 ``make_loader`` is called once, without arguments, and returns the loader: anything
-iterated again for each epoch, such as a ``torch.utils.data.DataLoader``."""
+iterated again for each epoch, such as a ``torch.utils.data.DataLoader``. With
+``--resumable`` trainers whose saved state the topic no longer holds call it again to
+catch up (see :func:`sluice.publish`'s ``resumable``)."""
 
 from __future__ import annotations
 
@@ -38,13 +40,22 @@ def main(argv: list[str] | None = None) -> int:
     publish.add_argument("--min-subscribers", type=int, default=None)
     publish.add_argument("--wait-timeout", type=float, default=None)
     publish.add_argument("--linger", type=float, default=10.0)
+    publish.add_argument("--window", type=int, default=None)
+    publish.add_argument(
+        "--resumable",
+        action="store_true",
+        help="the loader yields the same batches for an epoch in any process: trainers "
+        "catch up by making it again",
+    )
     args = parser.parse_args(argv)
-    loader = _factory(args.loader)()
+    make = _factory(args.loader)
     try:
         stats = sluice.publish(
-            loader,
+            make if args.resumable else make(),
             args.topic,
             epochs=args.epochs,
+            window=args.window,
+            resumable=args.resumable,
             min_subscribers=args.min_subscribers,
             wait_timeout=args.wait_timeout,
             linger=args.linger,
@@ -52,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stopped", file=sys.stderr)
         return 130
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except sluice.SluiceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -483,7 +483,11 @@ class Feeder:
         lag_limit: int | None = None,
         wait_timeout: float | None = None,
         linger: float = 10.0,
-    ) -> None: ...
+        factory: str | None = None,
+    ) -> None:
+        """``factory``: ``package.module:function`` that makes the loader again, which
+        yields the same batches for an epoch in any process: trainers whose state the
+        topic no longer holds make it again to catch up."""
     @property
     def topic(self) -> str: ...
     def send(self, batch: Any) -> None:
@@ -497,6 +501,19 @@ class Feeder:
         """After the last epoch: waits for the run to end and returns what it did."""
     def close(self) -> None:
         """Stops the run where it is (subscribers are told it stopped)."""
+
+class CatchUpSink:
+    """Where the loader made again in a trainer's process feeds its catch-up (see
+    ``sluice.loader._catch_up``); made by a subscriber, not by users."""
+
+    def send(self, epoch: int, index: int, batch: Any) -> bool:
+        """Batch ``index`` of ``epoch``; ``False`` once nobody takes them."""
+    def end_epoch(self, epoch: int, batches: int, rows: int) -> bool:
+        """Ends ``epoch`` (its batches and rows in all)."""
+    def end(self) -> bool:
+        """Ends the stream."""
+    def fail(self, message: str) -> None:
+        """Fails the catch-up with ``message``."""
 
 def request_round(topic: str) -> None:
     """Asks the producer of a local ``topic`` whose plan sets ``sluice.trigger =

@@ -28,8 +28,11 @@ exactly the loader's batches; one with a ``batch_size`` receives the same rows i
 from __future__ import annotations
 
 import functools
+import importlib
 import json
-from collections.abc import Iterable, Mapping
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluice._sluice import Feeder, RunStats
@@ -207,6 +210,7 @@ def publish(
     max_subscribers: int | None = None,
     max_held: int | None = None,
     lag_limit: int | None = None,
+    resumable: bool = False,
 ) -> RunStats:
     """Publishes what ``loader`` yields on ``topic``, iterating it once per epoch.
 
@@ -214,7 +218,16 @@ def publish(
     object whose ``__iter__`` starts over; a generator runs once, so pass a function
     that makes one: ``publish(lambda: gen(), ...)`` is not iterable, wrap it in a class
     with ``__iter__``). The other arguments are the topic settings of a plan
-    (``sluice.min_subscribers`` and so on). Returns the run's :class:`RunStats`.
+    (``sluice.min_subscribers`` and so on). Returns the run's :class:`RunStats`. Before
+    each epoch a loader with ``set_epoch`` (a sampler's, a streaming dataset's) is told
+    the epoch.
+
+    ``resumable=True``: ``loader`` is a function of a module that trainers can import
+    (``package.module:make_loader``, not a lambda, a local function or ``__main__``'s),
+    which makes the loader, and the loader it makes yields the same batches for an epoch
+    in any process (seeded, shuffled per ``set_epoch``). A trainer restarted from a state
+    the topic no longer holds then makes it again in its own process to catch up
+    (docs/python.md, "Resuming a trainer"); without it such a state is refused.
 
     An exception the loader raises reaches every subscriber as ``ProducerFailed`` with
     its type and message, then propagates here; Ctrl-C stops the run (subscribers are
@@ -222,8 +235,13 @@ def publish(
     nesting, names, dtypes or row shapes) is a ``ValueError`` naming both, which the
     subscribers get too.
     """
+    factory = None
+    if resumable:
+        factory = _factory_name(loader)
+        loader = loader()
     feeder = Feeder(
         topic,
+        factory=factory,
         epochs=epochs,
         min_subscribers=min_subscribers,
         wait_timeout=wait_timeout,
@@ -235,7 +253,8 @@ def publish(
     )
     first: dict[str, Any] | None = None
     try:
-        for _ in range(epochs):
+        for epoch in range(epochs):
+            _set_epoch(loader, epoch)
             for batch in loader:
                 arrow, structure = flatten(batch)
                 if first is None:
@@ -254,6 +273,71 @@ def publish(
         feeder.fail(f"{type(e).__name__}: {e}")
         raise
     return feeder.finish()
+
+
+def _set_epoch(loader: Any, epoch: int) -> None:
+    set_epoch = getattr(loader, "set_epoch", None)
+    if callable(set_epoch):
+        set_epoch(epoch)
+
+
+def _factory_name(make: Any) -> str:
+    """``package.module:function`` naming ``make``, checked to name it in a new process."""
+    module = getattr(make, "__module__", None)
+    name = getattr(make, "__qualname__", "")
+    if not callable(make) or not module or module == "__main__" or "<" in name:
+        raise ValueError(
+            f"resumable=True needs a function that makes the loader, defined at the top of a "
+            f"module the trainers can import (package.module:make_loader), not {make!r}"
+        )
+    spec = f"{module}:{name}"
+    if _resolve(spec, None) is not make:
+        raise ValueError(f"{spec} does not name {make!r} when imported")
+    return spec
+
+
+def _resolve(spec: str, cwd: str | None) -> Callable[[], Any]:
+    """The function ``package.module:function`` names; the producer's directory ``cwd``
+    is looked in for the module after this process's path."""
+    module, _, name = spec.partition(":")
+    try:
+        found: Any = importlib.import_module(module)
+    except ImportError:
+        if cwd is None or cwd in sys.path:
+            raise
+        sys.path.append(cwd)
+        found = importlib.import_module(module)
+    for part in name.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def _catch_up(sink: Any, factory: str, cwd: str, epochs: int, epoch: int, index: int) -> None:
+    """Makes the loader again (``factory``) and feeds ``sink`` its batches from batch
+    ``index`` of ``epoch`` to the end of the run, on a thread of its own, until the
+    subscriber no longer takes them (it reached the shared stream). Called by a
+    subscriber whose state the topic no longer holds (see :func:`publish`)."""
+    make = _resolve(factory, cwd)
+
+    def run() -> None:
+        try:
+            loader = make()
+            for e in range(epoch, epochs):
+                _set_epoch(loader, e)
+                batches = rows = 0
+                for i, batch in enumerate(loader):
+                    # Skipped batches are made too: the epoch's end counts their rows.
+                    arrow, _ = flatten(batch)
+                    batches, rows = batches + 1, rows + arrow.num_rows
+                    if (e, i) >= (epoch, index) and not sink.send(e, i, arrow):
+                        return
+                if not sink.end_epoch(e, batches, rows):
+                    return
+            sink.end()
+        except BaseException as exc:  # noqa: BLE001 - the subscriber gets it
+            sink.fail(f"{type(exc).__name__}: {exc}")
+
+    threading.Thread(target=run, name="sluice-catch-up", daemon=True).start()
 
 
 def _leaf(batch: Any, record: Any, leaf: dict[str, Any], to_tensor: Any) -> Any:

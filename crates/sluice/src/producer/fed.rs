@@ -13,9 +13,12 @@ use std::time::{Duration, Instant};
 
 use arrow::record_batch::RecordBatch;
 use sluice_core::{Result, SluiceError};
+use sluice_plan::SluiceOptions;
+use sluice_shm::Namespace;
 use tokio::runtime::Handle;
 
 use super::source::{Message, Source};
+use crate::cursor::LoaderRecord;
 
 /// Batches fed ahead of the publishing thread.
 const QUEUE: usize = 2;
@@ -182,5 +185,30 @@ impl Source for FedSource {
 
     fn batches_as_fed(&self) -> bool {
         true
+    }
+}
+
+/// A run's [`LoaderRecord`], removed when the run ends (a crash leaves it: the next run
+/// of the topic writes its own).
+pub(crate) struct LoaderRecordKept(std::path::PathBuf);
+
+impl LoaderRecordKept {
+    /// Leaves the record of a loader `factory` makes, run as `options` say.
+    pub(crate) fn leave(
+        namespace: &Namespace,
+        options: &SluiceOptions,
+        factory: &str,
+    ) -> Result<Self> {
+        let topic = options.topic_name()?;
+        namespace.prepare_state_dir()?;
+        let path = LoaderRecord::path(namespace, &topic);
+        LoaderRecord::new(&topic, factory, options.epochs).write(&path)?;
+        Ok(Self(path))
+    }
+}
+
+impl Drop for LoaderRecordKept {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }

@@ -128,6 +128,9 @@ enum Feed {
     Fed {
         options: Box<SluiceOptions>,
         source: Mutex<Option<fed::FedSource>>,
+        /// `package.module:function` that makes the loader again, for trainers that
+        /// catch up ([`crate::cursor::LoaderRecord`]).
+        factory: Option<String>,
     },
 }
 
@@ -165,8 +168,21 @@ impl Producer {
         let feed = Feed::Fed {
             options: Box::new(options),
             source: Mutex::new(Some(source)),
+            factory: None,
         };
         (Self { feed, namespace }, feeder)
+    }
+
+    /// Says that the fed batches come from a loader that `factory`
+    /// (`package.module:function`) makes again, which yields the same batches for an
+    /// epoch in any process: the run leaves a [`crate::cursor::LoaderRecord`] while it
+    /// runs, and a Python trainer whose cursor the topic no longer holds makes the
+    /// loader in its own process to catch up. No effect on a plan's producer.
+    pub fn remade_by(mut self, factory: &str) -> Self {
+        if let Feed::Fed { factory: f, .. } = &mut self.feed {
+            *f = Some(factory.to_string());
+        }
+        self
     }
 
     /// The plan, for a producer that runs one.
@@ -226,6 +242,7 @@ impl Producer {
             Feed::Fed {
                 options: opts,
                 source,
+                factory,
             } => {
                 if options.resume {
                     return Err(SluiceError::Config(
@@ -240,6 +257,14 @@ impl Producer {
                     .unwrap_or_else(PoisonError::into_inner)
                     .take()
                     .ok_or_else(|| SluiceError::Config("a fed producer runs once".into()))?;
+                let _record = match factory {
+                    Some(factory) => Some(fed::LoaderRecordKept::leave(
+                        &self.namespace,
+                        opts,
+                        factory,
+                    )?),
+                    None => None,
+                };
                 let run = (source, Position::default(), None);
                 self.publish(handle, options, opts, run, on_progress)
             }

@@ -26,7 +26,7 @@ use tokio::runtime::{Handle, Runtime};
 use super::payload::Payload;
 use super::port::LocalInlet;
 use crate::checkpoint::DataListing;
-use crate::cursor::{PlanRecord, plan_hash};
+use crate::cursor::{LoaderRecord, PlanRecord, plan_hash};
 use crate::producer::{PlanSource, Source};
 
 /// How often, at most, a catch-up looks at the producer's report to see whether the
@@ -85,7 +85,7 @@ pub(crate) struct CatchUp {
     /// The shared stream, once on it.
     live: Option<Box<LocalInlet>>,
     /// The catch-up, until the shared stream is reached.
-    feed: Option<CatchUpFeed>,
+    feed: Option<Box<dyn Inlet<RecordBatch> + Send>>,
     /// Messages to deliver first.
     pending: VecDeque<Inbound<Payload>>,
     /// The next position the catch-up delivers.
@@ -108,6 +108,7 @@ impl CatchUp {
         live: LocalInlet,
         first: Option<Inbound<Payload>>,
         start: Option<Position>,
+        loader: Option<&LoaderCatchUp>,
     ) -> Result<Self> {
         let Some(start) = start else {
             return Ok(Self::on(attach, live, first));
@@ -119,7 +120,9 @@ impl CatchUp {
             Some(m) => position_of(m).map_or("the topic's stream has ended".into(), |p| {
                 format!("the topic holds its stream from {p} on")
             }),
-            None if PlanRecord::load(&attach.namespace, &attach.topic)?.is_none() => {
+            None if PlanRecord::load(&attach.namespace, &attach.topic)?.is_none()
+                && LoaderRecord::load(&attach.namespace, &attach.topic)?.is_none() =>
+            {
                 return Ok(Self::on(attach, live, None));
             }
             None => "the topic's producer has sent nothing for a second (a subscriber that \
@@ -137,16 +140,25 @@ impl CatchUp {
         };
         // The topic's history starts after `start`: let go of it while catching up.
         drop(live);
-        let (plan, runtime) = replan(&this.attach.namespace, &this.attach.topic, start, &found)?;
+        let (namespace, topic) = (&this.attach.namespace, &this.attach.topic);
+        let columns = &this.attach.columns;
+        let feed = match LoaderRecord::load(namespace, topic)? {
+            Some(record) if PlanRecord::load(namespace, topic)?.is_none() => {
+                let Some(loader) = loader else {
+                    return Err(SluiceError::Config(format!(
+                        "{found}, not {start}, the position asked for on topic '{topic}', \
+                         which a loader feeds that only a Python trainer can make again \
+                         ({}): subscribe through sluice.subscribe, or start without the \
+                         saved state",
+                        record.factory
+                    )));
+                };
+                (loader.0)(&record, start, columns)?
+            }
+            _ => plan_feed(namespace, topic, start, columns, &found)?,
+        };
         tracing::info!(topic = %this.attach.topic, "catching up from {start} ({found})");
-        let columns = this.attach.columns.clone();
-        this.feed = Some(CatchUpFeed::start(
-            plan,
-            runtime,
-            start,
-            columns,
-            this.attach.topic.clone(),
-        )?);
+        this.feed = Some(feed);
         Ok(this)
     }
 
@@ -276,10 +288,61 @@ impl Inlet<Payload> for CatchUp {
 /// threads at a lower priority, with the same refusals as a local trainer's catch-up.
 pub fn remote_catch_up(namespace: Namespace) -> sluice_flight::CatchUpSource {
     Arc::new(move |topic, start, columns, found| {
-        let (plan, runtime) = replan(&namespace, topic, start, found)?;
-        let feed = CatchUpFeed::start(plan, runtime, start, columns.clone(), topic.clone())?;
-        Ok(Box::new(feed) as Box<dyn Inlet<RecordBatch> + Send>)
+        plan_feed(&namespace, topic, start, columns, found)
     })
+}
+
+/// The plan `topic`'s producer recorded, computed again from `start` (see [`replan`]).
+fn plan_feed(
+    namespace: &Namespace,
+    topic: &TopicName,
+    start: Position,
+    columns: &Columns,
+    found: &str,
+) -> Result<Box<dyn Inlet<RecordBatch> + Send>> {
+    let (plan, runtime) = replan(namespace, topic, start, found)?;
+    let feed = CatchUpFeed::start(plan, runtime, start, columns.clone(), topic.clone())?;
+    Ok(Box::new(feed))
+}
+
+/// How a subscriber's process computes again the batches of a topic that a loader feeds
+/// which can make them again ([`LoaderRecord`]): given the record, the position and the
+/// columns, the stream's messages from that position to its end (one batch per
+/// message; see [`catch_up_channel`]). The Python binding gives every subscriber one
+/// that makes the loader in Python.
+#[derive(Clone)]
+pub struct LoaderCatchUp(pub Arc<MakeFeed>);
+
+/// A catch-up's feed from a loader's record, a position and the columns.
+pub type MakeFeed = dyn Fn(&LoaderRecord, Position, &Columns) -> Result<Box<dyn Inlet<RecordBatch> + Send>>
+    + Send
+    + Sync;
+
+impl std::fmt::Debug for LoaderCatchUp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LoaderCatchUp")
+    }
+}
+
+/// A catch-up's two ends: the sender, for the code that computes the messages (on a
+/// thread of its own), and the feed a catching-up subscriber reads. Two messages ahead.
+pub fn catch_up_channel(
+    topic: &TopicName,
+    columns: Columns,
+) -> (CatchUpSender, Box<dyn Inlet<RecordBatch> + Send>) {
+    let (tx, messages) = sync_channel(2);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sender = CatchUpSender {
+        tx,
+        stop: stop.clone(),
+        columns,
+    };
+    let feed = CatchUpFeed {
+        messages,
+        stop,
+        topic: topic.clone(),
+    };
+    (sender, Box::new(feed))
 }
 
 /// Plans the topic's plan again, as its producer recorded it, and checks that it is the
@@ -294,9 +357,9 @@ fn replan(
     let Some(record) = PlanRecord::load(namespace, topic)? else {
         return Err(SluiceError::Config(format!(
             "{found}, not {start}, the position asked for on topic '{topic}', and its \
-             producer runs no plan that this process could compute again \
-             (a loader's batches, or a producer of another Sluice): start the trainer without \
-             its saved state, or with join='next_epoch'"
+             producer runs no plan that this process could compute again, nor a loader \
+             published with resumable=True (a loader's batches, or a producer of another \
+             Sluice): start the trainer without its saved state, or with join='next_epoch'"
         )));
     };
     let runtime = background_runtime()?;
@@ -386,46 +449,35 @@ fn background_runtime() -> Result<Runtime> {
         .map_err(|e| SluiceError::io("cannot start the catch-up's runtime", e))
 }
 
-/// The plan computed again from a position, on a thread of its own, one batch per
-/// message, as its producer's messages would be.
-pub(crate) struct CatchUpFeed {
+/// A catch-up's messages, computed on a thread of its own (see [`catch_up_channel`]);
+/// the thread is told to stop once this is dropped.
+struct CatchUpFeed {
     messages: Receiver<Result<Inbound<RecordBatch>>>,
     stop: Arc<AtomicBool>,
     topic: TopicName,
 }
 
 impl CatchUpFeed {
-    /// Starts computing `plan` from `from`; the thread stops once it is dropped.
+    /// Starts computing `plan` from `from`, one batch per message, as its producer's
+    /// messages would be.
     fn start(
         plan: Plan,
         runtime: Runtime,
         from: Position,
         columns: Columns,
         topic: TopicName,
-    ) -> Result<Self> {
-        // Two messages ahead: enough to overlap, and what it computes ahead is its own.
-        let (tx, messages) = sync_channel(2);
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
+    ) -> Result<Box<dyn Inlet<RecordBatch> + Send>> {
+        let (sender, feed) = catch_up_channel(&topic, columns);
         std::thread::Builder::new()
             .name("sluice-catch-up".into())
             .spawn(move || {
                 lower_priority();
-                let feed = Thread {
-                    tx,
-                    stop: stopped,
-                    columns,
-                };
-                if let Err(e) = feed.run(&plan, runtime.handle(), from) {
-                    let _ = feed.tx.send(Err(e));
+                if let Err(e) = run_plan(&sender, &plan, runtime.handle(), from) {
+                    sender.fail(e);
                 }
             })
             .map_err(|e| SluiceError::io("cannot start the catch-up thread", e))?;
-        Ok(Self {
-            messages,
-            stop,
-            topic,
-        })
+        Ok(feed)
     }
 }
 
@@ -458,50 +510,72 @@ impl Drop for CatchUpFeed {
     }
 }
 
-/// The catch-up thread's end.
-struct Thread {
+/// The computing end of a catch-up (see [`catch_up_channel`]).
+pub struct CatchUpSender {
     tx: SyncSender<Result<Inbound<RecordBatch>>>,
     stop: Arc<AtomicBool>,
     columns: Columns,
 }
 
-impl Thread {
-    /// Sends `message`; `false` once nobody takes them.
-    fn send(&self, message: Inbound<RecordBatch>) -> bool {
-        !self.stop.load(Ordering::Relaxed) && self.tx.send(Ok(message)).is_ok()
+impl CatchUpSender {
+    /// Sends `message` (a batch with the subscriber's columns only), waiting while two
+    /// are ahead; `Ok(false)` once nobody takes them (the subscriber moved onto the
+    /// shared stream, or left): stop computing then.
+    pub fn send(&self, message: Inbound<RecordBatch>) -> Result<bool> {
+        let message = match message {
+            Inbound::Batch {
+                epoch,
+                index,
+                batch_rows,
+                payload,
+            } => Inbound::Batch {
+                epoch,
+                index,
+                batch_rows,
+                payload: match self.columns.indices(&payload.schema())? {
+                    Some(indices) => payload.project(&indices)?,
+                    None => payload,
+                },
+            },
+            other => other,
+        };
+        Ok(!self.stop.load(Ordering::Relaxed) && self.tx.send(Ok(message)).is_ok())
     }
 
-    fn run(&self, plan: &Plan, handle: &Handle, from: Position) -> Result<()> {
-        let opts = plan.options().clone();
-        let mut source = PlanSource::new(plan, &opts).stamped(&plan_hash(plan));
-        for epoch in from.epoch..opts.epochs {
-            let skip = if epoch == from.epoch { from.index } else { 0 };
-            source.start(handle, epoch, skip)?;
-            while let Some(message) = source.next(handle)? {
-                let rows = match self.columns.indices(&message.rows.schema())? {
-                    Some(indices) => message.rows.project(&indices)?,
-                    None => message.rows,
-                };
-                let batch = Inbound::Batch {
-                    epoch,
-                    index: message.index,
-                    batch_rows: 0,
-                    payload: rows,
-                };
-                if !self.send(batch) {
-                    return Ok(());
-                }
-            }
-            let (batches, rows) = source.produced();
-            if !self.send(Inbound::EndOfEpoch {
+    /// Fails the catch-up with `error` (the subscriber gets it).
+    pub fn fail(&self, error: SluiceError) {
+        let _ = self.tx.send(Err(error));
+    }
+}
+
+/// Computes `plan` from `from` into `sender`, until its end or until nobody takes it.
+fn run_plan(sender: &CatchUpSender, plan: &Plan, handle: &Handle, from: Position) -> Result<()> {
+    let opts = plan.options().clone();
+    let mut source = PlanSource::new(plan, &opts).stamped(&plan_hash(plan));
+    for epoch in from.epoch..opts.epochs {
+        let skip = if epoch == from.epoch { from.index } else { 0 };
+        source.start(handle, epoch, skip)?;
+        while let Some(message) = source.next(handle)? {
+            let batch = Inbound::Batch {
                 epoch,
-                batches,
-                rows,
-            }) {
+                index: message.index,
+                batch_rows: 0,
+                payload: message.rows,
+            };
+            if !sender.send(batch)? {
                 return Ok(());
             }
         }
-        self.send(Inbound::EndOfStream);
-        Ok(())
+        let (batches, rows) = source.produced();
+        let end = Inbound::EndOfEpoch {
+            epoch,
+            batches,
+            rows,
+        };
+        if !sender.send(end)? {
+            return Ok(());
+        }
     }
+    sender.send(Inbound::EndOfStream)?;
+    Ok(())
 }

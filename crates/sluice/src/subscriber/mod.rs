@@ -19,8 +19,8 @@ mod mask;
 mod payload;
 mod port;
 
-pub use catch_up::remote_catch_up;
 use catch_up::{Attach, CatchUp};
+pub use catch_up::{CatchUpSender, LoaderCatchUp, catch_up_channel, remote_catch_up};
 use payload::Payload;
 use port::{LocalInlet, Port};
 
@@ -73,6 +73,10 @@ pub struct SubscribeOptions {
     /// row of the stream; batches are the selected part of each batch (a batch of which
     /// nothing is selected is not handed out).
     pub mask: Option<String>,
+    /// How this process computes again the batches of a topic fed by a loader that can
+    /// make them again, for a cursor the topic no longer holds (the Python binding
+    /// sets it); `None`: such a cursor is refused.
+    pub loader_catch_up: Option<LoaderCatchUp>,
 }
 
 /// What a subscriber receives.
@@ -345,7 +349,8 @@ impl Subscriber {
             (None, _) => None,
         };
         let from = start.map(RowPosition::batch);
-        let port = Port::CatchUp(Box::new(CatchUp::start(attach, live, first, from)?));
+        let loader = options.loader_catch_up.as_ref();
+        let port = Port::CatchUp(Box::new(CatchUp::start(attach, live, first, from, loader)?));
         let shown = topic.to_string();
         Self::new(topic, shown, namespace, options, port, max_held, start)
     }
