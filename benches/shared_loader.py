@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """A Python image loader shared with `sluice.publish` against the same loader run by
-every trainer for itself, measured in the same run (issue 51's comparison; TensorSocket
-is added where the `tensorsocket` package is installed).
+every trainer for itself, and against TensorSocket wrapping it, measured in the same run
+(issue 51's comparison).
 
 Usage (a Python with the Sluice wheel, numpy and Pillow; torch is used for a
-`DataLoader` with `num_workers=1` where installed, else the loader runs in the
-publishing process):
+`DataLoader` with `num_workers=1` yielding tensors where installed, else the loader runs
+in the publishing process; TensorSocket 0.0.5 is measured where `tensorsocket` and torch
+are installed, else skipped with the reason):
 
     .venv/bin/python benches/shared_loader.py [--images 3000] [--trainers 1 2 4] [--json OUT]
+        [--tensorsocket-budget 60]
 
 The loader decodes JPEGs (160 px, made once in memory) with Pillow, takes a random crop,
 resizes it to 112 px, flips it at random, normalises it and yields batches of 64
@@ -17,7 +19,12 @@ batch of one epoch and sums it (a stand-in for a training step that reads the da
 * one loader alone: samples/s, the bar every trainer should reach;
 * N independent loaders: N processes, each iterating its own loader;
 * Sluice: one process runs `sluice.publish(loader, ...)`, N processes read the topic
-  through `sluice.structured` (the loader's own tuples, viewing shared memory).
+  through `sluice.structured` (the loader's own tuples, viewing shared memory), or with
+  torch `sluice.torch.SharedLoader` (the loader's tensors);
+* TensorSocket: one process runs `TensorProducer(loader)` as its README does, N
+  processes iterate `TensorConsumer()`; each stops after `--tensorsocket-budget`
+  seconds if the epoch has not ended by then (it pickles every batch through ZMQ), and
+  reports what it got.
 
 Reported per N: samples/s per trainer (the slowest; every process timed from its first
 batch on, whose rows are not counted), its ratio to one loader alone, and the
@@ -83,9 +90,13 @@ class Batches:
 def loader(count, use_torch):
     dataset = Images(jpegs(count), seed=7)
     if use_torch:
+        import torch
         import torch.utils.data as tud
+        # A torchvision-style loader: tensors, decoded in one worker process.
+        collate = lambda items: (torch.from_numpy(np.stack([x for x, _ in items])),
+                                 torch.from_numpy(np.array([y for _, y in items], np.int64)))
         return tud.DataLoader(dataset, batch_size=BATCH, num_workers=1, persistent_workers=True,
-                              collate_fn=lambda items: (np.stack([x for x, _ in items]), np.array([y for _, y in items], np.int64)))
+                              collate_fn=collate)
     return Batches(dataset)
 
 def step(images, labels):
@@ -117,31 +128,77 @@ print(stats.rows, stats.elapsed)
 
 TRAINER = COMMON + r"""
 import sluice
-topic = sys.argv[1]
+topic, use_torch = sys.argv[1], sys.argv[2] == "torch"
 rows, t0 = 0, None
-with sluice.subscribe(topic, timeout=300) as sub:
-    for batch in sub:
-        images, labels = sluice.structured(batch)
+if use_torch:
+    import sluice.torch
+    # The loader's tensors, as a training script that swapped its DataLoader gets them.
+    for images, labels in sluice.torch.SharedLoader(topic, timeout=300):
         step(images, labels)
         if t0 is None:
             t0 = time.perf_counter()
         else:
             rows += len(labels)
-        del images, labels, batch
+        del images, labels
+else:
+    with sluice.subscribe(topic, timeout=300) as sub:
+        for batch in sub:
+            images, labels = sluice.structured(batch)
+            step(images, labels)
+            if t0 is None:
+                t0 = time.perf_counter()
+            else:
+                rows += len(labels)
+            del images, labels, batch
 print(rows, time.perf_counter() - t0)
 """
 
+TS_PRODUCER = COMMON + r"""
+from tensorsocket import TensorProducer
+producer = TensorProducer(loader(int(sys.argv[1]), True))
+for _ in producer:  # one epoch, as its README's loop
+    pass
+producer.join()
+print(0, 1)
+"""
 
-def run_all(cmds: list[list[str]], env: dict) -> tuple[list[str], float]:
+TS_TRAINER = COMMON + r"""
+import os, threading
+from tensorsocket import TensorConsumer
+budget = float(sys.argv[1])
+got = {"rows": 0, "t0": None}
+start = time.perf_counter()
+lock = threading.Lock()
+
+def report():
+    with lock:
+        end = time.perf_counter()
+        print(got["rows"], end - (got["t0"] or start), flush=True)
+        os._exit(0)  # its receiving threads would keep the process
+
+# The budget holds even where no batch comes (TensorSocket sends nothing of an epoch
+# shorter than its producer_batch_size of 8 loader batches).
+threading.Timer(budget, report).start()
+for images, labels in TensorConsumer():
+    step(images, labels)
+    if got["t0"] is None:
+        got["t0"] = time.perf_counter()
+    else:
+        got["rows"] += len(labels)
+report()
+"""
+
+
+def run_all(cmds: list[list[str]], env: dict, timeout: float = 1800) -> tuple[list[str], float]:
     """Runs `cmds` at once; their outputs and the CPU-seconds of all of them."""
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for c in cmds]
     outs, cpu = [], 0.0
     for p in procs:
-        out, err = p.communicate(timeout=1800)
+        out, err = p.communicate(timeout=timeout)
         if p.returncode != 0:
             for q in procs:
                 q.kill()
-            raise RuntimeError(f"{p.args[:3]} failed: {err[-2000:]}")
+            raise RuntimeError(f"{p.args[-1]!r} failed (exit status {p.returncode}): {err[-2000:]}")
         outs.append(out.strip().splitlines()[-1])
     # Children of this script only, all waited for: their user + system time.
     usage = os.times()
@@ -149,11 +206,37 @@ def run_all(cmds: list[list[str]], env: dict) -> tuple[list[str], float]:
     return outs, cpu
 
 
+def run_tensorsocket(cmds: list[list[str]], producer: list[str], env: dict, budget: float) -> list[str]:
+    """Runs TensorSocket's producer and its consumers; the consumers stop by themselves
+    (the epoch's end or their budget); the producer is stopped once they have."""
+    prod = subprocess.Popen(producer, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        outs, _ = run_all(cmds, env, timeout=budget + 120)
+    finally:
+        try:
+            prod.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            prod.kill()
+            prod.wait()
+    return outs
+
+
+def tensorsocket_missing() -> str | None:
+    """Why TensorSocket is not measured, or None."""
+    try:
+        import tensorsocket  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as e:
+        return f"not measured: {e} (pip install tensorsocket==0.0.5 torch)"
+    return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--images", type=int, default=3000)
     parser.add_argument("--trainers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--json")
+    parser.add_argument("--tensorsocket-budget", type=float, default=60.0)
     args = parser.parse_args()
     try:
         import torch  # noqa: F401
@@ -178,22 +261,40 @@ def main() -> int:
 
     alone_out, _ = measured([[py, "-c", INDEPENDENT, count, kind]])
     alone = rate(alone_out[0])
-    results = {"images": args.images, "loader": kind, "alone": alone, "runs": []}
-    print(f"one loader alone ({kind}): {alone:.0f} samples/s")
-    print("| N | independent: samples/s each | CPU-s | Sluice: samples/s each | vs alone | CPU-s | CPU Sluice / independent |")
-    print("|---|---|---|---|---|---|---|")
+    ts_missing = tensorsocket_missing()
+    results = {"images": args.images, "loader": kind, "alone": alone, "runs": [],
+               "tensorsocket": ts_missing or "0.0.5", "tensorsocket_budget_s": args.tensorsocket_budget}
+    print(f"one loader alone ({kind}): {alone:.0f} samples/s; TensorSocket: {ts_missing or 'measured'}")
+    print("| N | independent: samples/s each | CPU-s | Sluice: samples/s each | vs alone | CPU-s | CPU Sluice / independent | TensorSocket: samples/s each | CPU-s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in args.trainers:
         outs, ind_cpu = measured([[py, "-c", INDEPENDENT, count, kind] for _ in range(n)])
         ind = min(rate(o) for o in outs)
         topic = f"shared{n}"
-        cmds = [[py, "-c", TRAINER, topic] for _ in range(n)] + [[py, "-c", PUBLISHER, count, kind, topic, str(n)]]
+        cmds = [[py, "-c", TRAINER, topic, kind] for _ in range(n)] + [[py, "-c", PUBLISHER, count, kind, topic, str(n)]]
         outs, sl_cpu = measured(cmds)
         shared = min(rate(o) for o in outs[:n])
-        results["runs"].append(
-            {"n": n, "independent": ind, "independent_cpu": ind_cpu, "sluice": shared, "sluice_cpu": sl_cpu}
-        )
+        run = {"n": n, "independent": ind, "independent_cpu": ind_cpu, "sluice": shared, "sluice_cpu": sl_cpu}
+        ts = "—"
+        if ts_missing is None:
+            budget = str(args.tensorsocket_budget)
+            try:
+                outs = run_tensorsocket([[py, "-c", TS_TRAINER, budget] for _ in range(n)],
+                                        [py, "-c", TS_PRODUCER, count], env, args.tensorsocket_budget)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                # Its consumers die now and then (no message): say so, measure the rest.
+                measured([])
+                run["tensorsocket_error"] = str(e).splitlines()[0][-200:]
+                ts = "failed | —"
+            else:
+                _, ts_cpu = measured([])
+                got = [int(o.split()[0]) for o in outs]
+                run.update(tensorsocket=min(rate(o) for o in outs), tensorsocket_cpu=ts_cpu,
+                           tensorsocket_samples=min(got))
+                ts = f"{run['tensorsocket']:.0f} ({min(got)} samples) | {ts_cpu:.1f}"
+        results["runs"].append(run)
         print(
-            f"| {n} | {ind:.0f} | {ind_cpu:.1f} | {shared:.0f} | {shared / alone:.2f}× | {sl_cpu:.1f} | {sl_cpu / ind_cpu:.2f} |"
+            f"| {n} | {ind:.0f} | {ind_cpu:.1f} | {shared:.0f} | {shared / alone:.2f}× | {sl_cpu:.1f} | {sl_cpu / ind_cpu:.2f} | {ts} |"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -526,3 +526,59 @@ def test_a_fed_topic_s_max_held_copies_or_refuses_batches_held_beyond_it(topic: 
         thread.join(60)
         assert "error" not in done, done
         assert ids == [v for b in loader for v in b.tolist()]
+
+
+def test_a_loader_runs_as_a_producer_with_a_plan_s_interface(topic: str) -> None:
+    """``sluice.Producer(loader, topic=…)``: the loader published from a thread of this
+    process, with a plan producer's interface (progress, wait, a ``with`` block that
+    waits, a clear error for settings that do not apply)."""
+    batches = [np.arange(i * 10, i * 10 + 10, dtype=np.int64) for i in range(20)]
+    with pytest.raises(ValueError, match="topic"):
+        sluice.Producer(batches)
+    with pytest.raises(TypeError, match="batch_rows"):
+        sluice.Producer(batches, topic=topic, batch_rows=5)
+    with pytest.raises(TypeError, match="settings of a loader"):
+        sluice.Producer("pipelines/demo.sql", window=2)
+    got: list[list[int]] = [[], []]
+    with sluice.Producer(batches, topic=topic, epochs=2, min_subscribers=1, window=4) as producer:
+        assert (producer.topic, producer.plan_file, producer.epochs) == (topic, None, 2)
+        with sluice.subscribe(topic, timeout=60) as sub:
+            for batch in sub:
+                got[batch.epoch].extend(int(i) for i in sluice.structured(batch))
+    assert got == [list(range(200))] * 2
+    assert producer.wait().rows == 400 and not producer.running
+    assert producer.progress["rows"] == 400
+
+
+def test_a_loader_producer_closes_while_its_trainer_reads_nothing(topic: str) -> None:
+    """``close()`` stops a loader's run even while it waits for a trainer that reads
+    nothing; the trainer is told the run ended. A loader's exception is raised by
+    ``wait()``."""
+
+    class Endless:
+        def __iter__(self):
+            i = 0
+            while True:
+                yield np.arange(i, i + 10, dtype=np.int64)
+                i += 10
+
+    producer = sluice.Producer(Endless(), topic=topic, min_subscribers=1, window=2)
+    sub = sluice.subscribe(topic, timeout=60)
+    next(iter(sub))
+    producer.close()
+    assert not producer.running
+    # "stopped", or lost where its queue was full then (a stopping producer waits for
+    # no one): docs/python.md, "Produce".
+    with pytest.raises((sluice.ProducerFailed, sluice.ProducerLost)):
+        for _ in sub:
+            pass
+    sub.close()
+
+    class Failing:
+        def __iter__(self):
+            yield np.arange(10, dtype=np.int64)
+            raise KeyError("no such image")
+
+    failing = sluice.Producer(Failing(), topic=topic + "f", wait_timeout=60)
+    with pytest.raises(KeyError, match="no such image"):
+        failing.wait(60)

@@ -28,13 +28,14 @@ pub struct Python {
 }
 
 impl Python {
-    /// `.venv/bin/python` of the repository, or `python3`, if it imports `modules`.
+    /// `SLUICE_BENCH_PYTHON` (a virtualenv with torch and TensorSocket, say), else
+    /// `.venv/bin/python` of the repository, else `python3`, if it imports `modules`.
     pub fn find(repo: &Path, modules: &str) -> Result<Self, String> {
         let venv = repo.join(".venv/bin/python");
-        let exe: PathBuf = if venv.exists() {
-            venv
-        } else {
-            "python3".into()
+        let exe: PathBuf = match std::env::var_os("SLUICE_BENCH_PYTHON") {
+            Some(exe) => exe.into(),
+            None if venv.exists() => venv,
+            None => "python3".into(),
         };
         let out = Command::new(&exe)
             .args(["-c", &format!("import {modules}")])
@@ -330,9 +331,15 @@ fn shared_table(b: &mut String, shared: &serde_json::Value) -> Result<(f64, f64)
     )?;
     writeln!(
         b,
-        "| N | loaders: samples/s each | CPU-s | Sluice: samples/s each | against one alone | CPU-s | CPU Sluice / loaders |"
+        "TensorSocket 0.0.5 wrapping the same loader: {} (each consumer stops after {} s).\n",
+        shared["tensorsocket"].as_str().unwrap_or("not measured"),
+        shared["tensorsocket_budget_s"]
     )?;
-    writeln!(b, "|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(
+        b,
+        "| N | loaders: samples/s each | CPU-s | Sluice: samples/s each | against one alone | CPU-s | CPU Sluice / loaders | TensorSocket: samples/s each (samples) | CPU-s |"
+    )?;
+    writeln!(b, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     let mut last = (f64::NAN, f64::NAN);
     for run in shared["runs"].as_array().into_iter().flatten() {
         let (ind, ind_cpu) = (
@@ -340,10 +347,20 @@ fn shared_table(b: &mut String, shared: &serde_json::Value) -> Result<(f64, f64)
             number(run, &["independent_cpu"]),
         );
         let (sl, sl_cpu) = (number(run, &["sluice"]), number(run, &["sluice_cpu"]));
+        let ts = match run.get("tensorsocket") {
+            Some(_) => format!(
+                "{:.0} ({}) | {:.1}",
+                number(run, &["tensorsocket"]),
+                run["tensorsocket_samples"],
+                number(run, &["tensorsocket_cpu"])
+            ),
+            None if run.get("tensorsocket_error").is_some() => "failed | —".into(),
+            None => "— | —".into(),
+        };
         last = (sl / alone, sl_cpu / ind_cpu);
         writeln!(
             b,
-            "| {} | {ind:.0} | {ind_cpu:.1} | {sl:.0} | **{:.2}** | {sl_cpu:.1} | **{:.2}** |",
+            "| {} | {ind:.0} | {ind_cpu:.1} | {sl:.0} | **{:.2}** | {sl_cpu:.1} | **{:.2}** | {ts} |",
             run["n"], last.0, last.1
         )?;
     }

@@ -48,8 +48,10 @@ fn send_within(
 #[pyclass(module = "sluice._sluice", name = "Feeder")]
 pub struct PyFeeder {
     topic: String,
-    /// `None` once the feeding ended (finished, failed or stopped).
-    feeder: Mutex<Option<Feeder>>,
+    /// `None` once the feeding ended (finished, failed or stopped). Locked only to take
+    /// or clone it, never across a wait: a thread that waits to feed lets go of the GIL,
+    /// and must not hold a lock that a thread holding the GIL (one closing the run) wants.
+    feeder: Mutex<Option<Arc<Feeder>>>,
     handle: Arc<ProducerHandle>,
     owner: Owner,
 }
@@ -57,14 +59,18 @@ pub struct PyFeeder {
 impl PyFeeder {
     fn feeder<T>(&self, f: impl FnOnce(&Feeder) -> sluice::Result<T>) -> PyResult<T> {
         self.owner.check("producer").map_err(|e| to_py(&e))?;
-        let guard = self.feeder.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(feeder) = guard.as_ref() else {
+        let feeder = self
+            .feeder
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(feeder) = feeder else {
             return Err(to_py(&SluiceError::Stopped(format!(
                 "the producer of topic '{}' was closed",
                 self.topic
             ))));
         };
-        f(feeder).map_err(|e| to_py(&e))
+        f(&feeder).map_err(|e| to_py(&e))
     }
 
     /// `e`, or where it says the run ended first, the run's own error.
@@ -172,7 +178,7 @@ impl PyFeeder {
             ProducerHandle::spawn(producer, run_options, runtime).map_err(|e| to_py(&e))?;
         Ok(Self {
             topic,
-            feeder: Mutex::new(Some(feeder)),
+            feeder: Mutex::new(Some(Arc::new(feeder))),
             handle: Arc::new(handle),
             owner: Owner::this(),
         })
@@ -181,6 +187,12 @@ impl PyFeeder {
     #[getter]
     fn topic(&self) -> &str {
         &self.topic
+    }
+
+    /// ``epoch``, ``batches``, ``rows``, ``bytes``, ``subscribers`` so far.
+    #[getter]
+    fn progress<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        crate::producer::progress_dict(py, &self.handle)
     }
 
     /// Feeds the next batch of the epoch (an object exporting ``__arrow_c_array__`` as a

@@ -292,14 +292,7 @@ impl PyProducer {
     /// Where the run is: `epoch`, `batches`, `rows`, `bytes`, `subscribers`.
     #[getter]
     fn progress<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let p = self.handle.progress();
-        let d = PyDict::new(py);
-        d.set_item("epoch", p.epoch)?;
-        d.set_item("batches", p.batches)?;
-        d.set_item("rows", p.rows)?;
-        d.set_item("bytes", p.bytes)?;
-        d.set_item("subscribers", p.subscribers)?;
-        Ok(d)
+        progress_dict(py, &self.handle)
     }
 
     /// Waits for the run to finish and returns its `RunStats`; raises its error
@@ -385,4 +378,19 @@ pub fn _shutdown(py: Python<'_>) {
             handle.wait_finished(SHUTDOWN_WAIT);
         }
     });
+}
+
+/// A run's progress so far, as the `progress` dict of a producer or a feeder.
+pub(crate) fn progress_dict<'py>(
+    py: Python<'py>,
+    handle: &ProducerHandle,
+) -> PyResult<Bound<'py, PyDict>> {
+    let p = handle.progress();
+    let d = PyDict::new(py);
+    d.set_item("epoch", p.epoch)?;
+    d.set_item("batches", p.batches)?;
+    d.set_item("rows", p.rows)?;
+    d.set_item("bytes", p.bytes)?;
+    d.set_item("subscribers", p.subscribers)?;
+    Ok(d)
 }

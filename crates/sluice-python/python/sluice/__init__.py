@@ -58,7 +58,6 @@ from sluice._sluice import (
     EpochSummary,
     Lagged,
     PlanError,
-    Producer,
     ProducerFailed,
     ProducerLost,
     RunStats,
@@ -72,6 +71,7 @@ from sluice._sluice import (
     subscribe,
 )
 from sluice.loader import publish, structured
+from sluice.producer import Producer
 
 # Producers still running when the interpreter exits are stopped, so that they remove
 # their shared memory instead of leaving it to be reclaimed by the next process.

@@ -490,6 +490,9 @@ class Feeder:
         topic no longer holds make it again to catch up."""
     @property
     def topic(self) -> str: ...
+    @property
+    def progress(self) -> dict[str, int]:
+        """``epoch``, ``batches``, ``rows``, ``bytes``, ``subscribers`` so far."""
     def send(self, batch: Any) -> None:
         """Feeds the next batch of the epoch (an ``__arrow_c_array__`` record batch);
         waits, without the GIL, while the run is two batches behind."""

@@ -110,7 +110,7 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any]) -> dict[str, Any]:
     if isinstance(obj, (list, tuple)):
         if obj and all(isinstance(v, _SCALARS) for v in obj):
             name = path or "0"
-            columns[name] = _pa().array(list(obj))
+            columns[name] = _scalars(list(obj))
             return {"col": name, "lib": "list", "kind": type(obj[0]).__name__}
         kind = "tuple" if isinstance(obj, tuple) else "list"
         return {kind: [_flatten(v, name_of(str(i)), columns) for i, v in enumerate(obj)]}
@@ -118,6 +118,25 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any]) -> dict[str, Any]:
         f"cannot publish a {type(obj).__name__} in a batch: use numpy arrays, torch tensors, "
         "lists of numbers or strings, or tuples, lists and dicts of those"
     )
+
+
+def _scalars(values: list[Any]) -> Any:
+    """A list of numbers or strings as an Arrow array, through numpy where they are all
+    of one type: pyarrow's conversion of a Python list looks for pandas on every call
+    (a search of ``sys.path`` where it is not installed, ten times the conversion), and
+    a Ctrl-C that lands in that search is lost."""
+    pa, np = _pa(), _np()
+    kind = type(values[0])
+    if all(type(v) is kind for v in values):
+        if kind is str:
+            array = np.empty(len(values), dtype=object)
+            array[:] = values
+            return pa.array(array, type=pa.string())
+        if kind in (int, float, bool):
+            array = np.asarray(values)
+            if array.dtype != object:  # ints beyond 64 bits stay Python objects
+                return pa.array(array)
+    return pa.array(values)
 
 
 def _ragged(obj: list[Any]) -> bool:
@@ -144,8 +163,11 @@ def _ragged_column(name: str, rows: list[Any], columns: dict[str, Any]) -> dict[
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum([a.size for a in arrays], out=offsets[1:])
     columns[name] = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
-    shapes = [list(a.shape) for a in arrays]
-    columns[f"{name}.shape"] = pa.array(shapes, pa.list_(pa.int64()))
+    # Built from numpy (see `_scalars`): every row has the first one's rank.
+    rank = arrays[0].ndim
+    shapes = np.array([a.shape for a in arrays], dtype=np.int64).reshape(-1)
+    starts = np.arange(0, len(shapes) + 1, max(rank, 1), dtype=np.int32)
+    columns[f"{name}.shape"] = pa.ListArray.from_arrays(pa.array(starts), pa.array(shapes))
     return {"col": name, "lib": lib, "dtype": arrays[0].dtype.str, "ragged": True}
 
 
@@ -235,14 +257,11 @@ def publish(
     nesting, names, dtypes or row shapes) is a ``ValueError`` naming both, which the
     subscribers get too.
     """
-    factory = None
-    if resumable:
-        factory = _factory_name(loader)
-        loader = loader()
-    feeder = Feeder(
+    feeder, loader = _start(
+        loader,
         topic,
-        factory=factory,
-        epochs=epochs,
+        epochs,
+        resumable,
         min_subscribers=min_subscribers,
         wait_timeout=wait_timeout,
         linger=linger,
@@ -251,11 +270,28 @@ def publish(
         max_held=max_held,
         lag_limit=lag_limit,
     )
+    return _feed(feeder, loader, epochs)
+
+
+def _start(loader: Any, topic: str, epochs: int, resumable: bool, **settings: Any) -> tuple[Feeder, Any]:
+    """The producer ``publish`` feeds (its run started), and the loader it iterates."""
+    factory = None
+    if resumable:
+        factory = _factory_name(loader)
+        loader = loader()
+    return Feeder(topic, factory=factory, epochs=epochs, **settings), loader
+
+
+def _feed(feeder: Feeder, loader: Any, epochs: int, stop: threading.Event | None = None) -> RunStats | None:
+    """Feeds ``loader``'s epochs to ``feeder``; ``None`` if ``stop`` was set meanwhile."""
     first: dict[str, Any] | None = None
     try:
         for epoch in range(epochs):
             _set_epoch(loader, epoch)
             for batch in loader:
+                if stop is not None and stop.is_set():
+                    feeder.close()
+                    return None
                 arrow, structure = flatten(batch)
                 if first is None:
                     first = structure
@@ -270,9 +306,72 @@ def publish(
         feeder.close()
         raise
     except BaseException as e:
+        if stop is not None and stop.is_set():
+            return None  # closed from another thread: the run ended by that
         feeder.fail(f"{type(e).__name__}: {e}")
         raise
     return feeder.finish()
+
+
+class LoaderRun:
+    """What ``sluice.Producer(loader, topic=…)`` runs: :func:`publish` on a thread of
+    this process, with the interface of a plan's producer."""
+
+    plan_file = None
+
+    def __init__(self, loader: Any, topic: str, epochs: int, resumable: bool = False, **settings: Any) -> None:
+        self.topic, self.epochs = topic, epochs
+        # Made here: bad settings are raised by the constructor, as a plan's are.
+        self._feeder, loader = _start(loader, topic, epochs, resumable, **settings)
+        self._stop = threading.Event()
+        self._stats: RunStats | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(loader,), name="sluice-publish", daemon=True)
+        self._thread.start()
+
+    def _run(self, loader: Any) -> None:
+        try:
+            self._stats = _feed(self._feeder, loader, self.epochs, self._stop)
+        except BaseException as e:  # noqa: BLE001 - raised again by wait() / close()
+            self._error = e
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._stop.is_set()
+
+    @property
+    def progress(self) -> dict[str, int]:
+        return self._feeder.progress
+
+    def wait(self, timeout: float | None = None) -> RunStats:
+        from sluice._sluice import SluiceError, Timeout
+
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise Timeout(f"the loader's run on topic '{self.topic}' did not end within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        if self._stats is None:
+            at = self.progress
+            raise SluiceError(
+                f"stopped: the loader's run on topic '{self.topic}' was closed in epoch "
+                f"{at['epoch']}, after {at['rows']} rows"
+            )
+        return self._stats
+
+    def close(self) -> None:
+        failed = self._error if not self._thread.is_alive() else None
+        self._stop.set()
+        # A send waiting for subscribers that read nothing ends with the run.
+        self._feeder.close()
+        self._thread.join()
+        if failed is not None:
+            raise failed
 
 
 def _set_epoch(loader: Any, epoch: int) -> None:

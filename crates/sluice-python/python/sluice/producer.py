@@ -1,0 +1,113 @@
+"""``sluice.Producer``: a plan file, or any Python data loader, published from a
+background thread of this process."""
+
+from __future__ import annotations
+
+import os
+from types import TracebackType
+from typing import Any
+
+from sluice._sluice import Producer as _PlanProducer
+from sluice._sluice import RunStats
+from sluice.loader import LoaderRun
+
+
+class Producer:
+    """Publishes a topic from a background thread of this process: a plan file
+    (``Producer("pipelines/demo.sql", min_subscribers=2)``), or what a Python data loader
+    yields (``Producer(loader, topic="images", epochs=3)``, as :func:`sluice.publish`
+    does, with its settings: ``window``, ``max_subscribers``, ``max_held``,
+    ``lag_limit``, ``resumable``).
+
+    A plan is loaded in the constructor (``PlanError`` with file:line:column; the
+    subscribers waiting for its topic get ``ProducerFailed`` with the same message); a
+    loader's settings are checked there too. The run starts at once, after the
+    subscribers already waiting for the topic (in this process or others) have
+    attached. Leaving a ``with`` block waits for the run and raises its error; an
+    exception in the block stops the run instead.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | Any,
+        *,
+        topic: str | None = None,
+        epochs: int | None = None,
+        batch_rows: int | None = None,
+        min_subscribers: int | None = None,
+        wait_timeout: float | None = None,
+        linger: float = 10.0,
+        **loader_settings: Any,
+    ) -> None:
+        common = {"min_subscribers": min_subscribers, "wait_timeout": wait_timeout, "linger": linger}
+        if isinstance(source, (str, os.PathLike)):
+            if loader_settings:
+                raise TypeError(f"{sorted(loader_settings)}: settings of a loader's run, not of a plan file's")
+            self._run: Any = _PlanProducer(source, topic=topic, epochs=epochs, batch_rows=batch_rows, **common)
+            return
+        if not hasattr(source, "__iter__") and not (callable(source) and loader_settings.get("resumable")):
+            raise TypeError(
+                f"Producer takes a plan file's path or a data loader (anything iterable), "
+                f"not {type(source).__name__}"
+            )
+        if topic is None:
+            raise ValueError("a loader's Producer needs its topic: Producer(loader, topic='images')")
+        if batch_rows is not None:
+            raise TypeError("batch_rows is a plan's setting: a loader's batches are published as it yields them")
+        self._run = LoaderRun(source, topic, 1 if epochs is None else epochs, **common, **loader_settings)
+
+    @property
+    def topic(self) -> str:
+        return self._run.topic
+
+    @property
+    def plan_file(self) -> str | None:
+        """The plan's file, or ``None`` for a loader."""
+        return self._run.plan_file
+
+    @property
+    def epochs(self) -> int:
+        return self._run.epochs
+
+    @property
+    def running(self) -> bool:
+        return self._run.running
+
+    @property
+    def progress(self) -> dict[str, int]:
+        """``epoch``, ``batches``, ``rows``, ``bytes``, ``subscribers`` so far."""
+        return self._run.progress
+
+    def wait(self, timeout: float | None = None) -> RunStats:
+        """Waits for the run to end; raises its error, or ``Timeout``."""
+        return self._run.wait(timeout)
+
+    def close(self) -> None:
+        """Stops the run if it is going and waits for it; idempotent. Raises the run's
+        error if it failed before ``close()``."""
+        self._run.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        if isinstance(self._run, _PlanProducer):
+            return self._run.__exit__(exc_type, exc, tb)
+        if exc_type is not None:
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - the block's exception is the one raised
+                pass
+        elif not self._run.closed:
+            self.wait()
+        return False
+
+    def __repr__(self) -> str:
+        if isinstance(self._run, _PlanProducer):
+            return repr(self._run)
+        return f"sluice.Producer(loader, topic={self.topic!r}, epochs={self.epochs}, running={self.running})"
