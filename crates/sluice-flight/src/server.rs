@@ -174,8 +174,8 @@ impl FlightServer {
         }
         // One worker per core unless told otherwise: every remote subscriber's HTTP/2
         // stream is framed and written on these threads, so a fixed two capped the
-        // server's throughput for all its subscribers together (docs/benchmarks.md,
-        // "Remote subscribers on 16 cores").
+        // server's throughput for all its subscribers together
+        // (docs/history/benchmarks-2026-11.md, "Remote subscribers on 16 cores").
         let threads = options
             .threads
             .or_else(|| std::thread::available_parallelism().ok())
