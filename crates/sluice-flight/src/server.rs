@@ -695,43 +695,10 @@ fn forward(
     outbox: &mut Outbox,
 ) -> std::result::Result<(), Status> {
     let topic = TopicName::new(&request.topic).map_err(status)?;
-    let wait = bounded_wait(request.wait_s.unwrap_or(60.0));
-    let columns = request
-        .columns
-        .as_ref()
-        .map_or(Columns::All, Columns::named);
-    // A client of every column gets the producer's IPC messages as they are (`Relay`),
-    // validated here unless the client validates them itself; one of some columns gets
-    // those decoded and encoded again (`Encoder`).
-    let form = match (&columns, request.client_validates) {
-        (Columns::All, true) => BatchForm::EncodedUnchecked,
-        (Columns::All, false) => BatchForm::EncodedValidated,
-        (Columns::Named(_), _) => BatchForm::Decoded,
-    };
-    let wanted = || !outbox.tx.is_closed();
-    let replay = request.replay || request.from.is_some();
-    let connected = sluice_shm::connect_while(namespace, &topic, Some(wait), replay, wanted);
-    let Some(mut sub) = connected.map_err(status)? else {
+    let mut messages = Messages::default();
+    let Some(mut sub) = attach(namespace, request, &topic, catch_up, &mut messages, outbox)? else {
         return Ok(());
     };
-    // A successor keeps these (see `TopicSubscriber::successor`).
-    sub.set_columns(columns.clone());
-    sub.set_batch_form(form);
-    let mut messages = Messages::default();
-    if let Some([epoch, index]) = request.from {
-        let start = crate::catch_up::Start {
-            namespace,
-            topic: &topic,
-            columns: &columns,
-            form,
-            from: sluice_core::Position::new(epoch, index),
-            source: catch_up,
-        };
-        match crate::catch_up::start_at(&start, sub, &mut messages, outbox)? {
-            Some(on) => sub = on,
-            None => return Ok(()),
-        }
-    }
     loop {
         match flush(outbox, &mut messages.pending, &sub) {
             Flushed::All => {}
@@ -820,6 +787,53 @@ fn forward(
             return Ok(());
         }
     }
+}
+
+/// Attaches the server's subscriber for `request`'s client, waiting for the topic as the
+/// ticket says, at the client's position if it names one (see [`crate::catch_up`]);
+/// `None` once the client went away (or its stream was handed over whole).
+fn attach(
+    namespace: &Namespace,
+    request: &TicketRequest,
+    topic: &TopicName,
+    catch_up: Option<&crate::CatchUpSource>,
+    messages: &mut Messages,
+    outbox: &mut Outbox,
+) -> std::result::Result<Option<TopicSubscriber>, Status> {
+    let wait = bounded_wait(request.wait_s.unwrap_or(60.0));
+    let columns = request
+        .columns
+        .as_ref()
+        .map_or(Columns::All, Columns::named);
+    // A client of every column gets the producer's IPC messages as they are (`Relay`),
+    // validated here unless the client validates them itself; one of some columns gets
+    // those decoded and encoded again (`Encoder`).
+    let form = match (&columns, request.client_validates) {
+        (Columns::All, true) => BatchForm::EncodedUnchecked,
+        (Columns::All, false) => BatchForm::EncodedValidated,
+        (Columns::Named(_), _) => BatchForm::Decoded,
+    };
+    let wanted = || !outbox.tx.is_closed();
+    let replay = request.replay || request.from.is_some();
+    let connected = sluice_shm::connect_while(namespace, topic, Some(wait), replay, wanted);
+    let Some(mut sub) = connected.map_err(status)? else {
+        return Ok(None);
+    };
+    // A successor keeps these (see `TopicSubscriber::successor`).
+    sub.set_columns(columns.clone());
+    sub.set_batch_form(form);
+    let Some([epoch, index]) = request.from else {
+        return Ok(Some(sub));
+    };
+    let start = crate::catch_up::Start {
+        namespace,
+        topic,
+        columns: &columns,
+        form,
+        from: sluice_core::Position::new(epoch, index),
+        source: catch_up,
+    };
+    crate::catch_up::start_at(&start, sub, messages, outbox)
 }
 
 /// The producer of `old`'s topic is gone: attaches to its successor (see
