@@ -136,7 +136,15 @@ def test_state_dict_round_trips_and_bad_state_is_refused(plans):
 
 def test_a_loader_fed_topic_refuses_a_cursor_it_no_longer_holds(ns, topic):
     """A topic fed by ``sluice.publish`` cannot compute its past again: a cursor behind
-    what it holds is refused with a clear error, not answered with a partial epoch."""
+    what it holds is refused with a clear error, not answered with a partial epoch. The
+    record a crashed run of a resumable loader left on the topic is not used: it names
+    another loader."""
+    from helpers import state_dir
+
+    state = state_dir(ns)
+    state.mkdir(mode=0o700, exist_ok=True)
+    stale = {"version": 1, "topic": topic, "factory": "no_such_module:make", "cwd": "/", "epochs": 1}
+    (state / f"{topic}.loader.json").write_text(json.dumps(stale))
     class Loader:
         """200 batches, 5 ms each: the stream outlasts the test's steps."""
 

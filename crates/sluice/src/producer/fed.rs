@@ -207,6 +207,21 @@ impl LoaderRecordKept {
     }
 }
 
+impl LoaderRecordKept {
+    /// Removes the record of the topic that an earlier run left, if there is one.
+    pub(crate) fn forget(namespace: &Namespace, options: &SluiceOptions) -> Result<()> {
+        let path = LoaderRecord::path(namespace, &options.topic_name()?);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(SluiceError::io(
+                format!("cannot remove the stale loader record {}", path.display()),
+                e,
+            )),
+        }
+    }
+}
+
 impl Drop for LoaderRecordKept {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);

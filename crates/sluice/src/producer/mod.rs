@@ -257,13 +257,18 @@ impl Producer {
                     .unwrap_or_else(PoisonError::into_inner)
                     .take()
                     .ok_or_else(|| SluiceError::Config("a fed producer runs once".into()))?;
+                // A loader that cannot be made again removes the record a crashed run
+                // of a loader that could may have left: its function is not this one.
                 let _record = match factory {
                     Some(factory) => Some(fed::LoaderRecordKept::leave(
                         &self.namespace,
                         opts,
                         factory,
                     )?),
-                    None => None,
+                    None => {
+                        fed::LoaderRecordKept::forget(&self.namespace, opts)?;
+                        None
+                    }
                 };
                 let run = (source, Position::default(), None);
                 self.publish(handle, options, opts, run, on_progress)
