@@ -198,7 +198,7 @@ def run_all(cmds: list[list[str]], env: dict, timeout: float = 1800) -> tuple[li
         if p.returncode != 0:
             for q in procs:
                 q.kill()
-            raise RuntimeError(f"{p.args[-1]!r} failed (exit status {p.returncode}): {err[-2000:]}")
+            raise RuntimeError(f"{p.args[3:]} failed (exit status {p.returncode}): {err[-2000:]}")
         outs.append(out.strip().splitlines()[-1])
     # Children of this script only, all waited for: their user + system time.
     usage = os.times()

@@ -582,3 +582,23 @@ def test_a_loader_producer_closes_while_its_trainer_reads_nothing(topic: str) ->
     failing = sluice.Producer(Failing(), topic=topic + "f", wait_timeout=60)
     with pytest.raises(KeyError, match="no such image"):
         failing.wait(60)
+
+
+def test_lists_of_numbers_or_strings_become_what_pyarrow_makes_of_them() -> None:
+    """A loader's lists go to Arrow through numpy (pyarrow's own conversion looks for
+    pandas on every call and loses a Ctrl-C landing there): the same arrays, and the same
+    refusals, as ``pyarrow.array(list)``."""
+    from sluice.loader import _scalars
+
+    cases = [[1, 2], [True, False], [1.5, float("nan")], [1, 2.5], ["a\x00", "", "é"],
+             [2**63 + 1, 1], [-1, 2**63], [2**63], [2**70], ["a", 1]]
+    for values in cases:
+        try:
+            expected = pa.array(values)
+        except (pa.ArrowException, OverflowError, TypeError) as e:
+            with pytest.raises(type(e)):
+                _scalars(values)
+            continue
+        got = _scalars(values)
+        assert got.type == expected.type and got.to_pylist()[:1] == expected.to_pylist()[:1], values
+        assert str(got) == str(expected), values

@@ -30,12 +30,18 @@ use crate::server::{Handed, Messages, Next, Outbox, Outgoing, POLL, status};
 /// Computes a topic's stream again from a position, for a remote subscriber whose
 /// position the topic's history no longer holds: given the topic, the position, the
 /// columns the client asked for, and what the topic holds instead (for its messages),
-/// the stream's messages from that position to its end. `sluice serve` gives its server
-/// the facade's (`sluice::remote_catch_up`), which runs the plan the topic's producer
+/// the stream's messages from that position to its end, or `None` for a topic it does
+/// not compute (the client then gets the gap). `sluice serve` gives its server the
+/// facade's (`sluice::remote_catch_up`), which runs the plan the topic's producer
 /// recorded, as a trainer on this machine would; an error is the client's (a plan that
 /// cannot be computed again says why).
 pub type CatchUpSource = Arc<
-    dyn Fn(&TopicName, Position, &Columns, &str) -> Result<Box<dyn Inlet<RecordBatch> + Send>>
+    dyn Fn(
+            &TopicName,
+            Position,
+            &Columns,
+            &str,
+        ) -> Result<Option<Box<dyn Inlet<RecordBatch> + Send>>>
         + Send
         + Sync,
 >;
@@ -101,7 +107,9 @@ pub(crate) fn start_at(
         return on(sub, first, start.topic, messages, outbox);
     };
     let feed = match source(start.topic, start.from, start.columns, &found) {
-        Ok(feed) => feed,
+        Ok(Some(feed)) => feed,
+        // Not a stream this server computes: the client's protocol reports the gap.
+        Ok(None) => return on(sub, first, start.topic, messages, outbox),
         // A producer that is only quiet, of a stream not computed again here: wait on it.
         Err(e) if first.is_none() => {
             tracing::info!(topic = %start.topic, "no catch-up ({e}); waiting for the topic's history");

@@ -175,11 +175,12 @@ impl PyFeeder {
         };
         let runtime = ProducerHandle::runtime("feeder").map_err(|e| to_py(&e))?;
         let handle =
-            ProducerHandle::spawn(producer, run_options, runtime).map_err(|e| to_py(&e))?;
+            Arc::new(ProducerHandle::spawn(producer, run_options, runtime).map_err(|e| to_py(&e))?);
+        crate::producer::stopped_at_exit(&handle);
         Ok(Self {
             topic,
             feeder: Mutex::new(Some(Arc::new(feeder))),
-            handle: Arc::new(handle),
+            handle,
             owner: Owner::this(),
         })
     }

@@ -250,11 +250,7 @@ impl PyProducer {
         let producer = Producer::new(plan, namespace);
         let handle =
             Arc::new(ProducerHandle::spawn(producer, run_options, runtime).map_err(|e| to_py(&e))?);
-        {
-            let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
-            live.retain(|(_, w)| w.strong_count() > 0);
-            live.push((Owner::this(), Arc::downgrade(&handle)));
-        }
+        stopped_at_exit(&handle);
         Ok(Self {
             plan_file,
             topic,
@@ -378,6 +374,14 @@ pub fn _shutdown(py: Python<'_>) {
             handle.wait_finished(SHUTDOWN_WAIT);
         }
     });
+}
+
+/// Has `handle`'s run stopped by [`_shutdown`] at interpreter exit if it still runs then,
+/// so that it removes its shared memory.
+pub(crate) fn stopped_at_exit(handle: &Arc<ProducerHandle>) {
+    let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+    live.retain(|(_, w)| w.strong_count() > 0);
+    live.push((Owner::this(), Arc::downgrade(handle)));
 }
 
 /// A run's progress so far, as the `progress` dict of a producer or a feeder.

@@ -274,3 +274,15 @@ fn check_record<T>(
         other => Ok(other),
     }
 }
+
+/// Removes the record at `path` that an earlier run left, if there is one.
+pub(crate) fn remove_record(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(SluiceError::io(
+            format!("cannot remove the stale record {}", path.display()),
+            e,
+        )),
+    }
+}

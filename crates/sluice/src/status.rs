@@ -360,3 +360,14 @@ fn join_live_state(namespace: &Namespace, name: &TopicName, topic: &mut TopicSta
         waited_s: p.waited_s,
     });
 }
+
+/// The pid of another live process that reports producing `topic`.
+pub(crate) fn other_live_producer(namespace: &Namespace, topic: &TopicName) -> Option<u32> {
+    let topics = snapshot(namespace).ok()?;
+    topics
+        .into_iter()
+        .filter(|t| t.topic == topic.as_str())
+        .filter_map(|t| t.producer)
+        .map(|p| p.pid)
+        .find(|&pid| pid != std::process::id())
+}

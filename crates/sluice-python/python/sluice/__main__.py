@@ -49,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     make = _factory(args.loader)
+    if args.resumable:
+        try:
+            sluice.loader._factory_name(make)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     try:
         stats = sluice.publish(
             make if args.resumable else make(),
@@ -63,9 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stopped", file=sys.stderr)
         return 130
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except sluice.SluiceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -132,9 +132,12 @@ def _scalars(values: list[Any]) -> Any:
             array = np.empty(len(values), dtype=object)
             array[:] = values
             return pa.array(array, type=pa.string())
-        if kind in (int, float, bool):
+        # numpy makes ints beyond int64 floats or uint64: those go to pyarrow, which
+        # refuses them as it always did.
+        want = {int: np.dtype(np.int64), float: np.dtype(np.float64), bool: np.dtype(np.bool_)}
+        if kind in want:
             array = np.asarray(values)
-            if array.dtype != object:  # ints beyond 64 bits stay Python objects
+            if array.dtype == want[kind]:
                 return pa.array(array)
     return pa.array(values)
 
@@ -241,8 +244,8 @@ def publish(
     that makes one: ``publish(lambda: gen(), ...)`` is not iterable, wrap it in a class
     with ``__iter__``). The other arguments are the topic settings of a plan
     (``sluice.min_subscribers`` and so on). Returns the run's :class:`RunStats`. Before
-    each epoch a loader with ``set_epoch`` (a sampler's, a streaming dataset's) is told
-    the epoch.
+    each epoch a loader with ``set_epoch`` (a streaming dataset's), or else its sampler
+    (a ``DataLoader`` over a ``DistributedSampler``), is told the epoch.
 
     ``resumable=True``: ``loader`` is a function of a module that trainers can import
     (``package.module:make_loader``, not a lambda, a local function or ``__main__``'s),
@@ -375,9 +378,13 @@ class LoaderRun:
 
 
 def _set_epoch(loader: Any, epoch: int) -> None:
-    set_epoch = getattr(loader, "set_epoch", None)
-    if callable(set_epoch):
-        set_epoch(epoch)
+    """Tells ``loader`` the epoch (``set_epoch``), or else its sampler (a ``DataLoader``
+    over a ``DistributedSampler``, as a training loop would)."""
+    for owner in (loader, getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        set_epoch = getattr(owner, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+            return
 
 
 def _factory_name(make: Any) -> str:
@@ -390,8 +397,12 @@ def _factory_name(make: Any) -> str:
             f"module the trainers can import (package.module:make_loader), not {make!r}"
         )
     spec = f"{module}:{name}"
-    if _resolve(spec, None) is not make:
-        raise ValueError(f"{spec} does not name {make!r} when imported")
+    try:
+        found = _resolve(spec, None)
+    except (ImportError, AttributeError) as e:
+        found = e
+    if found is not make:
+        raise ValueError(f"{spec} does not name {make!r} when imported: define the function at the top of a module")
     return spec
 
 

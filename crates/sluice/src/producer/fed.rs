@@ -12,13 +12,13 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, Instant};
 
 use arrow::record_batch::RecordBatch;
-use sluice_core::{Result, SluiceError};
+use sluice_core::{Result, SluiceError, TopicName};
 use sluice_plan::SluiceOptions;
 use sluice_shm::Namespace;
 use tokio::runtime::Handle;
 
 use super::source::{Message, Source};
-use crate::cursor::LoaderRecord;
+use crate::cursor::{LoaderRecord, PlanRecord, remove_record};
 
 /// Batches fed ahead of the publishing thread.
 const QUEUE: usize = 2;
@@ -189,37 +189,50 @@ impl Source for FedSource {
 }
 
 /// A run's [`LoaderRecord`], removed when the run ends (a crash leaves it: the next run
-/// of the topic writes its own).
+/// of the topic replaces or removes it).
 pub(crate) struct LoaderRecordKept(std::path::PathBuf);
 
 impl LoaderRecordKept {
-    /// Leaves the record of a loader `factory` makes, run as `options` say.
+    /// Leaves the record of a loader `factory` makes, run as `options` say, in place of
+    /// the records of the topic's earlier runs; `None` (nothing touched) while another
+    /// process produces the topic, which this run then fails to take.
     pub(crate) fn leave(
         namespace: &Namespace,
         options: &SluiceOptions,
         factory: &str,
-    ) -> Result<Self> {
+    ) -> Result<Option<Self>> {
         let topic = options.topic_name()?;
-        namespace.prepare_state_dir()?;
+        if !forget(namespace, &topic)? {
+            return Ok(None);
+        }
         let path = LoaderRecord::path(namespace, &topic);
         LoaderRecord::new(&topic, factory, options.epochs).write(&path)?;
-        Ok(Self(path))
+        Ok(Some(Self(path)))
     }
 }
 
-impl LoaderRecordKept {
-    /// Removes the record of the topic that an earlier run left, if there is one.
-    pub(crate) fn forget(namespace: &Namespace, options: &SluiceOptions) -> Result<()> {
-        let path = LoaderRecord::path(namespace, &options.topic_name()?);
-        match std::fs::remove_file(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(SluiceError::io(
-                format!("cannot remove the stale loader record {}", path.display()),
-                e,
-            )),
-        }
+/// Removes the loader's record a crashed run of `topic` left (a plan's run: trainers
+/// would make that loader again instead of computing the plan), unless another process
+/// produces the topic now.
+pub(crate) fn forget_loader(namespace: &Namespace, topic: &TopicName) -> Result<()> {
+    if crate::status::other_live_producer(namespace, topic).is_none() {
+        namespace.prepare_state_dir()?;
+        remove_record(&LoaderRecord::path(namespace, topic))?;
     }
+    Ok(())
+}
+
+/// Removes the records a crashed run of `topic` left for trainers that catch up (a
+/// plan's, a loader's: their rows are not this run's), unless another process produces
+/// the topic now (`false`: nothing touched).
+pub(crate) fn forget(namespace: &Namespace, topic: &TopicName) -> Result<bool> {
+    if crate::status::other_live_producer(namespace, topic).is_some() {
+        return Ok(false);
+    }
+    namespace.prepare_state_dir()?;
+    remove_record(&LoaderRecord::path(namespace, topic))?;
+    remove_record(&PlanRecord::path(namespace, topic))?;
+    Ok(true)
 }
 
 impl Drop for LoaderRecordKept {

@@ -219,6 +219,7 @@ impl Producer {
                     _ => DataListing::of_rounds(),
                 };
                 let start = StartPoint::resolve(plan, &self.namespace, &topic, options, data)?;
+                fed::forget_loader(&self.namespace, &topic)?;
                 let position = start.position;
                 if opts.rounds == 1 {
                     let source = PlanSource::new(plan, &opts).stamped(start.plan_hash());
@@ -260,13 +261,9 @@ impl Producer {
                 // A loader that cannot be made again removes the record a crashed run
                 // of a loader that could may have left: its function is not this one.
                 let _record = match factory {
-                    Some(factory) => Some(fed::LoaderRecordKept::leave(
-                        &self.namespace,
-                        opts,
-                        factory,
-                    )?),
+                    Some(factory) => fed::LoaderRecordKept::leave(&self.namespace, opts, factory)?,
                     None => {
-                        fed::LoaderRecordKept::forget(&self.namespace, opts)?;
+                        fed::forget(&self.namespace, &opts.topic_name()?)?;
                         None
                     }
                 };

@@ -381,13 +381,4 @@ impl Source for RoundSource<'_> {
     }
 }
 
-/// The pid of another live process that reports producing `topic` (`sluice status`).
-fn live_producer(namespace: &Namespace, topic: &TopicName) -> Option<u32> {
-    let topics = crate::status::snapshot(namespace).ok()?;
-    topics
-        .into_iter()
-        .filter(|t| t.topic == topic.as_str())
-        .filter_map(|t| t.producer)
-        .map(|p| p.pid)
-        .find(|&pid| pid != std::process::id())
-}
+use crate::status::other_live_producer as live_producer;

@@ -120,9 +120,9 @@ impl CatchUp {
             Some(m) => position_of(m).map_or("the topic's stream has ended".into(), |p| {
                 format!("the topic holds its stream from {p} on")
             }),
-            None if PlanRecord::load(&attach.namespace, &attach.topic)?.is_none()
-                && LoaderRecord::load(&attach.namespace, &attach.topic)?.is_none() =>
-            {
+            // Only a plan's topic: a loader made again for a producer that is only slow
+            // would compute the epoch up to the cursor for nothing.
+            None if PlanRecord::load(&attach.namespace, &attach.topic)?.is_none() => {
                 return Ok(Self::on(attach, live, None));
             }
             None => "the topic's producer has sent nothing for a second (a subscriber that \
@@ -288,7 +288,12 @@ impl Inlet<Payload> for CatchUp {
 /// threads at a lower priority, with the same refusals as a local trainer's catch-up.
 pub fn remote_catch_up(namespace: Namespace) -> sluice_flight::CatchUpSource {
     Arc::new(move |topic, start, columns, found| {
-        plan_feed(&namespace, topic, start, columns, found)
+        // A loader's topic is computed again by a Python trainer only, not here: the
+        // client gets the gap (`ResumeGap`).
+        if PlanRecord::load(&namespace, topic)?.is_none() {
+            return Ok(None);
+        }
+        plan_feed(&namespace, topic, start, columns, found).map(Some)
     })
 }
 
