@@ -345,6 +345,37 @@ fn a_killed_producer_makes_subscribers_fail_fast() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
+/// A producer SIGKILLed once its last subscriber had left leaves its segments, and no
+/// other process runs in the namespace to reclaim them: `sluice status`, looking at the
+/// namespace, does.
+#[test]
+fn sluice_status_reclaims_what_a_producer_killed_alone_left() {
+    let mut h = Harness::new();
+    h.dataset(2_000);
+    h.plan(
+        "p.sql",
+        &plan_sql("alone", "SET sluice.epochs = 1000000;", QUERY),
+    );
+    let sub = h.spawn(&["subscribe", "alone", "--timeout", "60", "--batches", "1"]);
+    let producer = h.spawn_producer(1, &[]);
+    assert!(sub.wait(LIMIT).status.success());
+    producer.kill9();
+    producer.wait(LIMIT);
+    assert!(
+        !h.ns.leftovers().is_empty(),
+        "the killed producer left nothing"
+    );
+    // A node killed at a bad moment is told dead only after iceoryx2's creation timeout
+    // (1 s): look again for a while, as a user would run `sluice status` again.
+    let start = Instant::now();
+    while !h.ns.leftovers().is_empty() && start.elapsed() < Duration::from_secs(10) {
+        assert!(h.run(&["status", "--json"]).status.success());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let left = h.ns.leftovers();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 /// A second producer on a live topic is refused; after the first is killed, a new
 /// producer reclaims the topic and serves it normally.
 #[test]

@@ -22,6 +22,12 @@ pub(crate) struct StatusArgs {
 
 pub(crate) fn run(args: StatusArgs) -> anyhow::Result<()> {
     let namespace = Namespace::from_env()?;
+    // What crashed processes left is reclaimed by the next Sluice process that looks at
+    // the namespace; in a namespace nobody runs in any more, this one.
+    let reclaimed = namespace.reclaim_dead();
+    if reclaimed > 0 {
+        tracing::info!(reclaimed, "reclaimed the resources of dead processes");
+    }
     if args.json {
         let topics = snapshot(&namespace)?;
         println!(
