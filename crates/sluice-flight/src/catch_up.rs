@@ -25,7 +25,7 @@ use sluice_shm::{BatchForm, Frame, Namespace, TopicSubscriber};
 use tonic::Status;
 
 use crate::meta::Meta;
-use crate::server::{Handed, Messages, Next, Outbox, Outgoing, POLL, status};
+use crate::server::{Flushed, Messages, Next, Outbox, Outgoing, POLL, flush, status};
 
 /// Computes a topic's stream again from a position, for a remote subscriber whose
 /// position the topic's history no longer holds: given the topic, the position, the
@@ -282,22 +282,12 @@ fn hand_waiting(
     pending: &mut VecDeque<Outgoing>,
     topic: &TopicName,
 ) -> std::result::Result<bool, Status> {
-    let mut waiting_since = None;
-    while let Some(message) = pending.pop_front() {
-        match outbox.hand(message) {
-            Handed::Yes => waiting_since = None,
-            Handed::ClientGone => return Ok(false),
-            Handed::NotYet(message) => {
-                pending.push_front(message);
-                let since = *waiting_since.get_or_insert_with(Instant::now);
-                if let Some(limit) = outbox.max_stall.filter(|&l| since.elapsed() >= l) {
-                    return Err(status(SluiceError::Stalled {
-                        topic: topic.to_string(),
-                        seconds: limit.as_secs_f64(),
-                    }));
-                }
-            }
-        }
+    match flush(outbox, pending, None) {
+        Flushed::All | Flushed::ProducerGone => Ok(true),
+        Flushed::ClientGone => Ok(false),
+        Flushed::Stalled(limit) => Err(status(SluiceError::Stalled {
+            topic: topic.to_string(),
+            seconds: limit.as_secs_f64(),
+        })),
     }
-    Ok(true)
 }

@@ -447,7 +447,7 @@ pub(crate) struct Outbox {
 }
 
 /// What became of a message handed to gRPC.
-pub(crate) enum Handed {
+enum Handed {
     Yes,
     ClientGone,
     /// The client has taken nothing for [`POLL`]: the message, to hand again.
@@ -456,7 +456,7 @@ pub(crate) enum Handed {
 
 impl Outbox {
     /// Hands `message` to gRPC, waiting at most [`POLL`] for room in the queue.
-    pub(crate) fn hand(&self, message: Outgoing) -> Handed {
+    fn hand(&self, message: Outgoing) -> Handed {
         match self.tx.try_reserve() {
             Ok(permit) => {
                 permit.send(Ok(message));
@@ -647,7 +647,7 @@ impl Messages {
 }
 
 /// What became of the messages pending for a client.
-enum Flushed {
+pub(crate) enum Flushed {
     All,
     ClientGone,
     /// The client takes nothing and the topic's producer is gone.
@@ -657,8 +657,13 @@ enum Flushed {
 }
 
 /// Hands gRPC every pending message; while the client takes nothing, looks every
-/// [`POLL`] whether `sub`'s producer is gone and how long the client has stalled.
-fn flush(outbox: &Outbox, pending: &mut VecDeque<Outgoing>, sub: &TopicSubscriber) -> Flushed {
+/// [`POLL`] whether `sub`'s producer is gone (where the messages are the topic's, not a
+/// catch-up's) and how long the client has stalled.
+pub(crate) fn flush(
+    outbox: &Outbox,
+    pending: &mut VecDeque<Outgoing>,
+    sub: Option<&TopicSubscriber>,
+) -> Flushed {
     let mut waiting_since = None;
     while let Some(message) = pending.pop_front() {
         match outbox.hand(message) {
@@ -666,7 +671,7 @@ fn flush(outbox: &Outbox, pending: &mut VecDeque<Outgoing>, sub: &TopicSubscribe
             Handed::ClientGone => return Flushed::ClientGone,
             Handed::NotYet(message) => {
                 pending.push_front(message);
-                if sub.producer_gone() {
+                if sub.is_some_and(TopicSubscriber::producer_gone) {
                     return Flushed::ProducerGone;
                 }
                 let since = *waiting_since.get_or_insert_with(Instant::now);
@@ -700,7 +705,7 @@ fn forward(
         return Ok(());
     };
     loop {
-        match flush(outbox, &mut messages.pending, &sub) {
+        match flush(outbox, &mut messages.pending, Some(&sub)) {
             Flushed::All => {}
             Flushed::ClientGone => {
                 sub.detach();

@@ -46,6 +46,19 @@ impl From<&sluice_plan::Listing> for DataListing {
     }
 }
 
+/// The text of the state file at `path` (`what` names it in errors); `None` if there is
+/// none.
+pub(crate) fn read_state(path: &Path, what: &str) -> Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(SluiceError::io(
+            format!("cannot read {what} {}", path.display()),
+            e,
+        )),
+    }
+}
+
 /// Writes a state file owner-only and atomically (under `PATH.tmp`, then renamed):
 /// readers see the old file or the new one, never half of one.
 pub(crate) fn write_state(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -106,15 +119,8 @@ impl Checkpoint {
 
     /// Reads the checkpoint at `path`; `None` if there is none.
     pub fn load(path: &Path) -> Result<Option<Self>> {
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => {
-                return Err(SluiceError::io(
-                    format!("cannot read checkpoint {}", path.display()),
-                    e,
-                ));
-            }
+        let Some(text) = read_state(path, "checkpoint")? else {
+            return Ok(None);
         };
         Self::parse(&text, path).map(Some)
     }

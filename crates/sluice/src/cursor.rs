@@ -245,15 +245,8 @@ fn load_record<T: serde::de::DeserializeOwned>(
     path: &Path,
 ) -> Result<Option<T>> {
     namespace.prepare_state_dir()?;
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => {
-            return Err(SluiceError::io(
-                format!("cannot read {}", path.display()),
-                e,
-            ));
-        }
+    let Some(text) = crate::checkpoint::read_state(path, "record")? else {
+        return Ok(None);
     };
     serde_json::from_str(&text)
         .map(Some)

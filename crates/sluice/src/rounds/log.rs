@@ -76,15 +76,8 @@ impl RoundLog {
 
     /// The log at `path` of `topic`'s run of `plan`, if there is one.
     pub fn load(path: &Path, topic: &TopicName, plan: &str) -> Result<Option<Self>> {
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => {
-                return Err(SluiceError::io(
-                    format!("cannot read {}", path.display()),
-                    e,
-                ));
-            }
+        let Some(text) = crate::checkpoint::read_state(path, "round log")? else {
+            return Ok(None);
         };
         let log: Self = serde_json::from_str(&text).map_err(|e| {
             SluiceError::Corrupt(format!("round log {} is unreadable: {e}", path.display()))

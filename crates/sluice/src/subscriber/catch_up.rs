@@ -527,23 +527,12 @@ impl CatchUpSender {
     /// are ahead; `Ok(false)` once nobody takes them (the subscriber moved onto the
     /// shared stream, or left): stop computing then.
     pub fn send(&self, message: Inbound<RecordBatch>) -> Result<bool> {
-        let message = match message {
-            Inbound::Batch {
-                epoch,
-                index,
-                batch_rows,
-                payload,
-            } => Inbound::Batch {
-                epoch,
-                index,
-                batch_rows,
-                payload: match self.columns.indices(&payload.schema())? {
-                    Some(indices) => payload.project(&indices)?,
-                    None => payload,
-                },
-            },
-            other => other,
-        };
+        let message = message.try_map(|payload| -> Result<RecordBatch> {
+            Ok(match self.columns.indices(&payload.schema())? {
+                Some(indices) => payload.project(&indices)?,
+                None => payload,
+            })
+        })?;
         Ok(!self.stop.load(Ordering::Relaxed) && self.tx.send(Ok(message)).is_ok())
     }
 
