@@ -346,6 +346,16 @@ impl Namespace {
     /// and processes that still hold one of its batches. It is reclaimed once they have
     /// let go.
     pub fn reclaim_dead(&self) -> usize {
+        // Only a service directory of this user's: another user's (a namespace of the
+        // same name made first) is not this process's to clean, and nothing is reclaimed
+        // where there is none.
+        let ours = std::fs::symlink_metadata(self.root()).is_ok_and(|meta| {
+            // SAFETY: getuid has no preconditions and cannot fail.
+            meta.is_dir() && meta.uid() == unsafe { libc::getuid() }
+        });
+        if !ours {
+            return 0;
+        }
         let mut cleaned = 0;
         let mut orphans = Vec::new();
         // Listing the nodes reads every node's details: about 0.2 ms a node, on the
