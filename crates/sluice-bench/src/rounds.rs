@@ -3,7 +3,8 @@
 //! against the same round without a selection: rows/s from the round's trigger to its
 //! last batch at a trainer. And the time from a trigger (`sluice.request_round`) to the
 //! round's first batch, against a new producer's time to its first batch over the same
-//! data (what restarting the pipeline for a new round costs).
+//! data (what restarting the pipeline for a new round costs). And rounds of several
+//! epochs whose choice is made once per round (`CREATE TABLE … AS`).
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -57,6 +58,22 @@ const SELECTIONS: [(&str, &str); 5] = [
     ),
 ];
 
+/// Rounds of several epochs: the top half chosen in every epoch's query, and chosen once
+/// per round (`CREATE TABLE … AS` runs when the round is planned; each epoch takes the
+/// chosen ids' rows), against the round of as many epochs without a selection.
+const ROUND_EPOCHS: u64 = 3;
+const ONCE_PER_ROUND: [(&str, &str); 3] = [
+    ("none", SELECTIONS[0].1),
+    ("top half by loss, chosen in every epoch", SELECTIONS[1].1),
+    (
+        "top half by loss, chosen once per round",
+        "CREATE TABLE chosen AS SELECT t.id FROM train t \
+         LEFT JOIN (SELECT key, max(loss) AS loss FROM sluice_feedback GROUP BY key) f \
+         ON t.id = f.key ORDER BY f.loss DESC NULLS FIRST LIMIT {half};\n\
+         SELECT id, label, text, features FROM train WHERE id IN (SELECT id FROM chosen)",
+    ),
+];
+
 /// The trainer's step per batch: none (the pipeline paces it), or a fixed training step
 /// (the trainer paces the stream, as a GPU-bound one does).
 const STEPS: [(&str, Duration); 2] = [
@@ -81,7 +98,10 @@ pub(crate) fn compare(bench: &Bench<'_>, report: &mut Report) -> Result<()> {
          0. Rows/s from the request to the round's last batch at the trainer, against the \
          round without a selection in the same run (goal ≥ {GOAL}); time from the request \
          to the round's first batch, against a new producer's time to its first batch \
-         (a round without a selection: last column).\n\n\
+         (a round without a selection: last column). Rounds of {ROUND_EPOCHS} epochs: \
+         the top half chosen in each epoch's query, or once per round (`CREATE TABLE … \
+         AS`, run when the round is planned), against {ROUND_EPOCHS} epochs without a \
+         selection.\n\n\
          | trainer | selection | rows | rows/s / without a selection | trigger to first \
          batch / a new producer's first batch | the same without a selection |\n\
          |---|---|---|---|---|---|",
@@ -91,24 +111,43 @@ pub(crate) fn compare(bench: &Bench<'_>, report: &mut Report) -> Result<()> {
     for rep in 0..bench.scale.reps {
         fresh.push(new_producer_first_batch(bench, &format!("roundsnew{rep}"))?);
     }
+    table(bench, report, &SELECTIONS, 1, &fresh)?;
+    table(bench, report, &ONCE_PER_ROUND, ROUND_EPOCHS, &fresh)
+}
+
+/// The rows of `selections` (the first: none, the baseline) in rounds of `epochs`.
+fn table(
+    bench: &Bench<'_>,
+    report: &mut Report,
+    selections: &[(&str, &str)],
+    epochs: u64,
+    fresh: &[f64],
+) -> Result<()> {
     for (s, (pace, step)) in STEPS.iter().enumerate() {
+        let pace = match epochs {
+            1 => pace.to_string(),
+            n => format!("{pace}, rounds of {n} epochs"),
+        };
         let reps: Vec<Vec<Round>> = (0..bench.scale.reps)
             .map(|rep| {
-                (0..SELECTIONS.len())
-                    .map(|i| measure(bench, &format!("rounds{s}{i}r{rep}"), i, *step))
+                (0..selections.len())
+                    .map(|i| {
+                        let topic = format!("rounds{epochs}x{s}{i}r{rep}");
+                        measure(bench, &topic, selections[i].1, epochs, *step)
+                    })
                     .collect::<Result<_>>()
             })
             .collect::<Result<_>>()?;
-        for (i, (name, _)) in SELECTIONS.iter().enumerate().skip(1) {
+        for (i, (name, _)) in selections.iter().enumerate().skip(1) {
             let rate = |r: &[Round], j: usize| r[j].rows as f64 / r[j].seconds;
             let ratio = ratio_summary(reps.iter().map(|r| (rate(r, i), rate(r, 0))));
-            let first = ratio_summary(reps.iter().zip(&fresh).map(|(r, f)| (r[i].first, *f)));
-            let plain = ratio_summary(reps.iter().zip(&fresh).map(|(r, f)| (r[0].first, *f)));
+            let first = ratio_summary(reps.iter().zip(fresh).map(|(r, f)| (r[i].first, *f)));
+            let plain = ratio_summary(reps.iter().zip(fresh).map(|(r, f)| (r[0].first, *f)));
             writeln!(
                 report.body,
                 "| {pace} | {name} | {} of {} | {} | {} | {} |",
                 reps[0][i].rows,
-                bench.data.rows,
+                bench.data.rows * epochs,
                 ratio.show_against(GOAL, 2),
                 first.show(2),
                 plain.show(2),
@@ -132,11 +171,12 @@ pub(crate) fn compare(bench: &Bench<'_>, report: &mut Report) -> Result<()> {
     Ok(())
 }
 
-fn sql(bench: &Bench<'_>, topic: &str, query: &str, rounds: u64) -> String {
+fn sql(bench: &Bench<'_>, topic: &str, query: &str, rounds: u64, epochs: u64) -> String {
     let rows = bench.data.rows;
     format!(
         "SET sluice.topic = '{topic}'; SET sluice.batch_rows = {BATCH_ROWS};\n\
-         SET sluice.rounds = {rounds}; SET sluice.trigger = 'manual'; SET sluice.settle_s = 0;\n\
+         SET sluice.rounds = {rounds}; SET sluice.epochs = {epochs};\n\
+         SET sluice.trigger = 'manual'; SET sluice.settle_s = 0;\n\
          SET sluice.window = 8; SET sluice.message_batches = 1; SET sluice.shuffle_seed = 3;\n\
          CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION '{}/';\n{};",
         bench.data.dir.display(),
@@ -174,10 +214,16 @@ fn spawn(
     })
 }
 
-/// Round 1 of selection `i`, after a loss was reported for every row of round 0, read
-/// with a training step of `step` per batch.
-fn measure(bench: &Bench<'_>, topic: &str, i: usize, step: Duration) -> Result<Round> {
-    let producer = spawn(bench, sql(bench, topic, SELECTIONS[i].1, 2));
+/// Round 1 of `query`, rounds of `epochs`, after a loss was reported for every row of
+/// round 0's first epoch, read with a training step of `step` per batch.
+fn measure(
+    bench: &Bench<'_>,
+    topic: &str,
+    query: &str,
+    epochs: u64,
+    step: Duration,
+) -> Result<Round> {
+    let producer = spawn(bench, sql(bench, topic, query, 2, epochs));
     let mut sub = subscribe(bench.ns, topic)?;
     let mut feedback = FeedbackWriter::open(bench.ns, topic, "bench")?;
     let mut first = None;
@@ -185,9 +231,10 @@ fn measure(bench: &Bench<'_>, topic: &str, i: usize, step: Duration) -> Result<R
     let mut start = Instant::now();
     loop {
         match sub.next_event()? {
-            Event::Batch {
-                epoch: 0, batch, ..
-            } => {
+            Event::Batch { epoch, batch, .. } if epoch < epochs => {
+                if epoch > 0 {
+                    continue;
+                }
                 let ids = batch
                     .column(0)
                     .as_any()
@@ -204,12 +251,14 @@ fn measure(bench: &Bench<'_>, topic: &str, i: usize, step: Duration) -> Result<R
                 rows += batch.num_rows() as u64;
                 std::thread::sleep(step);
             }
-            Event::EpochEnd(s) if s.epoch == 0 => {
+            Event::EpochEnd(s) if s.epoch + 1 < epochs => {}
+            Event::EpochEnd(s) if s.epoch + 1 == epochs => {
                 feedback.flush()?;
                 start = Instant::now();
                 sluice::request_round(bench.ns, topic)?;
             }
-            Event::EpochEnd(_) => break,
+            Event::EpochEnd(s) if s.epoch + 1 == 2 * epochs => break,
+            Event::EpochEnd(_) => {}
             Event::End | Event::DeviceBatch { .. } => bail!("round 1 did not come"),
         }
     }
@@ -231,7 +280,7 @@ fn measure(bench: &Bench<'_>, topic: &str, i: usize, step: Duration) -> Result<R
 /// Seconds from a new producer's start (its plan loaded, as `sluice run` does) to the
 /// first batch at a trainer waiting for it.
 fn new_producer_first_batch(bench: &Bench<'_>, topic: &str) -> Result<f64> {
-    let sql = sql(bench, topic, SELECTIONS[0].1, 1);
+    let sql = sql(bench, topic, SELECTIONS[0].1, 1, 1);
     let waiting = {
         let (ns, topic) = (bench.ns.clone(), topic.to_string());
         std::thread::spawn(move || -> Result<(Subscriber, Instant)> {

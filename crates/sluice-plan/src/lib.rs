@@ -126,26 +126,39 @@ impl Plan {
 
     /// Plans `sql`, reporting errors against the name `file`.
     pub async fn from_sql(file: &str, sql: &str) -> Result<Self> {
-        Self::plan_redacted(file, sql, None).await
+        Self::plan_redacted(file, sql, None, false).await
     }
 
     /// Plans `sql` for one round of a run (see [`rounds`]): its tables list the files
     /// modified before the round's cutoff, and it reads the round's `sluice_feedback` and
     /// `sluice_round`.
     pub async fn for_round(file: &str, sql: &str, inputs: &rounds::RoundInputs) -> Result<Self> {
-        Self::plan_redacted(file, sql, Some(inputs)).await
+        Self::plan_redacted(file, sql, Some(inputs), false).await
+    }
+
+    /// Plans `sql` as [`Plan::for_round`] does, for a look at the round's tables (what a
+    /// `rows:` trigger counts) rather than for running it: its `CREATE TABLE … AS`
+    /// statements are not run, their tables stand empty with their schemas. A selection
+    /// computed that way runs once when its round starts, not at every look.
+    pub async fn tables_for_round(
+        file: &str,
+        sql: &str,
+        inputs: &rounds::RoundInputs,
+    ) -> Result<Self> {
+        Self::plan_redacted(file, sql, Some(inputs), true).await
     }
 
     async fn plan_redacted(
         file: &str,
         sql: &str,
         round: Option<&rounds::RoundInputs>,
+        look: bool,
     ) -> Result<Self> {
         let mut secrets = store::Secrets::default();
         store::env_secrets(&mut secrets);
         secrets.add_literals(sql);
         // Secrets found in the file so far are blanked out of any error, whatever its source.
-        let plan = Self::plan_sql(file, sql, &mut secrets, round).await;
+        let plan = Self::plan_sql(file, sql, &mut secrets, round, look).await;
         plan.map_err(|e| redacted(e, &secrets))
     }
 
@@ -154,10 +167,14 @@ impl Plan {
         sql: &str,
         secrets: &mut store::Secrets,
         round: Option<&rounds::RoundInputs>,
+        look: bool,
     ) -> Result<Self> {
         let mut planner = planner::Planner::new(file, secrets);
         if let Some(inputs) = round {
             planner.for_round(inputs);
+        }
+        if look {
+            planner.look_only();
         }
         let (query, query_at) = planner.statements(sql).await?;
         let planner::Planned {

@@ -3,8 +3,10 @@
 
 use std::sync::Arc;
 
+use datafusion::datasource::MemTable;
 use datafusion::logical_expr::{
-    CreateExternalTable, DdlStatement, LogicalPlan, SetVariable, Statement as PlanStatement,
+    CreateExternalTable, CreateMemoryTable, DdlStatement, LogicalPlan, SetVariable,
+    Statement as PlanStatement,
 };
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement};
@@ -34,6 +36,8 @@ pub(crate) struct Planner<'a> {
     round: Option<crate::rounds::RoundInputs>,
     /// Whether the first statement other than `SET` was reached.
     tables_begun: bool,
+    /// A look at the tables: `CREATE TABLE … AS` tables are registered empty, not run.
+    look: bool,
 }
 
 impl<'a> Planner<'a> {
@@ -51,7 +55,13 @@ impl<'a> Planner<'a> {
             },
             round: None,
             tables_begun: false,
+            look: false,
         }
+    }
+
+    /// Plans for a look at the tables (see [`crate::Plan::tables_for_round`]).
+    pub(crate) fn look_only(&mut self) {
+        self.look = true;
     }
 
     /// Plans the file for one round (see [`crate::rounds`]) rather than as a run's first.
@@ -164,6 +174,9 @@ impl<'a> Planner<'a> {
             LogicalPlan::Ddl(DdlStatement::CreateExternalTable(create)) => {
                 self.create_external_table(create, here).await?;
             }
+            LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(create)) if self.look => {
+                self.stand_in(&create, here)?;
+            }
             plan @ LogicalPlan::Ddl(
                 DdlStatement::CreateView(_) | DdlStatement::CreateMemoryTable(_),
             ) => self.execute(plan, here).await?,
@@ -186,6 +199,19 @@ impl<'a> Planner<'a> {
             query => return Ok(Some(query)),
         }
         Ok(None)
+    }
+
+    /// Registers `create`'s table empty, with its schema: views and queries after it plan
+    /// as they would, and nothing is computed.
+    fn stand_in(&self, create: &CreateMemoryTable, here: &Location) -> Result<()> {
+        let schema = Arc::new(create.input.schema().as_arrow().clone());
+        let table = MemTable::try_new(schema, vec![Vec::new()])
+            .map_err(|e| plan_err(here.clone(), crate::df_message(e)))?;
+        self.planned
+            .ctx
+            .register_table(create.name.clone(), Arc::new(table))
+            .map(drop)
+            .map_err(|e| plan_err(here.clone(), crate::df_message(e)))
     }
 
     async fn execute(&self, plan: LogicalPlan, here: &Location) -> Result<()> {

@@ -545,3 +545,38 @@ async fn a_round_reads_the_files_it_started_with_or_fails() {
     let e = rows(&plan, 2).await.unwrap_err().to_string();
     assert!(e.contains("listing"), "{e}");
 }
+
+/// A look at a round's tables (what a `rows:` trigger counts every 0.5 s) does not run
+/// the plan's `CREATE TABLE … AS`: its table stands empty with its schema, so views and
+/// the final query over it still plan, while the round itself runs it. The statement
+/// here fails when run (a division by zero over the data), which shows which did.
+#[tokio::test]
+async fn a_look_at_the_tables_does_not_run_a_create_table_as() {
+    let dir = dataset();
+    let sql = format!(
+        "SET sluice.rounds = 2;\n\
+         CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION '{}/';\n\
+         CREATE TABLE selected AS SELECT id, 1 / (id - id) AS boom FROM t;\n\
+         CREATE VIEW chosen AS SELECT id FROM selected;\n\
+         SELECT t.id, t.name FROM t WHERE t.id IN (SELECT id FROM chosen)",
+        dir.path().join("pq").display()
+    );
+    let inputs = rounds::RoundInputs {
+        round: 1,
+        cutoff: Some(std::time::SystemTime::now()),
+        files: None,
+        feedback: Vec::new(),
+        rounds: Vec::new(),
+    };
+    let look = Plan::tables_for_round("r.sql", &sql, &inputs)
+        .await
+        .unwrap();
+    assert_eq!(look.table_rows().await.unwrap(), 1000);
+    assert_eq!(rows(&look).await, 0, "the stand-in table is empty");
+    let e = Plan::for_round("r.sql", &sql, &inputs).await.unwrap_err();
+    assert!(e.to_string().contains("r.sql:3:"), "{e}");
+    assert!(
+        e.to_string().to_lowercase().contains("divide by zero"),
+        "{e}"
+    );
+}

@@ -222,7 +222,9 @@ impl Producer {
                 fed::forget_loader(&self.namespace, &topic)?;
                 let position = start.position;
                 if opts.rounds == 1 {
-                    let source = PlanSource::new(plan, &opts).stamped(start.plan_hash());
+                    let source = PlanSource::new(plan, &opts)
+                        .stamped(start.plan_hash())
+                        .prefetching_until(opts.total_epochs().saturating_sub(1));
                     let checkpoint = start.writer(plan, &self.namespace, &topic)?;
                     let run = (source, position, Some(checkpoint));
                     return self.publish(handle, options, &opts, run, on_progress);

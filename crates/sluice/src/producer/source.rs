@@ -95,6 +95,12 @@ pub(crate) struct PlanSource<'a> {
     /// and the schema of the last batch stamped with it.
     identity: HashMap<String, String>,
     stamped: Option<(SchemaRef, SchemaRef)>,
+    /// The last epoch this source will run (see [`PlanSource::prefetching_until`]).
+    last_epoch: Option<u64>,
+    /// The next epoch's stream, started while this one is published.
+    next_epoch: Option<(u64, BatchStream)>,
+    /// Whether the next epoch is to be started once this one's first message is out.
+    prefetch_due: bool,
 }
 
 impl<'a> PlanSource<'a> {
@@ -122,7 +128,45 @@ impl<'a> PlanSource<'a> {
             waited: Duration::ZERO,
             identity: HashMap::new(),
             stamped: None,
+            last_epoch: None,
+            next_epoch: None,
+            prefetch_due: false,
         }
+    }
+
+    /// Starts each epoch's stream up to `last` once the epoch before it published its
+    /// first message, so that
+    /// what comes before an epoch's first batch (planning, the blocking part of a query:
+    /// a sort, a join's build side, the first reads) runs while the epoch before is
+    /// published and read. Its partitions then wait with a few batches each.
+    pub(crate) fn prefetching_until(mut self, last: u64) -> Self {
+        self.last_epoch = Some(last);
+        self
+    }
+
+    /// `epoch`'s stream: the one started ahead, or a new one.
+    fn stream_of(&mut self, handle: &Handle, epoch: u64) -> Result<BatchStream> {
+        match self.next_epoch.take() {
+            Some((next, stream)) if next == epoch => Ok(stream),
+            _ => handle.block_on(self.plan.execute_epoch(epoch)),
+        }
+    }
+
+    /// Starts the epoch after this one if this source runs it and its start is due. A
+    /// failure is left for that epoch's own start to meet again and report.
+    fn prefetch(&mut self, handle: &Handle) {
+        if !std::mem::take(&mut self.prefetch_due) {
+            return;
+        }
+        let next = self.epoch.and_then(|e| e.checked_add(1));
+        let Some(next) = next.filter(|n| Some(*n) <= self.last_epoch) else {
+            return;
+        };
+        let asked = Instant::now();
+        if let Ok(stream) = handle.block_on(self.plan.execute_epoch(next)) {
+            self.next_epoch = Some((next, stream));
+        }
+        self.waited += asked.elapsed();
     }
 
     /// Puts the plan's identity in every batch's schema metadata: the hash of its
@@ -210,9 +254,10 @@ impl Source for PlanSource<'_> {
         shaper.set_max_batches(self.max_batches);
         self.shaper = Some(shaper);
         let asked = Instant::now();
-        let stream = handle.block_on(self.plan.execute_epoch(epoch));
-        self.waited += asked.elapsed();
+        let stream = self.stream_of(handle, epoch);
         self.stream = Some(stream?);
+        self.waited += asked.elapsed();
+        self.prefetch_due = true;
         self.skip(handle, epoch, skip)
     }
 
@@ -221,6 +266,9 @@ impl Source for PlanSource<'_> {
     }
 
     fn next(&mut self, handle: &Handle) -> Result<Option<Message>> {
+        if self.index > 0 {
+            self.prefetch(handle);
+        }
         loop {
             if let Some(rows) = self.pending.pop_front() {
                 let index = self.index;
@@ -342,5 +390,54 @@ mod tests {
             ]
         );
         assert_eq!(messages(SQL, 4, 9), [(9, 1, 5, 91)]);
+    }
+
+    /// The rows of every message of `epochs`, read from one source in turn.
+    fn epochs(
+        source: &mut PlanSource<'_>,
+        rt: &tokio::runtime::Runtime,
+        epochs: &[u64],
+    ) -> Vec<Vec<i64>> {
+        epochs
+            .iter()
+            .map(|&epoch| {
+                source.start(rt.handle(), epoch, 0).unwrap();
+                let mut rows = Vec::new();
+                while let Some(message) = source.next(rt.handle()).unwrap() {
+                    let values = message.rows.column(0).as_primitive::<Int64Type>();
+                    rows.extend(values.values().iter().copied());
+                }
+                rows
+            })
+            .collect()
+    }
+
+    /// An epoch started ahead (while the one before is published) gives what it gives
+    /// started on its own: the same rows in the same order, shuffled as that epoch is;
+    /// none is started past the last epoch, or when another epoch is asked for.
+    #[test]
+    fn an_epoch_started_ahead_is_the_epoch_started_on_its_own() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let sql = "SET sluice.batch_rows = 10;\nSET sluice.shuffle_seed = 5;\n\
+                   SET sluice.shuffle_buffer = 40;\n\
+                   SELECT value AS v FROM generate_series(1, 95)";
+        let plan = rt.block_on(plan(sql));
+        let opts = plan.options().clone();
+        let mut alone = Vec::new();
+        for epoch in 0..3 {
+            alone.extend(epochs(&mut PlanSource::new(&plan, &opts), &rt, &[epoch]));
+        }
+        assert_ne!(alone[0], alone[1], "epochs are shuffled differently");
+        let mut ahead = PlanSource::new(&plan, &opts).prefetching_until(2);
+        let got = epochs(&mut ahead, &rt, &[0, 1, 2]);
+        assert_eq!(got, alone);
+        assert!(ahead.next_epoch.is_none(), "nothing past the last epoch");
+        // Epoch 1 was started ahead during epoch 0; asked for epoch 2 instead, the
+        // source runs epoch 2.
+        let mut ahead = PlanSource::new(&plan, &opts).prefetching_until(2);
+        ahead.start(rt.handle(), 0, 0).unwrap();
+        while ahead.next(rt.handle()).unwrap().is_some() {}
+        assert_eq!(ahead.next_epoch.as_ref().map(|n| n.0), Some(1));
+        assert_eq!(epochs(&mut ahead, &rt, &[2]), alone[2..]);
     }
 }

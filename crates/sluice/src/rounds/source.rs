@@ -183,8 +183,14 @@ impl<'a> RoundSource<'a> {
             "round starts ({listing})"
         );
         self.waited += self.inner.as_ref().map_or(Duration::ZERO, Source::waited);
+        let epochs = self.opts.epochs.max(1);
+        let last = round
+            .saturating_add(1)
+            .saturating_mul(epochs)
+            .saturating_sub(1);
         let mut inner = PlanSource::owned(plan, self.opts)
             .stamped(&self.plan_hash)
+            .prefetching_until(last)
             .with_identity(ROUND_KEY, round.to_string())
             .with_identity(TRIGGER_KEY, entry.trigger.clone())
             .with_identity(NEW_ROWS_KEY, entry.new_rows.to_string());
@@ -311,7 +317,8 @@ impl<'a> RoundSource<'a> {
         SystemTime::now() - Duration::try_from_secs_f64(self.opts.settle_s).unwrap_or_default()
     }
 
-    /// Rows in the plan's tables as listed at `cutoff`.
+    /// Rows in the plan's tables as listed at `cutoff`. A look at the tables only: the
+    /// plan's `CREATE TABLE … AS` selections run when the round starts, not here.
     fn rows(&self, handle: &Handle, round: u64, cutoff: SystemTime) -> Result<u64> {
         let inputs = RoundInputs {
             round,
@@ -320,7 +327,10 @@ impl<'a> RoundSource<'a> {
             feedback: Vec::new(),
             rounds: Vec::new(),
         };
-        handle.block_on(self.plan(handle, &inputs)?.table_rows())
+        handle.block_on(async {
+            let plan = Plan::tables_for_round(self.base.file(), self.base.sql(), &inputs).await?;
+            plan.table_rows().await
+        })
     }
 
     fn inner(&mut self) -> Result<&mut PlanSource<'a>> {
