@@ -193,13 +193,18 @@ def run_all(cmds: list[list[str]], env: dict, timeout: float = 1800) -> tuple[li
     """Runs `cmds` at once; their outputs and the CPU-seconds of all of them."""
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for c in cmds]
     outs, cpu = [], 0.0
-    for p in procs:
-        out, err = p.communicate(timeout=timeout)
-        if p.returncode != 0:
-            for q in procs:
-                q.kill()
-            raise RuntimeError(f"{p.args[3:]} failed (exit status {p.returncode}): {err[-2000:]}")
-        outs.append(out.strip().splitlines()[-1])
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            if p.returncode != 0:
+                raise RuntimeError(f"{p.args[3:]} failed (exit status {p.returncode}): {err[-2000:]}")
+            outs.append(out.strip().splitlines()[-1])
+    except BaseException:
+        # None left running (or unwaited) to spend CPU in a later measurement.
+        for q in procs:
+            q.kill()
+            q.wait()
+        raise
     # Children of this script only, all waited for: their user + system time.
     usage = os.times()
     cpu = usage.children_user + usage.children_system
@@ -209,7 +214,8 @@ def run_all(cmds: list[list[str]], env: dict, timeout: float = 1800) -> tuple[li
 def run_tensorsocket(cmds: list[list[str]], producer: list[str], env: dict, budget: float) -> list[str]:
     """Runs TensorSocket's producer and its consumers; the consumers stop by themselves
     (the epoch's end or their budget); the producer is stopped once they have."""
-    prod = subprocess.Popen(producer, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # Nothing reads the producer's output: a pipe it filled would stall it.
+    prod = subprocess.Popen(producer, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         outs, _ = run_all(cmds, env, timeout=budget + 120)
     finally:

@@ -498,6 +498,17 @@ async fn round_settings_come_before_the_tables_and_a_plan_reads_its_feedback() {
     assert!(e.contains("trigger query failed"), "{e}");
 }
 
+/// Round 1 with its cutoff now, no feedback and no rounds before.
+fn round_one_now() -> rounds::RoundInputs {
+    rounds::RoundInputs {
+        round: 1,
+        cutoff: Some(std::time::SystemTime::now()),
+        files: None,
+        feedback: Vec::new(),
+        rounds: Vec::new(),
+    }
+}
+
 /// A round's plan lists the files it started with: one added since (even with an old
 /// modification time) is not read, and one removed fails the next epoch. DataFusion's
 /// cache of listings is off, as it is for a table too large for it: every epoch lists.
@@ -510,13 +521,7 @@ async fn a_round_reads_the_files_it_started_with_or_fails() {
          CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION '{}/';\nSELECT id FROM t",
         pq.display()
     );
-    let inputs = rounds::RoundInputs {
-        round: 1,
-        cutoff: Some(std::time::SystemTime::now()),
-        files: None,
-        feedback: Vec::new(),
-        rounds: Vec::new(),
-    };
+    let inputs = round_one_now();
     let mut plan = Plan::for_round("r.sql", &sql, &inputs).await.unwrap();
     let listing = plan.listing().await.unwrap();
     assert_eq!(listing.files, 2);
@@ -561,13 +566,7 @@ async fn a_look_at_the_tables_does_not_run_a_create_table_as() {
          SELECT t.id, t.name FROM t WHERE t.id IN (SELECT id FROM chosen)",
         dir.path().join("pq").display()
     );
-    let inputs = rounds::RoundInputs {
-        round: 1,
-        cutoff: Some(std::time::SystemTime::now()),
-        files: None,
-        feedback: Vec::new(),
-        rounds: Vec::new(),
-    };
+    let inputs = round_one_now();
     let look = Plan::tables_for_round("r.sql", &sql, &inputs)
         .await
         .unwrap();

@@ -368,7 +368,7 @@ class LoaderRun:
         return self._stats
 
     def close(self) -> None:
-        failed = self._error if not self._thread.is_alive() else None
+        failed = self._error if not self._stop.is_set() and not self._thread.is_alive() else None
         self._stop.set()
         # A send waiting for subscribers that read nothing ends with the run.
         self._feeder.close()

@@ -215,23 +215,31 @@ impl LoaderRecordKept {
 /// would make that loader again instead of computing the plan), unless another process
 /// produces the topic now.
 pub(crate) fn forget_loader(namespace: &Namespace, topic: &TopicName) -> Result<()> {
-    if crate::status::other_live_producer(namespace, topic).is_none() {
-        namespace.prepare_state_dir()?;
-        remove_record(&LoaderRecord::path(namespace, topic))?;
-    }
-    Ok(())
+    forget_records(namespace, topic, &[LoaderRecord::path(namespace, topic)]).map(drop)
 }
 
 /// Removes the records a crashed run of `topic` left for trainers that catch up (a
 /// plan's, a loader's: their rows are not this run's), unless another process produces
 /// the topic now (`false`: nothing touched).
 pub(crate) fn forget(namespace: &Namespace, topic: &TopicName) -> Result<bool> {
+    let records = [
+        LoaderRecord::path(namespace, topic),
+        PlanRecord::path(namespace, topic),
+    ];
+    forget_records(namespace, topic, &records)
+}
+
+/// Removes `records` of `topic` unless another process produces it (`false`).
+fn forget_records(
+    namespace: &Namespace,
+    topic: &TopicName,
+    records: &[std::path::PathBuf],
+) -> Result<bool> {
     if crate::status::other_live_producer(namespace, topic).is_some() {
         return Ok(false);
     }
     namespace.prepare_state_dir()?;
-    remove_record(&LoaderRecord::path(namespace, topic))?;
-    remove_record(&PlanRecord::path(namespace, topic))?;
+    records.iter().try_for_each(|path| remove_record(path))?;
     Ok(true)
 }
 
