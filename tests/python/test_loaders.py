@@ -346,6 +346,57 @@ def _reports(child: Any) -> list[Any]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("[")]
 
 
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--topic", "no/slashes"], "topic"),
+        (["--topic", "ok", "--linger", "-1"], "linger"),
+        (["--topic", "ok", "--epochs", "-2"], "epochs"),
+    ],
+)
+def test_python_m_sluice_publish_refuses_bad_settings_with_an_error_not_a_traceback(
+    flags: list[str], named: str, tmp_path: Path, ns: str
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "my_loaders.py").write_text("def make():\n    return [[1, 2, 3]]\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "sluice", "publish", "my_loaders:make", *flags],
+        cwd=tmp_path,
+        env=dict(os.environ, SLUICE_NAMESPACE=ns),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: ") and named in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_python_m_sluice_publish_shows_a_loaders_own_value_error_with_its_traceback(
+    tmp_path: Path, ns: str
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "my_loaders.py").write_text(
+        "def make():\n    raise ValueError('the dataset path is wrong')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "sluice", "publish", "my_loaders:make", "--topic", "ok"],
+        cwd=tmp_path,
+        env=dict(os.environ, SLUICE_NAMESPACE=ns),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" in done.stderr and "the dataset path is wrong" in done.stderr
+
+
 def test_a_trainer_killed_mid_epoch_holds_nobody_back(topic: str, run_python: Any) -> None:
     import signal
 

@@ -238,6 +238,9 @@ impl Bench<'_> {
 
 fn main() {
     let args = Args::parse();
+    // Sluice's own log (`SLUICE_LOG=info`: a round's start, split into its parts) on
+    // stderr beside the steps; errors only by default.
+    sluice::logging::log_to_stderr("error");
     if let Err(e) = run(&args) {
         eprintln!("error: {e:#}");
         std::process::exit(1);

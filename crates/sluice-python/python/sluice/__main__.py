@@ -49,23 +49,34 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     make = _factory(args.loader)
+    factory = None
     if args.resumable:
         try:
-            sluice.loader._factory_name(make)
+            factory = sluice.loader._factory_name(make)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+    loader = make()
+    # Bad settings are the command line's errors (exit 2); what the loader raises, a
+    # ValueError too, propagates from its run below with its traceback.
     try:
-        stats = sluice.publish(
-            make if args.resumable else make(),
+        feeder = sluice.loader.Feeder(
             args.topic,
+            factory=factory,
             epochs=args.epochs,
             window=args.window,
-            resumable=args.resumable,
             min_subscribers=args.min_subscribers,
             wait_timeout=args.wait_timeout,
             linger=args.linger,
         )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except sluice.SluiceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    try:
+        stats = sluice.loader._feed(feeder, loader, args.epochs)
     except KeyboardInterrupt:
         print("stopped", file=sys.stderr)
         return 130

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use sluice_core::{Position, Result, SluiceError, TopicName};
 use sluice_plan::rounds::{RoundInputs, Trigger, feedback_columns};
@@ -131,6 +131,7 @@ impl<'a> RoundSource<'a> {
             Some(entry) => entry,
             None => self.next_round(handle, round)?,
         };
+        let started = Instant::now();
         let inputs = RoundInputs {
             round,
             cutoff: Some(from_us(entry.cutoff_us)),
@@ -148,7 +149,9 @@ impl<'a> RoundSource<'a> {
                 rows
             },
         };
+        let read = started.elapsed();
         let mut plan = self.plan(handle, &inputs)?;
+        let planned = started.elapsed();
         let listing = handle.block_on(plan.listing())?;
         // Every epoch of the round lists these files and no others, and fails (like a
         // read error) where one was removed or rewritten: DataFusion's cache of listings
@@ -180,6 +183,11 @@ impl<'a> RoundSource<'a> {
             trigger = %entry.trigger,
             new_rows = entry.new_rows,
             feedback_files = entry.feedback.len(),
+            // Where a round's start goes: reading the feedback, planning (a `CREATE
+            // TABLE … AS` runs there), listing and recording the round.
+            feedback_read_ms = read.as_millis(),
+            planned_ms = planned.as_millis(),
+            recorded_ms = started.elapsed().as_millis(),
             "round starts ({listing})"
         );
         self.waited += self.inner.as_ref().map_or(Duration::ZERO, Source::waited);
