@@ -231,46 +231,9 @@ impl DeviceDescriptor {
         let schema = StreamReader::try_new(Cursor::new(schema_bytes), None)
             .map_err(|e| corrupt(format!("schema: {e}")))?
             .schema();
-        let mut nodes = Vec::with_capacity(node_count as usize);
-        for _ in 0..node_count {
-            let len = r.u64()?;
-            let null_count = r.u64()?;
-            if null_count > len {
-                return Err(corrupt(format!("{null_count} nulls in {len} elements")));
-            }
-            let has_validity = match r.u8()? {
-                0 => false,
-                1 => true,
-                v => return Err(corrupt(format!("validity flag {v}"))),
-            };
-            let buffers = r.u8()?;
-            let children = u32::from(r.u16()?);
-            let mut read_buffer = || -> Result<BufferRef> {
-                let b = BufferRef {
-                    offset: r.u64()?,
-                    len: r.u64()?,
-                };
-                let inside = b.offset.checked_add(b.len).is_some_and(|e| e <= used_bytes);
-                if !inside || !b.offset.is_multiple_of(ALIGN) {
-                    return Err(corrupt(format!(
-                        "buffer at {}+{} is unaligned or outside the {used_bytes} bytes in use",
-                        b.offset, b.len
-                    )));
-                }
-                Ok(b)
-            };
-            let validity = has_validity.then(&mut read_buffer).transpose()?;
-            let buffers = (0..buffers)
-                .map(|_| read_buffer())
-                .collect::<Result<Vec<_>>>()?;
-            nodes.push(NodeLayout {
-                len,
-                null_count,
-                validity,
-                buffers,
-                children,
-            });
-        }
+        let nodes = (0..node_count)
+            .map(|_| read_node(&mut r, used_bytes))
+            .collect::<Result<Vec<_>>>()?;
         if r.at != body.len() {
             return Err(corrupt(format!("{} trailing bytes", body.len() - r.at)));
         }
@@ -404,6 +367,48 @@ impl<'a> Reader<'a> {
     fn handle(&mut self) -> Result<[u8; HANDLE_BYTES]> {
         self.array()
     }
+}
+
+/// One array's layout in a descriptor: its lengths, and buffers that lie aligned within
+/// the `used_bytes` of the slot.
+fn read_node(r: &mut Reader<'_>, used_bytes: u64) -> Result<NodeLayout> {
+    let len = r.u64()?;
+    let null_count = r.u64()?;
+    if null_count > len {
+        return Err(corrupt(format!("{null_count} nulls in {len} elements")));
+    }
+    let has_validity = match r.u8()? {
+        0 => false,
+        1 => true,
+        v => return Err(corrupt(format!("validity flag {v}"))),
+    };
+    let buffers = r.u8()?;
+    let children = u32::from(r.u16()?);
+    let mut read_buffer = || -> Result<BufferRef> {
+        let b = BufferRef {
+            offset: r.u64()?,
+            len: r.u64()?,
+        };
+        let inside = b.offset.checked_add(b.len).is_some_and(|e| e <= used_bytes);
+        if !inside || !b.offset.is_multiple_of(ALIGN) {
+            return Err(corrupt(format!(
+                "buffer at {}+{} is unaligned or outside the {used_bytes} bytes in use",
+                b.offset, b.len
+            )));
+        }
+        Ok(b)
+    };
+    let validity = has_validity.then(&mut read_buffer).transpose()?;
+    let buffers = (0..buffers)
+        .map(|_| read_buffer())
+        .collect::<Result<Vec<_>>>()?;
+    Ok(NodeLayout {
+        len,
+        null_count,
+        validity,
+        buffers,
+        children,
+    })
 }
 
 #[cfg(test)]
