@@ -177,7 +177,7 @@ impl PyBatch {
     /// The round of a plan of several rounds the batch belongs to (``None``: one round).
     #[getter]
     fn round(&self) -> Option<u64> {
-        crate::subscriber::round_of(&self.batch)
+        sluice::rounds::round_of(&self.batch)
     }
 
     /// `(start, end)` addresses of the shared-memory sample every buffer of this batch
@@ -300,10 +300,10 @@ impl PyBatch {
         py: Python<'_>,
         device: Option<&Bound<'_, PyAny>>,
         stream: Option<i64>,
-    ) -> PyResult<crate::gpu::PyDeviceBatch> {
-        let ordinal = crate::gpu::device_ordinal(device)?;
-        let batch = crate::gpu::copy_to_device(py, &self.batch, ordinal, stream)?;
-        Ok(crate::gpu::PyDeviceBatch::new(
+    ) -> PyResult<crate::device_batch::PyDeviceBatch> {
+        let ordinal = crate::device_batch::device_ordinal(device)?;
+        let batch = crate::device_batch::copy_to_device(py, &self.batch, ordinal, stream)?;
+        Ok(crate::device_batch::PyDeviceBatch::new(
             batch, self.epoch, self.index,
         ))
     }

@@ -34,6 +34,7 @@
 mod batch;
 mod c_device;
 mod catch_up;
+mod device_batch;
 mod dlpack;
 mod errors;
 mod feedback;
@@ -65,7 +66,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<subscriber::PyEpochSummary>()?;
     m.add_class::<batch::PyBatch>()?;
     m.add_class::<batch::PyColumn>()?;
-    m.add_class::<gpu::PyDeviceBatch>()?;
+    m.add_class::<device_batch::PyDeviceBatch>()?;
     m.add_class::<gpu::PyDeviceColumn>()?;
     m.add_class::<producer::PyProducer>()?;
     m.add_class::<producer::PyRunStats>()?;

@@ -27,8 +27,8 @@ use sluice::{
 };
 
 use crate::batch::{PyBatch, deep_copy};
+use crate::device_batch::PyDeviceBatch;
 use crate::errors::to_py;
-use crate::gpu::PyDeviceBatch;
 use sluice::shm::process::{Local, Owner};
 
 /// Longest wait without a chance to run Python's signal handlers.
@@ -111,16 +111,6 @@ fn batch_object(py: Python<'_>, event: Event) -> PyResult<Option<Py<PyAny>>> {
         )),
         _ => Ok(None),
     }
-}
-
-/// The round a batch of a plan of several rounds belongs to.
-pub fn round_of(batch: &RecordBatch) -> Option<u64> {
-    batch
-        .schema_ref()
-        .metadata()
-        .get(sluice::rounds::ROUND_KEY)?
-        .parse()
-        .ok()
 }
 
 fn lock(stream: &Mutex<Stream>) -> MutexGuard<'_, Stream> {
@@ -324,7 +314,7 @@ impl PySubscriber {
         self.here()?;
         // Host batches copied to a GPU whose copies completed go back to the producer
         // now, before this subscriber's held samples are counted.
-        crate::gpu::collect_host_copies();
+        crate::device_batch::collect_host_copies();
         let start = Instant::now();
         // A timeout past what an Instant holds: as long as it takes.
         let deadline = self.timeout.and_then(|t| start.checked_add(t));
@@ -340,7 +330,7 @@ impl PySubscriber {
             match result {
                 Ok(event) => {
                     if let Event::Batch { batch, .. } = &event
-                        && let Some(round) = round_of(batch)
+                        && let Some(round) = sluice::rounds::round_of(batch)
                     {
                         *self.round.lock().unwrap_or_else(PoisonError::into_inner) = Some(round);
                     }

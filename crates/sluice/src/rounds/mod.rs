@@ -8,7 +8,7 @@ mod source;
 pub use feedback::{FeedbackWriter, feedback_dir};
 pub use log::{RoundEntry, RoundLog};
 pub(crate) use source::RoundSource;
-pub use source::{NEW_ROWS_KEY, ROUND_KEY, TRIGGER_KEY, request_round};
+pub use source::{NEW_ROWS_KEY, ROUND_KEY, TRIGGER_KEY, request_round, round_of};
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

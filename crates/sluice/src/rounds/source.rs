@@ -26,6 +26,12 @@ pub const TRIGGER_KEY: &str = "sluice.round_trigger";
 /// See [`ROUND_KEY`].
 pub const NEW_ROWS_KEY: &str = "sluice.round_new_rows";
 
+/// The round a batch of a plan of several rounds belongs to (its [`ROUND_KEY`]); `None`
+/// for a plan of one round.
+pub fn round_of(batch: &arrow::record_batch::RecordBatch) -> Option<u64> {
+    batch.schema_ref().metadata().get(ROUND_KEY)?.parse().ok()
+}
+
 /// How often a trigger is looked at while a producer waits for it: a request or a clock
 /// often (a file's presence, the time), the data and a query less often (each look
 /// plans the tables again: a listing, a LIST request per table on object storage).
