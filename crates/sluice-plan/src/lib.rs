@@ -20,6 +20,7 @@
 
 mod engine;
 pub mod functions;
+mod large_limits;
 mod listing;
 mod memory;
 pub use listing::Listing;

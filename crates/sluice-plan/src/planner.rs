@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use datafusion::datasource::MemTable;
+use datafusion::execution::SessionStateBuilder;
 use datafusion::logical_expr::{
     CreateExternalTable, CreateMemoryTable, DdlStatement, LogicalPlan, SetVariable,
     Statement as PlanStatement,
@@ -13,6 +14,7 @@ use datafusion::sql::parser::{DFParser, Statement};
 use sluice_core::error::Location;
 use sluice_core::{Result, SluiceError};
 
+use crate::large_limits::LargeLimitsSortWhole;
 use crate::{SluiceOptions, config_message, functions, guarded, split, store};
 
 /// What a plan file's statements leave behind.
@@ -351,7 +353,13 @@ fn session() -> (SessionContext, Arc<store::Counters>) {
         // Registered up front so that its keys travel with a Ballista job's settings;
         // each epoch sets its values.
         .with_option_extension(functions::FunctionContext::default());
-    let ctx = SessionContext::new_with_config_rt(config, crate::memory::default_runtime());
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_runtime_env(crate::memory::default_runtime())
+        .with_default_features()
+        .with_physical_optimizer_rule(Arc::new(LargeLimitsSortWhole))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
     functions::register(&ctx);
     // Local files go through a counting store too, so that local and remote runs report
     // their requests alike.

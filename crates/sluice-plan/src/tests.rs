@@ -579,3 +579,22 @@ async fn a_look_at_the_tables_does_not_run_a_create_table_as() {
         "{e}"
     );
 }
+
+/// `ORDER BY … LIMIT k` with k a large share of its input sorts the input whole and takes
+/// the first k rows (a TopK heap is many times slower there); a small k keeps the heap.
+/// Both give the rows the order and limit say.
+#[tokio::test]
+async fn a_large_limit_sorts_whole_and_a_small_one_keeps_the_heap() {
+    let table = "CREATE TABLE big AS SELECT value AS id, (value * 7919) % 10007 AS k \
+                 FROM range(20000);\n";
+    let ordered = |limit: &str| format!("{table}SELECT id FROM big ORDER BY k DESC, id{limit}");
+    let all = order(&Plan::from_sql("p.sql", &ordered("")).await.unwrap()).await;
+    for (k, heap) in [(10_000, false), (100, true)] {
+        let plan = Plan::from_sql("p.sql", &ordered(&format!(" LIMIT {k}")))
+            .await
+            .unwrap();
+        let explained = plan.explain().await.unwrap();
+        assert_eq!(explained.contains("TopK"), heap, "k = {k}:\n{explained}");
+        assert_eq!(order(&plan).await, all[..k], "k = {k}");
+    }
+}
