@@ -23,8 +23,8 @@ use sluice_plan::Plan;
 use sluice_shm::{Namespace, OnMaxHeld, TopicSubscriber};
 use tokio::runtime::{Handle, Runtime};
 
+use super::local::LocalInlet;
 use super::payload::Payload;
-use super::port::LocalInlet;
 use crate::checkpoint::DataListing;
 use crate::cursor::{LoaderRecord, PlanRecord, plan_hash};
 use crate::producer::{PlanSource, Source};

@@ -15,14 +15,16 @@ use crate::gpu::batch::DeviceBatch;
 use crate::status::{Reporter, SubscriberReport, unix_now};
 
 mod catch_up;
+mod local;
 mod mask;
 mod payload;
 mod port;
 
 use catch_up::{Attach, CatchUp};
 pub use catch_up::{CatchUpSender, LoaderCatchUp, catch_up_channel, remote_catch_up};
+use local::LocalInlet;
 use payload::Payload;
-use port::{LocalInlet, Port};
+use port::Port;
 
 pub use sluice_core::delivery::{EpochSummary, Join, OnLag};
 
