@@ -346,6 +346,24 @@ def _reports(child: Any) -> list[Any]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("[")]
 
 
+def _publish_command(tmp_path: Path, ns: str, loaders: str, flags: list[str]) -> Any:
+    """``python -m sluice publish my_loaders:make FLAGS`` run to its end, with
+    ``loaders`` as ``my_loaders.py``."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "my_loaders.py").write_text(loaders)
+    return subprocess.run(
+        [sys.executable, "-m", "sluice", "publish", "my_loaders:make", *flags],
+        cwd=tmp_path,
+        env=dict(os.environ, SLUICE_NAMESPACE=ns),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
@@ -357,19 +375,7 @@ def _reports(child: Any) -> list[Any]:
 def test_python_m_sluice_publish_refuses_bad_settings_with_an_error_not_a_traceback(
     flags: list[str], named: str, tmp_path: Path, ns: str
 ) -> None:
-    import os
-    import subprocess
-    import sys
-
-    (tmp_path / "my_loaders.py").write_text("def make():\n    return [[1, 2, 3]]\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "sluice", "publish", "my_loaders:make", *flags],
-        cwd=tmp_path,
-        env=dict(os.environ, SLUICE_NAMESPACE=ns),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _publish_command(tmp_path, ns, "def make():\n    return [[1, 2, 3]]\n", flags)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("error: ") and named in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
@@ -378,21 +384,8 @@ def test_python_m_sluice_publish_refuses_bad_settings_with_an_error_not_a_traceb
 def test_python_m_sluice_publish_shows_a_loaders_own_value_error_with_its_traceback(
     tmp_path: Path, ns: str
 ) -> None:
-    import os
-    import subprocess
-    import sys
-
-    (tmp_path / "my_loaders.py").write_text(
-        "def make():\n    raise ValueError('the dataset path is wrong')\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "sluice", "publish", "my_loaders:make", "--topic", "ok"],
-        cwd=tmp_path,
-        env=dict(os.environ, SLUICE_NAMESPACE=ns),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    loaders = "def make():\n    raise ValueError('the dataset path is wrong')\n"
+    done = _publish_command(tmp_path, ns, loaders, ["--topic", "ok"])
     assert done.returncode == 1, done.stderr
     assert "Traceback" in done.stderr and "the dataset path is wrong" in done.stderr
 

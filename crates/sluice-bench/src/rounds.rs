@@ -23,8 +23,9 @@ const GOAL: f64 = 0.9;
 /// The selections measured: a name and the query after the table. The sorted and exact
 /// forms choose their ids from the narrow columns, then take their rows (`id IN (…)`):
 /// sorting whole rows instead measured 0.53 and 0.31 of the rows/s without a selection at
-/// a 2 ms step, against 0.62 and 0.27 (docs/benchmarks.md, comparison 10). The streaming
-/// forms compute a threshold first, then filter the scan as it goes.
+/// a 2 ms step, against 0.62 and 0.27, before large limits were sorted whole
+/// (docs/data/rounds-2core-2026-11-29/whole-rows.md, ids-first.md). The streaming forms
+/// compute a threshold first, then filter the scan as it goes.
 const SELECTIONS: [(&str, &str); 5] = [
     ("none", "SELECT id, label, text, features FROM train"),
     (
