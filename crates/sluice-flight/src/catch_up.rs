@@ -24,8 +24,10 @@ use sluice_core::{Columns, Inbound, Inlet, Position, Result, SluiceError, TopicN
 use sluice_shm::{BatchForm, Frame, Namespace, TopicSubscriber};
 use tonic::Status;
 
+use crate::messages::{Messages, Next};
 use crate::meta::Meta;
-use crate::server::{Flushed, Messages, Next, Outbox, Outgoing, POLL, flush, status};
+use crate::outbox::{Flushed, Outbox, Outgoing, POLL, flush};
+use crate::status::status;
 
 /// Computes a topic's stream again from a position, for a remote subscriber whose
 /// position the topic's history no longer holds: given the topic, the position, the

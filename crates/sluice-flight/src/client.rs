@@ -344,7 +344,7 @@ fn stalled(status: &Status) -> Option<f64> {
     if status.code() != Code::ResourceExhausted {
         return None;
     }
-    let value = status.metadata().get(crate::server::STALLED_KEY)?;
+    let value = status.metadata().get(crate::status::STALLED_KEY)?;
     value.to_str().ok()?.parse().ok()
 }
 

@@ -38,8 +38,11 @@
 pub mod catch_up;
 mod client;
 mod feedback;
+mod messages;
 pub mod meta;
+mod outbox;
 mod server;
+mod status;
 mod token;
 
 pub use catch_up::CatchUpSource;

@@ -1,34 +1,30 @@
 //! `sluice serve --flight`: a node's topics for remote subscribers.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
-use std::ops::Range;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use arrow::datatypes::SchemaRef;
-use arrow::record_batch::RecordBatch;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
 };
-use arrow_ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
-use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use sluice_core::wire::{self, MessageParts};
 use sluice_core::{Columns, Result, SluiceError, TopicName};
-use sluice_shm::{BatchForm, Frame, Namespace, SamplePayload, TopicSubscriber};
+use sluice_shm::{BatchForm, Namespace, TopicSubscriber};
 use tokio::sync::Semaphore;
-use tokio::sync::mpsc::{self, error::TrySendError};
+use tokio::sync::mpsc;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::TicketRequest;
+use crate::messages::{Messages, Next};
 use crate::meta::Meta;
+use crate::outbox::{Flushed, Outbox, Outgoing, POLL, flush};
+use crate::status::status;
 use crate::token::LoopbackToken;
 
 /// HTTP/2 stream window (the connection's is twice as large). It bounds what a remote
@@ -38,9 +34,6 @@ use crate::token::LoopbackToken;
 /// loopback and LAN throughput unthrottled (a batch larger than the window is simply
 /// sent in several HTTP/2 frames).
 pub(crate) const WINDOW: u32 = 1 << 20;
-/// How often the server's subscriber looks whether its client is still there, and, while
-/// its client takes nothing, whether the topic's producer is.
-pub(crate) const POLL: Duration = Duration::from_millis(200);
 /// How often an idle connection is pinged, and how long a ping may go unanswered.
 const KEEPALIVE: Duration = Duration::from_secs(20);
 
@@ -119,10 +112,6 @@ pub const DEFAULT_MAX_STREAMS: NonZeroUsize = NonZeroUsize::new(64).expect("64 i
 /// (a hung loop, a hostile client that answers HTTP/2 pings) does not stop every other
 /// trainer for long.
 pub const DEFAULT_MAX_STALL: Duration = Duration::from_secs(120);
-
-/// The metadata key of a status that ends a stalled stream, with the server's limit in
-/// seconds (the client makes it [`SluiceError::Stalled`] again).
-pub(crate) const STALLED_KEY: &str = "sluice-stalled-s";
 
 /// Columns a ticket may name: more than any table has, far fewer than a ticket of
 /// megabytes of repeated names (each name is matched against the schema per batch).
@@ -346,344 +335,6 @@ impl TopicService {
     }
 }
 
-/// A metadata-only Flight message: the protocol's metadata, and no IPC message.
-fn control(meta: Meta) -> FlightData {
-    // No IPC message at all, as Arrow C++ and Java write a message of metadata alone
-    // (pyarrow's reader yields it as a chunk without data); Sluice's client gives it the
-    // header arrow-rs's decoder needs (`client::metadata_only`).
-    FlightData {
-        app_metadata: meta.encode(),
-        ..FlightData::default()
-    }
-}
-
-/// A topic error as the gRPC status the client maps back (see `client::from_status`).
-pub(crate) fn status(e: SluiceError) -> Status {
-    match e {
-        SluiceError::ProducerFailed(m) => Status::aborted(m),
-        SluiceError::ProducerLost(topic) => {
-            Status::unavailable(format!("the producer of topic '{topic}' is gone"))
-        }
-        e @ SluiceError::Timeout { .. } => Status::deadline_exceeded(e.to_string()),
-        // The client makes it a `Config` error again: its message, without the prefix.
-        SluiceError::Config(m) => Status::failed_precondition(m),
-        e @ SluiceError::Device(_) => Status::failed_precondition(e.to_string()),
-        ref e @ SluiceError::Stalled { seconds, .. } => {
-            let mut status = Status::resource_exhausted(e.to_string());
-            if let Ok(value) = format!("{seconds}").parse() {
-                status.metadata_mut().insert(STALLED_KEY, value);
-            }
-            status
-        }
-        e => Status::internal(e.to_string()),
-    }
-}
-
-/// What the server hands gRPC: a Flight message of its own, or one whose bytes are
-/// still the producer's, in shared memory ([`Loan`]).
-pub(crate) enum Outgoing {
-    Owned(FlightData),
-    Lent {
-        loan: Arc<Loan>,
-        header: Range<usize>,
-        body: Range<usize>,
-        app_metadata: Bytes,
-    },
-}
-
-impl Outgoing {
-    /// The Flight message, as gRPC's encoding takes it (and copies it at once).
-    fn into_data(self) -> FlightData {
-        match self {
-            Self::Owned(data) => data,
-            Self::Lent {
-                loan,
-                header,
-                body,
-                app_metadata,
-            } => {
-                let whole = loan.bytes();
-                FlightData {
-                    data_header: whole.slice(header),
-                    data_body: whole.slice(body),
-                    app_metadata,
-                    ..FlightData::default()
-                }
-            }
-        }
-    }
-}
-
-/// A producer's message that Flight messages on their way to gRPC point into: the sample
-/// in shared memory, until [`Loan::revoke`] puts a copy in its place and lets the sample
-/// go. The server revokes what it lent when its client has stopped reading and the
-/// topic's producer is gone, since a restarted producer can create the topic again only
-/// once every sample of the dead one is back, and when its stream ends.
-pub(crate) struct Loan(Mutex<Bytes>);
-
-impl Loan {
-    fn bytes(&self) -> Bytes {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    fn revoke(&self) {
-        let mut bytes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        *bytes = Bytes::copy_from_slice(&bytes);
-    }
-}
-
-/// The server's end of one client's stream: messages go to gRPC through a queue of two.
-pub(crate) struct Outbox {
-    pub(crate) tx: mpsc::Sender<std::result::Result<Outgoing, Status>>,
-    runtime: tokio::runtime::Handle,
-    /// The loans of the messages handed to gRPC or about to be, which gRPC may not have
-    /// taken yet (those it took and encoded are dead).
-    loans: Vec<Weak<Loan>>,
-    /// How long the client may take nothing while a message waits ([`ServeOptions`]).
-    pub(crate) max_stall: Option<Duration>,
-}
-
-/// What became of a message handed to gRPC.
-enum Handed {
-    Yes,
-    ClientGone,
-    /// The client has taken nothing for [`POLL`]: the message, to hand again.
-    NotYet(Outgoing),
-}
-
-impl Outbox {
-    /// Hands `message` to gRPC, waiting at most [`POLL`] for room in the queue.
-    fn hand(&self, message: Outgoing) -> Handed {
-        match self.tx.try_reserve() {
-            Ok(permit) => {
-                permit.send(Ok(message));
-                return Handed::Yes;
-            }
-            Err(TrySendError::Closed(())) => return Handed::ClientGone,
-            Err(TrySendError::Full(())) => {}
-        }
-        // This thread is one of the runtime's blocking threads, outside any task, so it
-        // may block on the runtime. The timer cannot outlive the runtime's time driver
-        // (polling it then would panic): a shutting-down runtime drops every task, the
-        // stream that owns this queue's receiver among them, before it shuts its drivers
-        // down, so the queue is closed by then, and `timeout` polls `reserve` (which
-        // then fails at once) before its timer.
-        let room = self
-            .runtime
-            .block_on(async { tokio::time::timeout(POLL, self.tx.reserve()).await });
-        match room {
-            Ok(Ok(permit)) => {
-                permit.send(Ok(message));
-                Handed::Yes
-            }
-            Ok(Err(_)) => Handed::ClientGone,
-            Err(_) => Handed::NotYet(message),
-        }
-    }
-
-    /// Hands gRPC every message of `pending`, waiting for as long as the client takes
-    /// nothing; `false` if the client went away.
-    pub(crate) fn hand_all(&self, pending: &mut VecDeque<Outgoing>) -> bool {
-        while let Some(mut message) = pending.pop_front() {
-            loop {
-                match self.hand(message) {
-                    Handed::Yes => break,
-                    Handed::ClientGone => return false,
-                    Handed::NotYet(again) => message = again,
-                }
-            }
-        }
-        true
-    }
-
-    /// Ends the stream with `status` (waiting for the client to take it).
-    fn fail(&mut self, status: Status) {
-        self.revoke();
-        let _ = self.tx.blocking_send(Err(status));
-    }
-
-    /// `bytes`, lent to the messages that point into them until [`Self::revoke`].
-    fn lend(&mut self, bytes: Bytes) -> Arc<Loan> {
-        self.loans.retain(|loan| loan.strong_count() > 0);
-        let loan = Arc::new(Loan(Mutex::new(bytes)));
-        self.loans.push(Arc::downgrade(&loan));
-        loan
-    }
-
-    /// Copies out every sample that messages not yet taken by gRPC point into, and lets
-    /// the samples go.
-    pub(crate) fn revoke(&mut self) {
-        for loan in self.loans.drain(..).filter_map(|loan| loan.upgrade()) {
-            loan.revoke();
-        }
-    }
-}
-
-impl Drop for Outbox {
-    fn drop(&mut self) {
-        // The thread is done with the topic; what gRPC has not taken yet must not keep
-        // its samples (a stream's end does not wait for a stalled client).
-        self.revoke();
-    }
-}
-
-/// How a frame leaves the stream.
-#[derive(PartialEq, Eq)]
-pub(crate) enum Next {
-    Go,
-    End,
-}
-
-/// The Flight messages of one stream, kept from frame to frame.
-#[derive(Default)]
-pub(crate) struct Messages {
-    pub(crate) encoder: Encoder,
-    relay: Relay,
-    /// Messages not yet handed to gRPC, in order.
-    pub(crate) pending: VecDeque<Outgoing>,
-}
-
-impl Messages {
-    /// Queues `frame`'s messages; `borrow`: messages may point into its sample.
-    pub(crate) fn queue(
-        &mut self,
-        frame: Frame,
-        topic: &TopicName,
-        borrow: bool,
-        outbox: &mut Outbox,
-    ) -> std::result::Result<Next, Status> {
-        match frame {
-            Frame::Batch {
-                epoch,
-                index,
-                batch_rows,
-                batch,
-                ..
-            } => self
-                .encoder
-                .messages(
-                    &batch,
-                    Meta::Batch {
-                        epoch,
-                        index,
-                        batch_rows,
-                    },
-                    &mut self.pending,
-                )
-                .map_err(status)?,
-            Frame::Encoded {
-                epoch,
-                index,
-                batch_rows,
-                rows,
-                payload,
-            } => self
-                .relay
-                .messages(
-                    payload,
-                    borrow.then_some(outbox),
-                    rows,
-                    Meta::Batch {
-                        epoch,
-                        index,
-                        batch_rows,
-                    },
-                    &mut self.pending,
-                )
-                .map_err(status)?,
-            Frame::DeviceBatch { .. } => {
-                return Err(Status::failed_precondition(format!(
-                    "topic '{topic}' keeps its batches in GPU memory, which cannot be sent \
-                     to another machine: run the plan with sluice.device = 'cpu' or \
-                     'cuda_host:N' for remote subscribers"
-                )));
-            }
-            Frame::EndOfEpoch {
-                epoch,
-                batches,
-                rows,
-            } => self.control(Meta::EndOfEpoch {
-                epoch,
-                batches,
-                rows,
-            }),
-            Frame::Missed { messages } => self.control(Meta::Missed { messages }),
-            Frame::EndOfStream => {
-                self.control(Meta::EndOfStream { epochs: 0 });
-                return Ok(Next::End);
-            }
-        }
-        Ok(Next::Go)
-    }
-
-    pub(crate) fn control(&mut self, meta: Meta) {
-        self.pending.push_back(Outgoing::Owned(control(meta)));
-    }
-
-    /// Queues, copied, what is left in the queue of `sub`, whose producer is gone; the
-    /// end of the stream if it was there (`Ok`) or an error.
-    fn take_rest(
-        &mut self,
-        sub: &mut TopicSubscriber,
-        topic: &TopicName,
-        outbox: &mut Outbox,
-    ) -> Option<std::result::Result<(), Status>> {
-        loop {
-            match sub.recv(Some(Duration::ZERO)) {
-                Ok(frame) => match self.queue(frame, topic, false, outbox) {
-                    Ok(Next::Go) => {}
-                    Ok(Next::End) => return Some(Ok(())),
-                    Err(e) => return Some(Err(e)),
-                },
-                // Nothing left.
-                Err(SluiceError::Timeout { .. } | SluiceError::ProducerLost(_)) => return None,
-                Err(e) => return Some(Err(status(e))),
-            }
-        }
-    }
-}
-
-/// What became of the messages pending for a client.
-pub(crate) enum Flushed {
-    All,
-    ClientGone,
-    /// The client takes nothing and the topic's producer is gone.
-    ProducerGone,
-    /// The client took nothing for longer than the server's `max_stall`.
-    Stalled(Duration),
-}
-
-/// Hands gRPC every pending message; while the client takes nothing, looks every
-/// [`POLL`] whether `sub`'s producer is gone (where the messages are the topic's, not a
-/// catch-up's) and how long the client has stalled.
-pub(crate) fn flush(
-    outbox: &Outbox,
-    pending: &mut VecDeque<Outgoing>,
-    sub: Option<&TopicSubscriber>,
-) -> Flushed {
-    let mut waiting_since = None;
-    while let Some(message) = pending.pop_front() {
-        match outbox.hand(message) {
-            Handed::Yes => waiting_since = None,
-            Handed::ClientGone => return Flushed::ClientGone,
-            Handed::NotYet(message) => {
-                pending.push_front(message);
-                if sub.is_some_and(TopicSubscriber::producer_gone) {
-                    return Flushed::ProducerGone;
-                }
-                let since = *waiting_since.get_or_insert_with(Instant::now);
-                if let Some(limit) = outbox.max_stall.filter(|&l| since.elapsed() >= l) {
-                    return Flushed::Stalled(limit);
-                }
-            }
-        }
-    }
-    Flushed::All
-}
-
 /// Forwards the topic's messages to `outbox` until the end of the stream, an error, or
 /// the client going away (runs on a blocking thread: shared-memory waits block).
 ///
@@ -852,144 +503,6 @@ fn successor(
         .map_err(status)
 }
 
-/// Encodes one stream's batches as Flight messages: the schema when it is new, each
-/// batch's dictionaries with it.
-#[derive(Default)]
-pub(crate) struct Encoder {
-    schema: Option<SchemaRef>,
-    /// Dictionary ids the schema takes (numbered 0, 1, … as its encoding met them).
-    dictionaries: usize,
-    generator: IpcDataGenerator,
-    context: IpcWriteContext,
-    options: IpcWriteOptions,
-}
-
-impl Encoder {
-    /// `batch` as Flight messages, appended to `messages` (the schema when new,
-    /// dictionaries, the batch with `meta`).
-    pub(crate) fn messages(
-        &mut self,
-        batch: &RecordBatch,
-        meta: Meta,
-        messages: &mut VecDeque<Outgoing>,
-    ) -> Result<()> {
-        if self.schema.as_ref() != Some(batch.schema_ref()) {
-            // Encoding the schema numbers its dictionaries.
-            let mut tracker = DictionaryTracker::new(false);
-            let schema = self.generator.schema_to_bytes_with_dictionary_tracker(
-                batch.schema_ref(),
-                &mut tracker,
-                &self.options,
-            );
-            self.dictionaries = tracker.dict_id().len();
-            messages.push_back(Outgoing::Owned(FlightData::from(schema)));
-            self.schema = Some(batch.schema());
-        }
-        // A tracker of this batch alone, with the schema's ids (0, 1, …, as numbered
-        // above): one kept from batch to batch keeps the dictionaries it saw, and those
-        // point into their shared-memory samples (the subscriber decodes in place), which
-        // would hold a dead producer's topic for the whole stream. So every batch's
-        // dictionaries are sent, as the producer's own messages carry them.
-        let mut tracker = DictionaryTracker::new(false);
-        for _ in 0..self.dictionaries {
-            tracker.next_dict_id();
-        }
-        let (dictionaries, encoded) =
-            self.generator
-                .encode(batch, &mut tracker, &self.options, &mut self.context)?;
-        messages.extend(
-            dictionaries
-                .into_iter()
-                .map(|d| Outgoing::Owned(FlightData::from(d))),
-        );
-        let mut data = FlightData::from(encoded);
-        data.app_metadata = meta.encode();
-        messages.push_back(Outgoing::Owned(data));
-        Ok(())
-    }
-}
-
-/// Forwards one stream's batches to a client as the producer encoded them: each of a
-/// message's IPC messages becomes a Flight message of the same bytes, and the schema
-/// message is sent when it differs from the one sent before. The bytes stay in shared
-/// memory, the sample lent ([`Loan`]) until gRPC has encoded the messages (its one
-/// copy), while the server's subscriber can hold one more sample
-/// ([`TopicSubscriber::max_held`]); beyond that they are copied out and the sample goes
-/// back at once.
-///
-/// The columns were validated by the server's subscriber ([`BatchForm::EncodedValidated`])
-/// unless the client said it validates what it decodes ([`BatchForm::EncodedUnchecked`]:
-/// Sluice's client, whose arrow-rs reader does; Arrow C++'s reader assumes valid data,
-/// so a pyarrow client is sent only validated batches). The framing and the flatbuffers
-/// are checked either way ([`wire::split`]), so what goes out is a well-formed message
-/// sequence.
-#[derive(Default)]
-struct Relay {
-    /// The metadata of the schema message sent last.
-    schema: Option<Vec<u8>>,
-}
-
-impl Relay {
-    /// The message in `payload` (a record batch of `rows` rows) as Flight messages,
-    /// appended to `messages`: the schema when new, dictionaries, the batch with `meta`;
-    /// pointing into the sample, lent through `lend`, with it, copied out of it without.
-    fn messages(
-        &mut self,
-        payload: SamplePayload,
-        lend: Option<&mut Outbox>,
-        rows: u64,
-        meta: Meta,
-        messages: &mut VecDeque<Outgoing>,
-    ) -> Result<()> {
-        let (whole, loan) = match lend {
-            Some(outbox) => {
-                let whole = Bytes::from_owner(payload);
-                let loan = outbox.lend(whole.clone());
-                (whole, Some(loan))
-            }
-            None => (Bytes::copy_from_slice(payload.bytes()), None),
-        };
-        let split = wire::split(&whole)?;
-        if split.rows != rows {
-            return Err(SluiceError::Corrupt(format!(
-                "batch has {} rows but its header says {rows}",
-                split.rows
-            )));
-        }
-        // `split`'s parts are slices of `whole`.
-        let range = |part: &[u8]| {
-            let start = (part.as_ptr() as usize).saturating_sub(whole.as_ptr() as usize);
-            start..start + part.len()
-        };
-        let data = |parts: &MessageParts<'_>, app_metadata: Bytes| match &loan {
-            Some(loan) => Outgoing::Lent {
-                loan: loan.clone(),
-                header: range(parts.metadata),
-                body: range(parts.body),
-                app_metadata,
-            },
-            None => Outgoing::Owned(FlightData {
-                data_header: whole.slice_ref(parts.metadata),
-                data_body: whole.slice_ref(parts.body),
-                app_metadata,
-                ..FlightData::default()
-            }),
-        };
-        if self.schema.as_deref() != Some(split.schema.metadata) {
-            messages.push_back(data(&split.schema, Bytes::new()));
-            self.schema = Some(split.schema.metadata.to_vec());
-        }
-        messages.extend(
-            split
-                .dictionaries
-                .iter()
-                .map(|parts| data(parts, Bytes::new())),
-        );
-        messages.push_back(data(&split.batch, meta.encode()));
-        Ok(())
-    }
-}
-
 #[tonic::async_trait]
 impl FlightService for TopicService {
     type HandshakeStream = Resp<HandshakeResponse>;
@@ -1019,12 +532,7 @@ impl FlightService for TopicService {
         let catch_up = self.catch_up.clone();
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            let mut outbox = Outbox {
-                tx,
-                runtime,
-                loans: Vec::new(),
-                max_stall,
-            };
+            let mut outbox = Outbox::new(tx, runtime, max_stall);
             if let Err(status) = forward(&namespace, &ticket, catch_up.as_ref(), &mut outbox) {
                 outbox.fail(status);
             }
@@ -1158,89 +666,7 @@ fn bounded_wait(seconds: f64) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
     use super::*;
-
-    /// Bytes whose owner says when it is dropped, as a shared-memory sample goes back.
-    struct Owner(Vec<u8>, Arc<AtomicBool>);
-
-    impl AsRef<[u8]> for Owner {
-        fn as_ref(&self) -> &[u8] {
-            &self.0
-        }
-    }
-
-    impl Drop for Owner {
-        fn drop(&mut self) {
-            self.1.store(true, Ordering::SeqCst);
-        }
-    }
-
-    fn outbox(
-        capacity: usize,
-    ) -> (
-        Outbox,
-        mpsc::Receiver<std::result::Result<Outgoing, Status>>,
-        tokio::runtime::Runtime,
-    ) {
-        // Multi-threaded, as the server's: `Handle::block_on` on a current-thread runtime
-        // drives no timers.
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let (tx, rx) = mpsc::channel(capacity);
-        let outbox = Outbox {
-            tx,
-            runtime: runtime.handle().clone(),
-            loans: Vec::new(),
-            max_stall: None,
-        };
-        (outbox, rx, runtime)
-    }
-
-    fn lent(outbox: &mut Outbox, released: &Arc<AtomicBool>) -> Outgoing {
-        let whole = Bytes::from_owner(Owner(b"header|body".to_vec(), released.clone()));
-        Outgoing::Lent {
-            loan: outbox.lend(whole),
-            header: 0..6,
-            body: 7..11,
-            app_metadata: Bytes::from_static(b"meta"),
-        }
-    }
-
-    #[test]
-    fn a_revoked_loan_lets_its_sample_go_and_its_message_keeps_the_same_bytes() {
-        let (mut outbox, _rx, _runtime) = outbox(2);
-        let released = Arc::new(AtomicBool::new(false));
-        let message = lent(&mut outbox, &released);
-        assert!(!released.load(Ordering::SeqCst), "lent, not yet revoked");
-        outbox.revoke();
-        assert!(
-            released.load(Ordering::SeqCst),
-            "revoked: the sample goes back"
-        );
-        let data = message.into_data();
-        assert_eq!(&data.data_header[..], b"header");
-        assert_eq!(&data.data_body[..], b"body");
-        assert_eq!(&data.app_metadata[..], b"meta");
-    }
-
-    #[test]
-    fn a_message_taken_by_grpc_holds_its_sample_only_while_it_lives() {
-        let (mut outbox, _rx, _runtime) = outbox(2);
-        let released = Arc::new(AtomicBool::new(false));
-        let data = lent(&mut outbox, &released).into_data();
-        assert!(!released.load(Ordering::SeqCst));
-        drop(data);
-        assert!(released.load(Ordering::SeqCst), "taken and dropped: back");
-        // Nothing is left to revoke, and the next loan forgets the dead one.
-        outbox.revoke();
-        let _again = lent(&mut outbox, &Arc::new(AtomicBool::new(false)));
-        assert_eq!(outbox.loans.len(), 1);
-    }
 
     fn ticket(columns: Vec<String>) -> TicketRequest {
         serde_json::from_value(serde_json::json!({ "topic": "t", "columns": columns })).unwrap()
@@ -1262,17 +688,5 @@ mod tests {
         );
         let every: TicketRequest = serde_json::from_str(r#"{"topic": "t"}"#).unwrap();
         assert!(check_ticket(&every).is_ok());
-    }
-
-    #[test]
-    fn a_full_queue_is_not_yet_and_a_closed_one_is_a_client_gone() {
-        let (outbox, rx, _runtime) = outbox(1);
-        let message = || Outgoing::Owned(control(Meta::Reconnected));
-        assert!(matches!(outbox.hand(message()), Handed::Yes));
-        // The client takes nothing: the bounded wait ends, the message comes back.
-        assert!(matches!(outbox.hand(message()), Handed::NotYet(_)));
-        drop(rx);
-        assert!(matches!(outbox.hand(message()), Handed::ClientGone));
-        assert!(!outbox.hand_all(&mut VecDeque::from([message()])));
     }
 }
