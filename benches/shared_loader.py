@@ -8,13 +8,17 @@ Usage (a Python with the Sluice wheel, numpy and Pillow; torch is used for a
 in the publishing process; TensorSocket 0.0.5 is measured where `tensorsocket` and torch
 are installed, else skipped with the reason):
 
-    .venv/bin/python benches/shared_loader.py [--images 3000] [--trainers 1 2 4] [--json OUT]
-        [--tensorsocket-budget 60]
+    .venv/bin/python benches/shared_loader.py [--images 3000] [--epochs 1] [--trainers 1 2 4]
+        [--json OUT] [--tensorsocket-budget 60]
 
 The loader decodes JPEGs (160 px, made once in memory) with Pillow, takes a random crop,
 resizes it to 112 px, flips it at random, normalises it and yields batches of 64
 ``(images float32 (64, 3, 112, 112), labels int64 (64,))``. Each trainer takes every
-batch of one epoch and sums it (a stand-in for a training step that reads the data).
+batch of every epoch (``--epochs``, one by default) and sums it (a stand-in for a
+training step that reads the data; torch runs one intra-op thread per process). Each
+process's start-up (``import torch`` costs 2–4
+CPU-seconds on 2 vCPUs) is paid once per run, so more epochs show the cost per sample of
+a long training run.
 
 * one loader alone: samples/s, the bar every trainer should reach;
 * N independent loaders: N processes, each iterating its own loader;
@@ -101,45 +105,55 @@ def loader(count, use_torch):
 
 def step(images, labels):
     return float(images.sum()) + float(labels.sum())
+
+if "torch" in sys.argv:
+    import torch
+    # One intra-op thread in every process, as in DataLoader workers: with two, OpenMP's
+    # threads spin after every step (a third of a trainer's CPU on 2 busy vCPUs).
+    torch.set_num_threads(1)
 """
 
 INDEPENDENT = COMMON + r"""
-count, use_torch = int(sys.argv[1]), sys.argv[2] == "torch"
+count, use_torch, epochs = int(sys.argv[1]), sys.argv[2] == "torch", int(sys.argv[3])
 data = loader(count, use_torch)
 # Timed from the first batch on (its rows not counted), as the trainers below are.
 rows, t0 = 0, None
-for images, labels in data:
-    step(images, labels)
-    if t0 is None:
-        t0 = time.perf_counter()
-    else:
-        rows += len(labels)
+for _ in range(epochs):
+    for images, labels in data:
+        step(images, labels)
+        if t0 is None:
+            t0 = time.perf_counter()
+        else:
+            rows += len(labels)
 print(rows, time.perf_counter() - t0)
 """
 
 PUBLISHER = COMMON + r"""
 import sluice
 count, use_torch, topic, trainers = int(sys.argv[1]), sys.argv[2] == "torch", sys.argv[3], int(sys.argv[4])
+epochs = int(sys.argv[5])
 # Room for these trainers (the topic's shared memory is taken when it is created).
-stats = sluice.publish(loader(count, use_torch), topic, epochs=1, min_subscribers=trainers,
+stats = sluice.publish(loader(count, use_torch), topic, epochs=epochs, min_subscribers=trainers,
                        max_subscribers=trainers, wait_timeout=300, linger=60)
 print(stats.rows, stats.elapsed)
 """
 
 TRAINER = COMMON + r"""
 import sluice
-topic, use_torch = sys.argv[1], sys.argv[2] == "torch"
+topic, use_torch, epochs = sys.argv[1], sys.argv[2] == "torch", int(sys.argv[3])
 rows, t0 = 0, None
 if use_torch:
     import sluice.torch
     # The loader's tensors, as a training script that swapped its DataLoader gets them.
-    for images, labels in sluice.torch.SharedLoader(topic, timeout=300):
-        step(images, labels)
-        if t0 is None:
-            t0 = time.perf_counter()
-        else:
-            rows += len(labels)
-        del images, labels
+    shared = sluice.torch.SharedLoader(topic, timeout=300)
+    for _ in range(epochs):
+        for images, labels in shared:
+            step(images, labels)
+            if t0 is None:
+                t0 = time.perf_counter()
+            else:
+                rows += len(labels)
+            del images, labels
 else:
     with sluice.subscribe(topic, timeout=300) as sub:
         for batch in sub:
@@ -241,6 +255,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--images", type=int, default=3000)
     parser.add_argument("--trainers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--epochs", type=int, default=1,
+                        help="epochs every loader and trainer runs (TensorSocket: measured with 1 only)")
     parser.add_argument("--json")
     parser.add_argument("--tensorsocket-budget", type=float, default=60.0)
     args = parser.parse_args()
@@ -252,7 +268,7 @@ def main() -> int:
         kind = "plain"
     env = dict(os.environ, PYTHONUNBUFFERED="1", SLUICE_NAMESPACE=f"bench{os.getpid()}")
     py = sys.executable
-    count = str(args.images)
+    count, epochs = str(args.images), str(args.epochs)
     cpu_before = 0.0
 
     def measured(cmds: list[list[str]]) -> tuple[list[str], float]:
@@ -265,19 +281,20 @@ def main() -> int:
         rows, seconds = line.split()
         return int(rows) / float(seconds)
 
-    alone_out, _ = measured([[py, "-c", INDEPENDENT, count, kind]])
+    alone_out, _ = measured([[py, "-c", INDEPENDENT, count, kind, epochs]])
     alone = rate(alone_out[0])
-    ts_missing = tensorsocket_missing()
-    results = {"images": args.images, "loader": kind, "alone": alone, "runs": [],
+    ts_missing = tensorsocket_missing() if args.epochs == 1 else "not measured with --epochs above 1"
+    results = {"images": args.images, "epochs": args.epochs, "loader": kind, "alone": alone, "runs": [],
                "tensorsocket": ts_missing or "0.0.5", "tensorsocket_budget_s": args.tensorsocket_budget}
     print(f"one loader alone ({kind}): {alone:.0f} samples/s; TensorSocket: {ts_missing or 'measured'}")
     print("| N | independent: samples/s each | CPU-s | Sluice: samples/s each | vs alone | CPU-s | CPU Sluice / independent | TensorSocket: samples/s each | CPU-s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n in args.trainers:
-        outs, ind_cpu = measured([[py, "-c", INDEPENDENT, count, kind] for _ in range(n)])
+        outs, ind_cpu = measured([[py, "-c", INDEPENDENT, count, kind, epochs] for _ in range(n)])
         ind = min(rate(o) for o in outs)
         topic = f"shared{n}"
-        cmds = [[py, "-c", TRAINER, topic, kind] for _ in range(n)] + [[py, "-c", PUBLISHER, count, kind, topic, str(n)]]
+        cmds = [[py, "-c", TRAINER, topic, kind, epochs] for _ in range(n)]
+        cmds.append([py, "-c", PUBLISHER, count, kind, topic, str(n), epochs])
         outs, sl_cpu = measured(cmds)
         shared = min(rate(o) for o in outs[:n])
         run = {"n": n, "independent": ind, "independent_cpu": ind_cpu, "sluice": shared, "sluice_cpu": sl_cpu}

@@ -321,11 +321,13 @@ fn shared_table(b: &mut String, shared: &serde_json::Value) -> Result<(f64, f64)
     let alone = number(shared, &["alone"]);
     writeln!(
         b,
-        "\n`benches/shared_loader.py`, one run: {} JPEGs, a Python image loader ({}; decode, \
-         random crop, resize to 112, flip, normalise, batches of 64) shared with \
+        "\n`benches/shared_loader.py`, one run: {} JPEGs, {} epoch(s), a Python image loader \
+         ({}; decode, random crop, resize to 112, flip, normalise, batches of 64) shared with \
          `sluice.publish` against each trainer running its own; one loader alone: {:.0} \
-         samples/s. Samples/s of the slowest trainer; CPU-seconds of all processes.\n",
+         samples/s. Samples/s of the slowest trainer; CPU-seconds of all processes, \
+         start-up included.\n",
         shared["images"],
+        shared["epochs"].as_u64().unwrap_or(1),
         shared["loader"].as_str().unwrap_or("?"),
         alone
     )?;
