@@ -5,6 +5,8 @@ directly. A loader's exception and a change of structure reach every subscriber.
 
 from __future__ import annotations
 
+import collections
+import json
 import pickle
 from pathlib import Path
 from typing import Any, Callable
@@ -470,6 +472,69 @@ def test_rows_of_variable_shape_round_trip_as_list_columns(
             assert g.dtype == w.dtype and g.shape == w.shape, f"{size} row {k}: {g.shape}"
             np.testing.assert_array_equal(g, w, err_msg=f"{size} row {k}")
             assert gl == wl
+
+
+Batch = collections.namedtuple("Batch", ["images", "labels"])
+
+# A subscriber process that has not imported the loader's module: it gets a namedtuple of
+# the same name and fields, and records what it got (its own class cannot be pickled).
+NAMEDTUPLE_SUBSCRIBER = r"""
+import pickle, sys
+import numpy as np, sluice
+
+topic, out = sys.argv[1], sys.argv[2]
+got = []
+with sluice.subscribe(topic, timeout=60) as sub:
+    print("subscribed", flush=True)
+    for batch in sub:
+        b = sluice.structured(batch)
+        got.append((type(b).__name__, b._fields, np.array(b.images), np.array(b.labels)))
+with open(out, "wb") as f:
+    pickle.dump(got, f)
+"""
+
+
+def named(i: int, n: int) -> Any:
+    rng = np.random.default_rng(300 + i)
+    return Batch(rng.random((n, 2, 3), dtype=np.float32), rng.integers(0, 10, n))
+
+
+def test_a_namedtuple_batch_comes_back_with_its_fields(topic: str, tmp_path: Path, run_python: Any) -> None:
+    """A loader's namedtuple: its fields name the columns; a trainer that has imported its
+    class gets that class, one that has not a namedtuple of the same name and fields."""
+    record, structure = sluice.loader.flatten(named(0, 4))
+    assert record.schema.names == ["images", "labels"]
+    back = sluice.structured(record)
+    assert type(back) is Batch
+    np.testing.assert_array_equal(back.images, named(0, 4).images)
+    loader = Loader(named, batches=3)
+    out = tmp_path / "named.pickle"
+    sub = run_python(NAMEDTUPLE_SUBSCRIBER, topic, str(out))
+    sluice.publish(loader, topic, epochs=1, min_subscribers=1, wait_timeout=60)
+    _, err = sub.communicate(timeout=120)
+    assert sub.returncode == 0, err
+    got = pickle.loads(out.read_bytes())
+    assert len(got) == 3
+    for (name, fields, images, labels), want in zip(got, loader):
+        assert (name, fields) == ("Batch", ("images", "labels"))
+        np.testing.assert_array_equal(images, want.images)
+        np.testing.assert_array_equal(labels, want.labels)
+
+
+@pytest.mark.parametrize("spec", [
+    ["m", "Batch", ["images"]],           # one field for two values
+    ["m", "Batch", ["images", "1x"]],     # not an identifier
+    ["m", "Batch", "images labels"],      # not a list of names
+    "Batch",
+])
+def test_a_malformed_namedtuple_in_a_batch_s_structure_is_a_clear_error(spec: Any) -> None:
+    """A structure is data from the topic: a namedtuple it names wrongly is a
+    ``ValueError`` saying so, and nothing is imported on its word."""
+    record, structure = sluice.loader.flatten(named(0, 4))
+    structure["namedtuple"] = spec
+    metadata = {sluice.loader.STRUCTURE_KEY: json.dumps(structure).encode()}
+    with pytest.raises(ValueError, match="namedtuple"):
+        sluice.structured(record.replace_schema_metadata(metadata))
 
 
 def test_a_list_of_arrays_of_one_shape_stays_a_list_of_columns() -> None:

@@ -11,8 +11,9 @@
             ...
 
 A batch the loader yields may be a numpy array or a torch tensor (first dimension: rows),
-a tuple, list or dict of those (nested), a list of strings or numbers (one per row), a
-``pyarrow.RecordBatch`` or ``Table``, or anything exporting ``__arrow_c_array__`` /
+a tuple, list or dict of those (nested; a namedtuple comes back as the loader's class
+where the trainer has imported its module, else as a namedtuple of the same name and
+fields), a list of strings or numbers (one per row), a ``pyarrow.RecordBatch`` or ``Table``, or anything exporting ``__arrow_c_array__`` /
 ``__arrow_c_stream__`` (polars). Each becomes one Arrow record batch: 1-D arrays as
 columns, arrays of more dimensions as ``arrow.fixed_shape_tensor`` columns of their row
 shape, without a copy in Python; its single copy is the producer's write into shared
@@ -27,6 +28,7 @@ exactly the loader's batches; one with a ``batch_size`` receives the same rows i
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib
 import json
@@ -105,6 +107,15 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any]) -> dict[str, Any]:
                 raise TypeError(f"dict keys must be strings to name columns, not {key!r}")
             items.append([key, _flatten(value, name_of(key), columns)])
         return {"dict": items}
+    if isinstance(obj, tuple) and _is_namedtuple(type(obj)):
+        # A record of fields (a loader's `Batch(images=..., labels=...)`), never a column
+        # of scalars: its columns are named for its fields.
+        cls = type(obj)
+        fields = list(cls._fields)
+        return {
+            "namedtuple": [cls.__module__, cls.__qualname__, fields],
+            "tuple": [_flatten(v, name_of(f), columns) for f, v in zip(fields, obj)],
+        }
     if isinstance(obj, list) and _ragged(obj):
         return _ragged_column(path or "0", obj, columns)
     if isinstance(obj, (list, tuple)):
@@ -118,6 +129,40 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any]) -> dict[str, Any]:
         f"cannot publish a {type(obj).__name__} in a batch: use numpy arrays, torch tensors, "
         "lists of numbers or strings, or tuples, lists and dicts of those"
     )
+
+
+def _is_namedtuple(cls: type) -> bool:
+    fields = getattr(cls, "_fields", None)
+    return issubclass(cls, tuple) and isinstance(fields, tuple) and all(isinstance(f, str) for f in fields)
+
+
+@functools.lru_cache(maxsize=64)
+def _namedtuple_class(module: str, qualname: str, fields: tuple[str, ...]) -> type:
+    """The loader's namedtuple class where this process has imported its module already
+    (nothing is imported on a batch's word), else a namedtuple of the same name and
+    fields: attribute access and unpacking work alike."""
+    cls: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        cls = getattr(cls, part, None)
+    if isinstance(cls, type) and _is_namedtuple(cls) and cls._fields == fields:
+        return cls
+    name = qualname.rsplit(".", 1)[-1]
+    try:
+        return collections.namedtuple(name, fields)
+    except ValueError as e:
+        raise ValueError(f"this batch's structure names a namedtuple {qualname!r} {fields}: {e}") from None
+
+
+def _namedtuple(spec: Any, values: list[Any]) -> Any:
+    ok = (
+        isinstance(spec, list) and len(spec) == 3
+        and isinstance(spec[0], str) and isinstance(spec[1], str)
+        and isinstance(spec[2], list) and all(isinstance(f, str) for f in spec[2])
+        and len(spec[2]) == len(values)
+    )
+    if not ok:
+        raise ValueError(f"this batch's structure has a malformed namedtuple: {spec!r}")
+    return _namedtuple_class(spec[0], spec[1], tuple(spec[2]))(*values)
 
 
 def _scalars(values: list[Any]) -> Any:
@@ -486,7 +531,10 @@ def _build(batch: Any, record: Any, node: dict[str, Any], to_tensor: Any) -> Any
     if "dict" in node:
         return {key: _build(batch, record, child, to_tensor) for key, child in node["dict"]}
     if "tuple" in node:
-        return tuple(_build(batch, record, child, to_tensor) for child in node["tuple"])
+        values = [_build(batch, record, child, to_tensor) for child in node["tuple"]]
+        if "namedtuple" in node:
+            return _namedtuple(node["namedtuple"], values)
+        return tuple(values)
     return [_build(batch, record, child, to_tensor) for child in node["list"]]
 
 
