@@ -256,6 +256,49 @@ def test_the_torch_shared_loader_yields_what_the_loader_yielded(topic: str, run_
     assert producer.returncode == 0, err
 
 
+def test_a_torch_namedtuple_of_bfloat16_reaches_a_shared_loader_as_it_was(topic: str, run_python: Any) -> None:
+    """Torch dtypes numpy lacks travel as their bits and come back as themselves; a
+    namedtuple comes back with its fields, through ``device=`` too."""
+    torch = pytest.importorskip("torch")
+    import sluice.torch as st
+
+    make = (
+        "import collections, torch\n"
+        "B = collections.namedtuple('B', ['x', 'rows', 'y'])\n"
+        "def batch(i):\n"
+        "    g = torch.Generator().manual_seed(i)\n"
+        "    x = torch.rand((8, 2, 3), generator=g).to(torch.bfloat16)\n"
+        "    rows = [torch.rand((k % 3 + 1,), generator=g).to(torch.bfloat16) for k in range(8)]\n"
+        "    return B(x, rows, torch.randint(0, 10, (8,), generator=g))\n"
+    )
+    producer = run_python(
+        "import sys, sluice\n" + make
+        + "class L:\n    def __iter__(self):\n        return (batch(i) for i in range(3))\n"
+        "sluice.publish(L(), sys.argv[1], epochs=1, min_subscribers=1, wait_timeout=60)\n",
+        topic,
+    )
+    space: dict[str, Any] = {}
+    exec(make, space)
+    shared = st.SharedLoader(topic, timeout=60, device="cpu")
+    got = list(shared)
+    assert len(got) == 3
+    for i, b in enumerate(got):
+        want = space["batch"](i)
+        assert (type(b).__name__, b._fields) == ("B", ("x", "rows", "y"))
+        assert b.x.dtype == torch.bfloat16 and torch.equal(b.x, want.x)
+        assert [r.dtype for r in b.rows] == [torch.bfloat16] * 8
+        assert all(torch.equal(r, w) for r, w in zip(b.rows, want.rows))
+        assert torch.equal(b.y, want.y)
+    shared.close()
+    _, err = producer.communicate(timeout=120)
+    assert producer.returncode == 0, err
+    record, _ = sluice.loader.flatten(space["batch"](0))
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    numpy_x = sluice.structured(record).x
+    assert numpy_x.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(numpy_x.astype(np.float32), space["batch"](0).x.float().numpy())
+
+
 def test_python_m_sluice_publish_runs_a_loader_that_ctrl_c_stops_cleanly(topic: str, tmp_path: Path, ns: str) -> None:
     import os
     import signal

@@ -95,9 +95,11 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any]) -> dict[str, Any]:
 
     if _is_numpy(obj) or _is_torch(obj):
         lib = "torch" if _is_torch(obj) else "numpy"
-        array = obj.detach().cpu().numpy() if lib == "torch" else obj
+        array, torch_dtype = _torch_numpy(obj) if lib == "torch" else (obj, None)
         name = path or "0"
         column, leaf = _column(name, array, lib)
+        if torch_dtype:
+            leaf["torch_dtype"] = torch_dtype
         columns[name] = column
         return leaf
     if isinstance(obj, Mapping):
@@ -129,6 +131,47 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any]) -> dict[str, Any]:
         f"cannot publish a {type(obj).__name__} in a batch: use numpy arrays, torch tensors, "
         "lists of numbers or strings, or tuples, lists and dicts of those"
     )
+
+
+# Torch dtypes numpy lacks: they travel as the integers of their bits and are viewed as
+# themselves again by torch trainers (and by numpy ones where `ml_dtypes` is installed).
+_TORCH_BITS = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}
+
+
+def _torch_numpy(tensor: Any) -> tuple[Any, str | None]:
+    """A CPU torch tensor's values as a numpy array, and the torch dtype it stands for
+    where numpy has none."""
+    tensor = tensor.detach().cpu()
+    name = str(tensor.dtype).removeprefix("torch.")
+    if name in _TORCH_BITS:
+        torch = sys.modules["torch"]
+        return tensor.view(getattr(torch, _TORCH_BITS[name])).numpy(), name
+    return tensor.numpy(), None
+
+
+def _as_torch_dtype(tensor: Any, leaf: dict[str, Any]) -> Any:
+    """``tensor`` (of the bits) viewed as the torch dtype ``leaf`` names, if any."""
+    name = leaf.get("torch_dtype")
+    if name is None:
+        return tensor
+    if name not in _TORCH_BITS:
+        raise ValueError(f"column {leaf['col']!r}: the structure names torch dtype {name!r}")
+    return tensor.view(getattr(sys.modules["torch"], name))
+
+
+def _as_numpy_dtype(array: Any, leaf: dict[str, Any]) -> Any:
+    """``array`` (of the bits) as the ``ml_dtypes`` dtype ``leaf`` names where that
+    package is installed (JAX's), else as it is."""
+    name = leaf.get("torch_dtype")
+    if name is None:
+        return array
+    if name not in _TORCH_BITS:
+        raise ValueError(f"column {leaf['col']!r}: the structure names torch dtype {name!r}")
+    try:
+        import ml_dtypes
+    except ImportError:
+        return array
+    return array.view(getattr(ml_dtypes, name))
 
 
 def _is_namedtuple(cls: type) -> bool:
@@ -202,7 +245,8 @@ def _ragged_column(name: str, rows: list[Any], columns: dict[str, Any]) -> dict[
     their shapes (``name.shape``)."""
     np, pa = _np(), _pa()
     lib = "torch" if _is_torch(rows[0]) else "numpy"
-    arrays = [r.detach().cpu().numpy() if lib == "torch" else r for r in rows]
+    converted = [_torch_numpy(r) if lib == "torch" else (r, None) for r in rows]
+    arrays = [a for a, _ in converted]
     if arrays[0].dtype.hasobject:
         raise TypeError(f"'{name}' holds Python objects; publish numbers")
     values = np.concatenate([a.reshape(-1) for a in arrays])
@@ -216,7 +260,10 @@ def _ragged_column(name: str, rows: list[Any], columns: dict[str, Any]) -> dict[
     shapes = np.array([a.shape for a in arrays], dtype=np.int64).reshape(-1)
     starts = np.arange(0, len(shapes) + 1, max(rank, 1), dtype=np.int32)
     columns[f"{name}.shape"] = pa.ListArray.from_arrays(pa.array(starts), pa.array(shapes))
-    return {"col": name, "lib": lib, "dtype": arrays[0].dtype.str, "ragged": True}
+    leaf = {"col": name, "lib": lib, "dtype": arrays[0].dtype.str, "ragged": True}
+    if converted[0][1]:
+        leaf["torch_dtype"] = converted[0][1]
+    return leaf
 
 
 def _ragged_rows(record: Any, name: str, want: Any) -> list[Any]:
@@ -510,19 +557,20 @@ def _leaf(batch: Any, record: Any, leaf: dict[str, Any], to_tensor: Any) -> Any:
             # Tensors of rows of variable shape are this process's own copies: a view of
             # the read-only shared memory would crash an in-place write.
             torch = __import__("torch")
-            return [torch.tensor(r) for r in rows]
-        return rows
+            return [_as_torch_dtype(torch.tensor(r), leaf) for r in rows]
+        return [_as_numpy_dtype(r, leaf) for r in rows]
     if leaf["lib"] == "torch" and to_tensor is not None:
         # The Sluice column itself: its DLPack export gives the tensor of its row shape.
-        return to_tensor(batch[name] if batch is not record else record.column(name), want)
+        column = batch[name] if batch is not record else record.column(name)
+        return _as_torch_dtype(to_tensor(column, want), leaf)
     column = record.column(name)
     if leaf["shape"]:
         array = column.to_numpy_ndarray()
     else:
         array = column.to_numpy(zero_copy_only=False)
-    if array.dtype == want:
-        return array
-    return array.view(want) if array.dtype.itemsize == want.itemsize else array.astype(want)
+    if array.dtype != want:
+        array = array.view(want) if array.dtype.itemsize == want.itemsize else array.astype(want)
+    return _as_numpy_dtype(array, leaf)
 
 
 def _build(batch: Any, record: Any, node: dict[str, Any], to_tensor: Any) -> Any:
