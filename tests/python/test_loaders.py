@@ -580,6 +580,58 @@ def test_a_malformed_namedtuple_in_a_batch_s_structure_is_a_clear_error(spec: An
         sluice.structured(record.replace_schema_metadata(metadata))
 
 
+def detection(i: int, n: int) -> Any:
+    """torchvision's detection batches (`collate_fn=lambda b: tuple(zip(*b))`): a tuple of
+    images of their own sizes and a tuple of target dicts, one of each per row."""
+    rng = np.random.default_rng(400 + i)
+    images = tuple(
+        rng.random((3, int(rng.integers(4, 9)), int(rng.integers(4, 9))), dtype=np.float32)
+        for _ in range(n)
+    )
+    targets = tuple(
+        {
+            "boxes": rng.random((int(k), 4), dtype=np.float32),
+            "labels": rng.integers(0, 5, int(k)),
+            "image_id": 100 * i + j,
+            "area": np.array(float(k)),
+        }
+        for j, k in enumerate(rng.integers(0, 4, n))
+    )
+    return images, targets
+
+
+def test_a_batch_of_one_item_per_row_round_trips_whole_and_in_other_batch_sizes(
+    topic: str, tmp_path: Path, run_python: Any
+) -> None:
+    """A tuple of per-row items (images of their own sizes, target dicts with a number
+    each) is one item per row: a subscriber of the loader's batches gets them exactly, one
+    of its own batch size the same rows in order."""
+    loader = Loader(detection, batches=4, rows=6, last=2)
+    _, structure = sluice.loader.flatten(loader.make_batch(0))
+    assert [child["kind"] for child in structure["tuple"]] == ["tuple", "tuple"]
+    sizes = ["none", "4"]
+    outs = [tmp_path / f"sub-{size}.pickle" for size in sizes]
+    subs = [run_python(SUBSCRIBER, topic, size, str(out)) for size, out in zip(sizes, outs)]
+    sluice.publish(loader, topic, epochs=1, min_subscribers=2, wait_timeout=60)
+    for sub in subs:
+        _, err = sub.communicate(timeout=120)
+        assert sub.returncode == 0, err
+    expected = list(loader)
+    want = [row for images, targets in expected for row in zip(images, targets)]
+    for size, out in zip(sizes, outs):
+        (batches,) = pickle.loads(out.read_bytes())
+        if size == "none":
+            assert len(batches) == len(expected)
+            for k, (got, wanted) in enumerate(zip(batches, expected)):
+                assert_same(got, wanted, f"batch {k}")
+        else:
+            assert [len(images) for images, _ in batches] == [4, 4, 4, 4, 4]
+            got = [row for images, targets in batches for row in zip(images, targets)]
+            assert len(got) == len(want)
+            for k, (g, w) in enumerate(zip(got, want)):
+                assert_same(g, w, f"row {k}")
+
+
 def test_a_list_of_arrays_of_one_shape_stays_a_list_of_columns() -> None:
     """Arrays of the same shape in a list are columns, as a loader's tuple is; rows of
     variable shape need one dtype and rank."""

@@ -13,13 +13,17 @@
 A batch the loader yields may be a numpy array or a torch tensor (first dimension: rows),
 a tuple, list or dict of those (nested; a namedtuple comes back as the loader's class
 where the trainer has imported its module, else as a namedtuple of the same name and
-fields), a list of strings or numbers (one per row), a ``pyarrow.RecordBatch`` or ``Table``, or anything exporting ``__arrow_c_array__`` /
-``__arrow_c_stream__`` (polars). Each becomes one Arrow record batch: 1-D arrays as
+fields), a list of strings or numbers (one per row), a ``pyarrow.RecordBatch`` or
+``Table``, or anything exporting ``__arrow_c_array__`` / ``__arrow_c_stream__``
+(polars). Each becomes one Arrow record batch: 1-D arrays as
 columns, arrays of more dimensions as ``arrow.fixed_shape_tensor`` columns of their row
 shape, without a copy in Python; its single copy is the producer's write into shared
 memory. A *list* of arrays or tensors of one dtype and rank whose shapes differ (one per
 row: token sequences, boxes per image) is a row of variable shape each: a list column of
-the rows' values, and one of their shapes (joining the rows is one copy in Python). The structure (nesting, names, dtypes, row shapes) travels in the schema's
+the rows' values, and one of their shapes (joining the rows is one copy in Python); a
+tuple or list of one item per row (``tuple(zip(*samples))``: images of their own sizes,
+target dicts) is read as such where columns would not fit. The structure (nesting,
+names, dtypes, row shapes) travels in the schema's
 metadata, so :func:`structured` rebuilds the loader's own batch from a Sluice batch, as
 numpy arrays (or torch tensors, see ``sluice.torch.SharedLoader``), viewing shared memory.
 Each batch the loader yields is one message: a subscriber without ``batch_size`` receives
@@ -88,8 +92,9 @@ def _column(name: str, array: np.ndarray, lib: str) -> tuple[Any, dict[str, Any]
     return tensor, leaf
 
 
-def _flatten(obj: Any, path: str, columns: dict[str, Any]) -> dict[str, Any]:
-    """The structure of ``obj``; its columns added to ``columns`` by name."""
+def _flatten(obj: Any, path: str, columns: dict[str, Any], per_row: bool = False) -> dict[str, Any]:
+    """The structure of ``obj``; its columns added to ``columns`` by name. ``per_row``:
+    a tuple or list of items of one kind is one item per row (see :func:`flatten`)."""
     def name_of(part: str) -> str:
         return f"{path}.{part}" if path else part
 
@@ -107,7 +112,7 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any]) -> dict[str, Any]:
         for key, value in obj.items():
             if not isinstance(key, str):
                 raise TypeError(f"dict keys must be strings to name columns, not {key!r}")
-            items.append([key, _flatten(value, name_of(key), columns)])
+            items.append([key, _flatten(value, name_of(key), columns, per_row)])
         return {"dict": items}
     if isinstance(obj, tuple) and _is_namedtuple(type(obj)):
         # A record of fields (a loader's `Batch(images=..., labels=...)`), never a column
@@ -116,7 +121,7 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any]) -> dict[str, Any]:
         fields = list(cls._fields)
         return {
             "namedtuple": [cls.__module__, cls.__qualname__, fields],
-            "tuple": [_flatten(v, name_of(f), columns) for f, v in zip(fields, obj)],
+            "tuple": [_flatten(v, name_of(f), columns, per_row) for f, v in zip(fields, obj)],
         }
     if isinstance(obj, list) and _ragged(obj):
         return _ragged_column(path or "0", obj, columns)
@@ -126,11 +131,61 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any]) -> dict[str, Any]:
             columns[name] = _scalars(list(obj))
             return {"col": name, "lib": "list", "kind": type(obj[0]).__name__}
         kind = "tuple" if isinstance(obj, tuple) else "list"
-        return {kind: [_flatten(v, name_of(str(i)), columns) for i, v in enumerate(obj)]}
+        if per_row and _one_kind(obj):
+            return {"rows": _row_items(path or "0", list(obj), columns), "kind": kind}
+        return {kind: [_flatten(v, name_of(str(i)), columns, per_row) for i, v in enumerate(obj)]}
     raise TypeError(
         f"cannot publish a {type(obj).__name__} in a batch: use numpy arrays, torch tensors, "
         "lists of numbers or strings, or tuples, lists and dicts of those"
     )
+
+
+def _one_kind(items: Any) -> bool:
+    """Whether ``items`` could be one item per row: arrays or tensors of one dtype and
+    rank, or dicts with the same keys."""
+    first = items[0]
+    if _is_numpy(first) or _is_torch(first):
+        return all(
+            (_is_numpy(v) or _is_torch(v)) and v.dtype == first.dtype and v.ndim == first.ndim
+            for v in items
+        )
+    if isinstance(first, Mapping) and first:
+        return all(isinstance(v, Mapping) and list(v) == list(first) for v in items)
+    return False
+
+
+def _row_items(name: str, items: list[Any], columns: dict[str, Any]) -> dict[str, Any]:
+    """One item per row (see :func:`_one_kind`): a dict's values by key, each key's values
+    a column of their own (:func:`_row_values`)."""
+    if not isinstance(items[0], Mapping):
+        return _row_values(name, items, columns)
+    fields = []
+    for key in items[0]:
+        if not isinstance(key, str):
+            raise TypeError(f"dict keys must be strings to name columns, not {key!r}")
+        fields.append([key, _row_values(f"{name}.{key}", [item[key] for item in items], columns)])
+    return {"dict": fields}
+
+
+def _row_values(name: str, values: list[Any], columns: dict[str, Any]) -> dict[str, Any]:
+    """A value per row as one column: numbers or strings as they are, 0-d arrays stacked,
+    arrays of any shape as rows of variable shape."""
+    if all(isinstance(v, _SCALARS) for v in values):
+        columns[name] = _scalars(values)
+        return {"col": name, "lib": "list", "kind": type(values[0]).__name__}
+    if not _one_kind(values):
+        raise TypeError(
+            f"'{name}': one value per row needs arrays of one dtype and rank, or numbers or strings"
+        )
+    if values[0].ndim == 0:
+        lib = "torch" if _is_torch(values[0]) else "numpy"
+        converted = [_torch_numpy(v) if lib == "torch" else (v, None) for v in values]
+        column, leaf = _column(name, _np().stack([a for a, _ in converted]), lib)
+        if converted[0][1]:
+            leaf["torch_dtype"] = converted[0][1]
+        columns[name] = column
+        return leaf
+    return _ragged_column(name, values, columns)
 
 
 # Torch dtypes numpy lacks: they travel as the integers of their bits and are viewed as
@@ -295,6 +350,37 @@ def _arrow(obj: Any) -> Any:
     return None
 
 
+def _columns(batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The structure and columns of a batch that is not Arrow data. Its tuples and lists
+    are columns (or structures of them) unless that leaves the columns with different row
+    counts, or items that are no column (a number per dict): then those whose items are
+    of one kind are one item per row (`tuple(zip(*samples))`, torchvision's detection
+    batches: a tuple of images of their own sizes and one of target dicts)."""
+    columns: dict[str, Any] = {}
+    try:
+        structure = _flatten(batch, "", columns)
+        first = _rows_differ(columns)
+    except (TypeError, ValueError) as e:
+        first = e
+    if first is None:
+        return structure, columns
+    try:
+        columns = {}
+        structure = _flatten(batch, "", columns, per_row=True)
+    except (TypeError, ValueError):
+        raise first from None
+    if _rows_differ(columns) is not None:
+        raise first
+    return structure, columns
+
+
+def _rows_differ(columns: dict[str, Any]) -> ValueError | None:
+    lengths = {name: len(c) for name, c in columns.items()}
+    if len(set(lengths.values())) > 1:
+        return ValueError(f"the arrays of a batch must have as many rows each: {lengths}")
+    return None
+
+
 def flatten(batch: Any) -> tuple[Any, dict[str, Any]]:
     """One batch of a loader as a pyarrow RecordBatch carrying its structure, and the
     structure (see the module docs)."""
@@ -304,11 +390,7 @@ def flatten(batch: Any) -> tuple[Any, dict[str, Any]]:
         structure: dict[str, Any] = {"arrow": True}
         metadata = dict(arrow.schema.metadata or {})
     else:
-        columns: dict[str, Any] = {}
-        structure = _flatten(batch, "", columns)
-        lengths = {name: len(c) for name, c in columns.items()}
-        if len(set(lengths.values())) > 1:
-            raise ValueError(f"the arrays of a batch must have as many rows each: {lengths}")
+        structure, columns = _columns(batch)
         arrow = pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
         metadata = {}
     metadata[STRUCTURE_KEY] = json.dumps(structure).encode()
@@ -573,9 +655,27 @@ def _leaf(batch: Any, record: Any, leaf: dict[str, Any], to_tensor: Any) -> Any:
     return _as_numpy_dtype(array, leaf)
 
 
+def _per_row(batch: Any, record: Any, node: dict[str, Any], to_tensor: Any) -> list[Any]:
+    """A column of one value per row (see :func:`_row_values`) as its values."""
+    values = _leaf(batch, record, node, to_tensor)
+    if node.get("ragged") or node["lib"] == "list":
+        return values
+    # `[i, ...]`: 0-d arrays and tensors, as the loader yielded them (not numpy scalars).
+    return [values[i, ...] for i in range(len(values))]
+
+
 def _build(batch: Any, record: Any, node: dict[str, Any], to_tensor: Any) -> Any:
     if "col" in node:
         return _leaf(batch, record, node, to_tensor)
+    if "rows" in node:
+        inner = node["rows"]
+        if "dict" in inner:
+            keys = [key for key, _ in inner["dict"]]
+            values = [_per_row(batch, record, leaf, to_tensor) for _, leaf in inner["dict"]]
+            items = [dict(zip(keys, row)) for row in zip(*values)]
+        else:
+            items = _per_row(batch, record, inner, to_tensor)
+        return tuple(items) if node.get("kind") == "tuple" else list(items)
     if "dict" in node:
         return {key: _build(batch, record, child, to_tensor) for key, child in node["dict"]}
     if "tuple" in node:
