@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import json
 import pickle
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -630,6 +631,44 @@ def test_a_batch_of_one_item_per_row_round_trips_whole_and_in_other_batch_sizes(
             assert len(got) == len(want)
             for k, (g, w) in enumerate(zip(got, want)):
                 assert_same(g, w, f"row {k}")
+
+
+def test_a_loader_read_one_item_per_row_stays_so_when_a_batch_would_fit_as_columns() -> None:
+    """A last batch of 3 images of 3 channels would fit as 3 columns of 3 rows: it is read
+    per row, as the loader's first batch was."""
+    def batch(n: int) -> Any:
+        rng = np.random.default_rng(n)
+        images = tuple(rng.random((3, 4 + k, 5), dtype=np.float32) for k in range(n))
+        return images, tuple(range(n))
+
+    _, first = sluice.loader.flatten(batch(4))
+    record, last = sluice.loader.flatten(batch(3), like=first)
+    assert last == first and record.num_rows == 3
+    _, alone = sluice.loader.flatten(batch(3))
+    assert alone != first, "read alone, the columns fit: the first batch decides"
+    assert_same(sluice.structured(record), batch(3))
+
+
+def test_what_a_batch_cannot_be_read_as_is_a_value_error_not_a_crash_or_an_import() -> None:
+    """Two parts naming one column, and a namedtuple named by a topic's metadata that
+    only a module's lazy import would find; an empty list beside rows stays one."""
+    q = collections.namedtuple("Q", ["b"])
+    with pytest.raises(ValueError, match="two parts of a batch make the column 'a.b'"):
+        sluice.loader.flatten({"a": q(np.arange(2)), "a.b": np.array([0.5, 1.5])})
+    images = (np.zeros((3, 4, 5)), np.ones((2, 6, 5)))
+    record, _ = sluice.loader.flatten({"images": images, "extra": []})
+    assert_same(sluice.structured(record), {"images": images, "extra": []})
+    p = collections.namedtuple("P", ["x", "y"])
+    _, structure = sluice.loader.flatten(p(1, 2))
+    assert structure["lib"] == "list", "numbers alone stay a column, as before"
+    record, structure = sluice.loader.flatten(named(0, 2))
+    lazy = "numpy.f2py"
+    if lazy in sys.modules:
+        pytest.skip(f"{lazy} is imported already")
+    structure["namedtuple"] = ["numpy", "f2py.Batch", ["images", "labels"]]
+    metadata = {sluice.loader.STRUCTURE_KEY: json.dumps(structure).encode()}
+    back = sluice.structured(record.replace_schema_metadata(metadata))
+    assert back._fields == ("images", "labels") and lazy not in sys.modules
 
 
 def test_a_list_of_arrays_of_one_shape_stays_a_list_of_columns() -> None:

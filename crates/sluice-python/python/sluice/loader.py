@@ -105,7 +105,7 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any], per_row: bool = False
         column, leaf = _column(name, array, lib)
         if torch_dtype:
             leaf["torch_dtype"] = torch_dtype
-        columns[name] = column
+        _add(columns, name, column)
         return leaf
     if isinstance(obj, Mapping):
         items = []
@@ -114,7 +114,7 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any], per_row: bool = False
                 raise TypeError(f"dict keys must be strings to name columns, not {key!r}")
             items.append([key, _flatten(value, name_of(key), columns, per_row)])
         return {"dict": items}
-    if isinstance(obj, tuple) and _is_namedtuple(type(obj)):
+    if isinstance(obj, tuple) and _is_namedtuple(type(obj)) and not _scalars_only(obj):
         # A record of fields (a loader's `Batch(images=..., labels=...)`), never a column
         # of scalars: its columns are named for its fields.
         cls = type(obj)
@@ -126,10 +126,13 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any], per_row: bool = False
     if isinstance(obj, list) and _ragged(obj):
         return _ragged_column(path or "0", obj, columns)
     if isinstance(obj, (list, tuple)):
-        if obj and all(isinstance(v, _SCALARS) for v in obj):
+        if _scalars_only(obj):
             name = path or "0"
-            columns[name] = _scalars(list(obj))
-            return {"col": name, "lib": "list", "kind": type(obj[0]).__name__}
+            _add(columns, name, _scalars(list(obj)))
+            leaf = {"col": name, "lib": "list", "kind": type(obj[0]).__name__}
+            if isinstance(obj, tuple):
+                leaf["seq"] = "tuple"  # `tuple(zip(*samples))`'s labels come back a tuple
+            return leaf
         kind = "tuple" if isinstance(obj, tuple) else "list"
         if per_row and _one_kind(obj):
             return {"rows": _row_items(path or "0", list(obj), columns), "kind": kind}
@@ -140,9 +143,19 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any], per_row: bool = False
     )
 
 
+def _add(columns: dict[str, Any], name: str, column: Any) -> None:
+    if name in columns:
+        raise ValueError(
+            f"two parts of a batch make the column {name!r}: rename a dict key or a field"
+        )
+    columns[name] = column
+
+
 def _one_kind(items: Any) -> bool:
     """Whether ``items`` could be one item per row: arrays or tensors of one dtype and
     rank, or dicts with the same keys."""
+    if not items:
+        return False
     first = items[0]
     if _is_numpy(first) or _is_torch(first):
         return all(
@@ -171,7 +184,7 @@ def _row_values(name: str, values: list[Any], columns: dict[str, Any]) -> dict[s
     """A value per row as one column: numbers or strings as they are, 0-d arrays stacked,
     arrays of any shape as rows of variable shape."""
     if all(isinstance(v, _SCALARS) for v in values):
-        columns[name] = _scalars(values)
+        _add(columns, name, _scalars(values))
         return {"col": name, "lib": "list", "kind": type(values[0]).__name__}
     if not _one_kind(values):
         raise TypeError(
@@ -183,7 +196,7 @@ def _row_values(name: str, values: list[Any], columns: dict[str, Any]) -> dict[s
         column, leaf = _column(name, _np().stack([a for a, _ in converted]), lib)
         if converted[0][1]:
             leaf["torch_dtype"] = converted[0][1]
-        columns[name] = column
+        _add(columns, name, column)
         return leaf
     return _ragged_column(name, values, columns)
 
@@ -229,6 +242,10 @@ def _as_numpy_dtype(array: Any, leaf: dict[str, Any]) -> Any:
     return array.view(getattr(ml_dtypes, name))
 
 
+def _scalars_only(items: Any) -> bool:
+    return bool(items) and all(isinstance(v, _SCALARS) for v in items)
+
+
 def _is_namedtuple(cls: type) -> bool:
     fields = getattr(cls, "_fields", None)
     return issubclass(cls, tuple) and isinstance(fields, tuple) and all(isinstance(f, str) for f in fields)
@@ -241,7 +258,8 @@ def _namedtuple_class(module: str, qualname: str, fields: tuple[str, ...]) -> ty
     fields: attribute access and unpacking work alike."""
     cls: Any = sys.modules.get(module)
     for part in qualname.split("."):
-        cls = getattr(cls, part, None)
+        # The namespace itself, not getattr: a module's `__getattr__` may import.
+        cls = vars(cls).get(part) if hasattr(cls, "__dict__") else None
     if isinstance(cls, type) and _is_namedtuple(cls) and cls._fields == fields:
         return cls
     name = qualname.rsplit(".", 1)[-1]
@@ -309,12 +327,12 @@ def _ragged_column(name: str, rows: list[Any], columns: dict[str, Any]) -> dict[
         values = values.view(np.uint8)
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum([a.size for a in arrays], out=offsets[1:])
-    columns[name] = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
+    _add(columns, name, pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values)))
     # Built from numpy (see `_scalars`): every row has the first one's rank.
     rank = arrays[0].ndim
     shapes = np.array([a.shape for a in arrays], dtype=np.int64).reshape(-1)
     starts = np.arange(0, len(shapes) + 1, max(rank, 1), dtype=np.int32)
-    columns[f"{name}.shape"] = pa.ListArray.from_arrays(pa.array(starts), pa.array(shapes))
+    _add(columns, f"{name}.shape", pa.ListArray.from_arrays(pa.array(starts), pa.array(shapes)))
     leaf = {"col": name, "lib": lib, "dtype": arrays[0].dtype.str, "ragged": True}
     if converted[0][1]:
         leaf["torch_dtype"] = converted[0][1]
@@ -350,28 +368,36 @@ def _arrow(obj: Any) -> Any:
     return None
 
 
-def _columns(batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def _columns(batch: Any, per_row_first: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """The structure and columns of a batch that is not Arrow data. Its tuples and lists
     are columns (or structures of them) unless that leaves the columns with different row
     counts, or items that are no column (a number per dict): then those whose items are
     of one kind are one item per row (`tuple(zip(*samples))`, torchvision's detection
-    batches: a tuple of images of their own sizes and one of target dicts)."""
-    columns: dict[str, Any] = {}
-    try:
-        structure = _flatten(batch, "", columns)
-        first = _rows_differ(columns)
-    except (TypeError, ValueError) as e:
-        first = e
-    if first is None:
-        return structure, columns
-    try:
-        columns = {}
-        structure = _flatten(batch, "", columns, per_row=True)
-    except (TypeError, ValueError):
-        raise first from None
-    if _rows_differ(columns) is not None:
-        raise first
-    return structure, columns
+    batches: a tuple of images of their own sizes and one of target dicts).
+    ``per_row_first``: the loader's first batch was read so, and later ones whose columns
+    happen to fit are read as it was (a last batch of 3 images of 3 channels)."""
+    error: TypeError | ValueError | None = None
+    for per_row in (per_row_first, not per_row_first):
+        columns: dict[str, Any] = {}
+        try:
+            structure = _flatten(batch, "", columns, per_row)
+            mismatch = _rows_differ(columns)
+        except (TypeError, ValueError) as e:
+            mismatch = e
+        if mismatch is None:
+            return structure, columns
+        error = error or mismatch
+    assert error is not None
+    raise error
+
+
+def _has_rows(node: Any) -> bool:
+    """Whether a structure reads some tuple or list as one item per row."""
+    if isinstance(node, dict):
+        return "rows" in node or any(_has_rows(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_has_rows(v) for v in node)
+    return False
 
 
 def _rows_differ(columns: dict[str, Any]) -> ValueError | None:
@@ -381,16 +407,17 @@ def _rows_differ(columns: dict[str, Any]) -> ValueError | None:
     return None
 
 
-def flatten(batch: Any) -> tuple[Any, dict[str, Any]]:
+def flatten(batch: Any, like: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
     """One batch of a loader as a pyarrow RecordBatch carrying its structure, and the
-    structure (see the module docs)."""
+    structure (see the module docs); ``like``: the structure of the loader's first batch,
+    read the same way where it fits."""
     pa = _pa()
     arrow = _arrow(batch)
     if arrow is not None:
         structure: dict[str, Any] = {"arrow": True}
         metadata = dict(arrow.schema.metadata or {})
     else:
-        structure, columns = _columns(batch)
+        structure, columns = _columns(batch, like is not None and _has_rows(like))
         arrow = pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
         metadata = {}
     metadata[STRUCTURE_KEY] = json.dumps(structure).encode()
@@ -469,7 +496,7 @@ def _feed(feeder: Feeder, loader: Any, epochs: int, stop: threading.Event | None
                 if stop is not None and stop.is_set():
                     feeder.close()
                     return None
-                arrow, structure = flatten(batch)
+                arrow, structure = flatten(batch, like=first)
                 if first is None:
                     first = structure
                 elif structure != first:
@@ -606,12 +633,14 @@ def _catch_up(sink: Any, factory: str, cwd: str, epochs: int, epoch: int, index:
     def run() -> None:
         try:
             loader = make()
+            first = None
             for e in range(epoch, epochs):
                 _set_epoch(loader, e)
                 batches = rows = 0
                 for i, batch in enumerate(loader):
                     # Skipped batches are made too: the epoch's end counts their rows.
-                    arrow, _ = flatten(batch)
+                    arrow, structure = flatten(batch, like=first)
+                    first = first or structure
                     batches, rows = batches + 1, rows + arrow.num_rows
                     if (e, i) >= (epoch, index) and not sink.send(e, i, arrow):
                         return
@@ -628,7 +657,8 @@ def _leaf(batch: Any, record: Any, leaf: dict[str, Any], to_tensor: Any) -> Any:
     np = _np()
     name = leaf["col"]
     if leaf["lib"] == "list":
-        return record.column(name).to_pylist()
+        values = record.column(name).to_pylist()
+        return tuple(values) if leaf.get("seq") == "tuple" else values
     want = np.dtype(leaf["dtype"])
     if want.kind not in "biufc":
         # Viewing a column's bytes as Python objects would read them as pointers.
