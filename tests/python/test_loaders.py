@@ -671,6 +671,35 @@ def test_what_a_batch_cannot_be_read_as_is_a_value_error_not_a_crash_or_an_impor
     assert back._fields == ("images", "labels") and lazy not in sys.modules
 
 
+@pytest.mark.parametrize("structure", [
+    [1, 2],                                                   # not an object
+    {"col": "missing", "lib": "numpy", "dtype": "<f4", "shape": [2, 3]},
+    {"tuple": [{"lib": "numpy"}]},                            # a leaf without a column
+    {"rows": {"dict": [["x", 5]]}, "kind": "tuple"},
+    {"tuple": "images"},
+    {"dict": [["a"]]},
+    {"tuple": [{"tuple": []}] * 3},                            # fewer values than rows
+], ids=["list", "missing-column", "no-column", "rows-of-a-number", "tuple-of-a-string",
+        "dict-item", "nested"])
+def test_a_structure_that_does_not_fit_its_columns_is_a_value_error(structure: Any) -> None:
+    """A batch's structure is data from the topic: whatever it says, reading the batch
+    raises ValueError or gives a value, never another exception."""
+    record, _ = sluice.loader.flatten(named(0, 4))
+    metadata = {sluice.loader.STRUCTURE_KEY: json.dumps(structure).encode()}
+    try:
+        sluice.structured(record.replace_schema_metadata(metadata))
+    except ValueError:
+        pass
+
+
+def test_a_structure_nested_past_the_interpreter_s_depth_is_a_value_error() -> None:
+    record, _ = sluice.loader.flatten(named(0, 4))
+    deep = '{"tuple": [' * 5000 + "]}" * 5000
+    metadata = {sluice.loader.STRUCTURE_KEY: deep.encode()}
+    with pytest.raises(ValueError):
+        sluice.structured(record.replace_schema_metadata(metadata))
+
+
 def test_a_list_of_arrays_of_one_shape_stays_a_list_of_columns() -> None:
     """Arrays of the same shape in a list are columns, as a loader's tuple is; rows of
     variable shape need one dtype and rank."""

@@ -735,8 +735,15 @@ def structured(batch: Any, to_tensor: Any = None) -> Any:
         raise ValueError(
             "this batch carries no loader structure: its topic is not fed by sluice.publish"
         )
-    structure = _structure(metadata[STRUCTURE_KEY])
-    if structure.get("arrow"):
-        rest = {k: v for k, v in metadata.items() if k != STRUCTURE_KEY}
-        return record.replace_schema_metadata(rest or None)
-    return _build(batch, record, structure, to_tensor)
+    try:
+        structure = _structure(metadata[STRUCTURE_KEY])
+        if structure.get("arrow"):
+            rest = {k: v for k, v in metadata.items() if k != STRUCTURE_KEY}
+            return record.replace_schema_metadata(rest or None)
+        return _build(batch, record, structure, to_tensor)
+    except (KeyError, IndexError, AttributeError, TypeError, RecursionError) as e:
+        # The structure is the topic's metadata: one that does not fit is an error of
+        # the batch, as a bad value is.
+        raise ValueError(
+            f"this batch's loader structure does not fit its columns ({type(e).__name__}: {e})"
+        ) from e
