@@ -633,6 +633,39 @@ def test_a_batch_of_one_item_per_row_round_trips_whole_and_in_other_batch_sizes(
                 assert_same(g, w, f"row {k}")
 
 
+def samples(i: int, n: int) -> Any:
+    """A list of the samples themselves (`collate_fn=lambda b: b`): (image, label, name)."""
+    rng = np.random.default_rng(500 + i)
+    return [
+        (rng.random((3, 4 + j % 3, 5), dtype=np.float32), int(rng.integers(0, 10)), f"img{i}.{j}")
+        for j in range(n)
+    ]
+
+
+def test_a_list_of_samples_round_trips_as_one_sample_per_row(
+    topic: str, tmp_path: Path, run_python: Any
+) -> None:
+    loader = Loader(samples, batches=3, rows=5, last=2)
+    sizes = ["none", "4"]
+    outs = [tmp_path / f"sub-{size}.pickle" for size in sizes]
+    subs = [run_python(SUBSCRIBER, topic, size, str(out)) for size, out in zip(sizes, outs)]
+    sluice.publish(loader, topic, epochs=1, min_subscribers=2, wait_timeout=60)
+    for sub in subs:
+        _, err = sub.communicate(timeout=120)
+        assert sub.returncode == 0, err
+    expected = list(loader)
+    for size, out in zip(sizes, outs):
+        (batches,) = pickle.loads(out.read_bytes())
+        if size == "none":
+            for k, (got, want) in enumerate(zip(batches, expected)):
+                assert_same(got, want, f"batch {k}")
+        else:
+            assert [len(b) for b in batches] == [4, 4, 4]
+            got = [row for batch in batches for row in batch]
+            for k, (g, w) in enumerate(zip(got, [row for batch in expected for row in batch])):
+                assert_same(g, w, f"row {k}")
+
+
 def test_a_loader_read_one_item_per_row_stays_so_when_a_batch_would_fit_as_columns() -> None:
     """A last batch of 3 images of 3 channels would fit as 3 columns of 3 rows: it is read
     per row, as the loader's first batch was."""

@@ -22,7 +22,8 @@ memory. A *list* of arrays or tensors of one dtype and rank whose shapes differ 
 row: token sequences, boxes per image) is a row of variable shape each: a list column of
 the rows' values, and one of their shapes (joining the rows is one copy in Python); a
 tuple or list of one item per row (``tuple(zip(*samples))``: images of their own sizes,
-target dicts) is read as such where columns would not fit. The structure (nesting,
+target dicts; or a list of the samples themselves) is read as such where columns would
+not fit. The structure (nesting,
 names, dtypes, row shapes) travels in the schema's
 metadata, so :func:`structured` rebuilds the loader's own batch from a Sluice batch, as
 numpy arrays (or torch tensors, see ``sluice.torch.SharedLoader``), viewing shared memory.
@@ -153,23 +154,35 @@ def _add(columns: dict[str, Any], name: str, column: Any) -> None:
 
 def _one_kind(items: Any) -> bool:
     """Whether ``items`` could be one item per row: arrays or tensors of one dtype and
-    rank, or dicts with the same keys."""
+    rank, dicts with the same keys, or — in a list, as `collate_fn=lambda b: b` leaves
+    the samples — plain tuples of one length (a tuple of tuples is fields, as
+    `tuple(zip(*samples))` makes them)."""
     if not items:
         return False
     first = items[0]
-    if _is_numpy(first) or _is_torch(first):
-        return all(
-            (_is_numpy(v) or _is_torch(v)) and v.dtype == first.dtype and v.ndim == first.ndim
-            for v in items
-        )
+    if type(first) is tuple and first and isinstance(items, list):
+        return all(type(v) is tuple and len(v) == len(first) for v in items)
     if isinstance(first, Mapping) and first:
         return all(isinstance(v, Mapping) and list(v) == list(first) for v in items)
-    return False
+    return _arrays_of_one_kind(items)
+
+
+def _arrays_of_one_kind(items: Any) -> bool:
+    first = items[0]
+    return all(
+        (_is_numpy(v) or _is_torch(v)) and v.dtype == first.dtype and v.ndim == first.ndim
+        for v in items
+    )
 
 
 def _row_items(name: str, items: list[Any], columns: dict[str, Any]) -> dict[str, Any]:
-    """One item per row (see :func:`_one_kind`): a dict's values by key, each key's values
-    a column of their own (:func:`_row_values`)."""
+    """One item per row (see :func:`_one_kind`): a dict's values by key, or a tuple's by
+    position, each key's or position's values a column of their own
+    (:func:`_row_values`)."""
+    if type(items[0]) is tuple:
+        width = len(items[0])
+        values = [[item[i] for item in items] for i in range(width)]
+        return {"tuple": [_row_values(f"{name}.{i}", v, columns) for i, v in enumerate(values)]}
     if not isinstance(items[0], Mapping):
         return _row_values(name, items, columns)
     fields = []
@@ -186,7 +199,7 @@ def _row_values(name: str, values: list[Any], columns: dict[str, Any]) -> dict[s
     if all(isinstance(v, _SCALARS) for v in values):
         _add(columns, name, _scalars(values))
         return {"col": name, "lib": "list", "kind": type(values[0]).__name__}
-    if not _one_kind(values):
+    if not _arrays_of_one_kind(values):
         raise TypeError(
             f"'{name}': one value per row needs arrays of one dtype and rank, or numbers or strings"
         )
@@ -703,6 +716,9 @@ def _build(batch: Any, record: Any, node: dict[str, Any], to_tensor: Any) -> Any
             keys = [key for key, _ in inner["dict"]]
             values = [_per_row(batch, record, leaf, to_tensor) for _, leaf in inner["dict"]]
             items = [dict(zip(keys, row)) for row in zip(*values)]
+        elif "tuple" in inner:
+            values = [_per_row(batch, record, leaf, to_tensor) for leaf in inner["tuple"]]
+            items = [tuple(row) for row in zip(*values)]
         else:
             items = _per_row(batch, record, inner, to_tensor)
         return tuple(items) if node.get("kind") == "tuple" else list(items)
