@@ -666,6 +666,34 @@ def test_a_list_of_samples_round_trips_as_one_sample_per_row(
                 assert_same(g, w, f"row {k}")
 
 
+def test_a_list_of_fields_and_a_list_of_samples_with_nested_fields_are_each_read_by_row() -> None:
+    """`list(zip(*samples))` is fields (a list of images, a list of labels); samples whose
+    fields are dicts or tuples keep them, row by row."""
+    rng = np.random.default_rng(7)
+    images = tuple(rng.random((3, 4 + k, 5), dtype=np.float32) for k in range(4))
+    record, _ = sluice.loader.flatten([images, (1, 2, 3, 4)])
+    assert record.num_rows == 4
+    assert_same(sluice.structured(record), [images, (1, 2, 3, 4)])
+    nested = [
+        (images[k], {"boxes": rng.random((k, 4)), "labels": np.arange(k)}, (k, f"n{k}"))
+        for k in range(4)
+    ]
+    record, _ = sluice.loader.flatten(nested)
+    assert record.num_rows == 4
+    assert_same(sluice.structured(record), nested)
+    # torchvision's detection samples with `collate_fn=lambda b: b`: nothing but arrays.
+    detection = [(image, target) for image, target, _ in nested]
+    record, _ = sluice.loader.flatten(detection)
+    assert record.num_rows == 4
+    assert_same(sluice.structured(record), detection)
+
+
+def test_arrays_trainers_cannot_read_are_refused_when_published() -> None:
+    for array in (np.array(["a", "bb"]), np.array([1 + 2j, 3j]), np.array(["2026-01-01"], "M8[D]")):
+        with pytest.raises(TypeError, match="publish arrays of numbers"):
+            sluice.loader.flatten({"x": array})
+
+
 def test_a_loader_read_one_item_per_row_stays_so_when_a_batch_would_fit_as_columns() -> None:
     """A last batch of 3 images of 3 channels would fit as 3 columns of 3 rows: it is read
     per row, as the loader's first batch was."""

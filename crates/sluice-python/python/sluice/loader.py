@@ -84,6 +84,12 @@ def _column(name: str, array: np.ndarray, lib: str) -> tuple[Any, dict[str, Any]
     leaf = {"col": name, "lib": lib, "dtype": array.dtype.str, "shape": list(array.shape[1:])}
     if array.dtype.hasobject:
         raise TypeError(f"'{name}' holds Python objects ({array.dtype}); publish numbers or strings")
+    if array.dtype.kind not in "biuf":
+        # Trainers read numbers (`_leaf`); strings go as a list of str, one per row.
+        raise TypeError(
+            f"'{name}' is an array of {array.dtype}: publish arrays of numbers, and strings "
+            "as a list of str"
+        )
     if array.ndim == 1:
         return pa.array(array), leaf
     if array.dtype == np.bool_:
@@ -135,9 +141,23 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any], per_row: bool = False
                 leaf["seq"] = "tuple"  # `tuple(zip(*samples))`'s labels come back a tuple
             return leaf
         kind = "tuple" if isinstance(obj, tuple) else "list"
-        if per_row and _one_kind(obj):
+        if per_row and _one_kind(obj) and not _tuples(obj):
             return {"rows": _row_items(path or "0", list(obj), columns), "kind": kind}
-        return {kind: [_flatten(v, name_of(str(i)), columns, per_row) for i, v in enumerate(obj)]}
+        kept = dict(columns)
+        try:
+            node = {kind: [_flatten(v, name_of(str(i)), columns, per_row) for i, v in enumerate(obj)]}
+            samples = per_row and _one_kind(obj)
+            if samples and _rows_differ({k: c for k, c in columns.items() if k not in kept}):
+                raise ValueError("its fields have different row counts")
+            return node
+        except (TypeError, ValueError):
+            # A list of tuples is fields (`list(zip(*samples))`) where that reads, else the
+            # samples themselves (`collate_fn=lambda b: b`).
+            if not (per_row and _one_kind(obj)):
+                raise
+            columns.clear()
+            columns.update(kept)
+            return {"rows": _row_items(path or "0", list(obj), columns), "kind": kind}
     raise TypeError(
         f"cannot publish a {type(obj).__name__} in a batch: use numpy arrays, torch tensors, "
         "lists of numbers or strings, or tuples, lists and dicts of those"
@@ -165,6 +185,10 @@ def _one_kind(items: Any) -> bool:
     if isinstance(first, Mapping) and first:
         return all(isinstance(v, Mapping) and list(v) == list(first) for v in items)
     return _arrays_of_one_kind(items)
+
+
+def _tuples(items: Any) -> bool:
+    return type(items[0]) is tuple
 
 
 def _arrays_of_one_kind(items: Any) -> bool:
@@ -199,6 +223,8 @@ def _row_values(name: str, values: list[Any], columns: dict[str, Any]) -> dict[s
     if all(isinstance(v, _SCALARS) for v in values):
         _add(columns, name, _scalars(values))
         return {"col": name, "lib": "list", "kind": type(values[0]).__name__}
+    if (isinstance(values[0], Mapping) or _tuples(values)) and _one_kind(values):
+        return _row_items(name, values, columns)  # a sample's dict or tuple, per row
     if not _arrays_of_one_kind(values):
         raise TypeError(
             f"'{name}': one value per row needs arrays of one dtype and rank, or numbers or strings"
@@ -389,19 +415,22 @@ def _columns(batch: Any, per_row_first: bool) -> tuple[dict[str, Any], dict[str,
     batches: a tuple of images of their own sizes and one of target dicts).
     ``per_row_first``: the loader's first batch was read so, and later ones whose columns
     happen to fit are read as it was (a last batch of 3 images of 3 channels)."""
-    error: TypeError | ValueError | None = None
+    errors: list[Exception] = []
     for per_row in (per_row_first, not per_row_first):
         columns: dict[str, Any] = {}
         try:
             structure = _flatten(batch, "", columns, per_row)
             mismatch = _rows_differ(columns)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError, _pa().ArrowException) as e:
             mismatch = e
         if mismatch is None:
             return structure, columns
-        error = error or mismatch
-    assert error is not None
-    raise error
+        errors.append(mismatch)
+    first, second = errors
+    if str(first) == str(second):
+        raise first
+    rows = "read" if per_row_first else "read one item per row"
+    raise type(first)(f"{first} ({rows}: {second})") from first
 
 
 def _has_rows(node: Any) -> bool:
@@ -699,7 +728,15 @@ def _leaf(batch: Any, record: Any, leaf: dict[str, Any], to_tensor: Any) -> Any:
 
 
 def _per_row(batch: Any, record: Any, node: dict[str, Any], to_tensor: Any) -> list[Any]:
-    """A column of one value per row (see :func:`_row_values`) as its values."""
+    """One value per row (see :func:`_row_items`): dicts or tuples of such, or a column's
+    values."""
+    if "dict" in node:
+        keys = [key for key, _ in node["dict"]]
+        values = [_per_row(batch, record, leaf, to_tensor) for _, leaf in node["dict"]]
+        return [dict(zip(keys, row)) for row in zip(*values)]
+    if "tuple" in node:
+        values = [_per_row(batch, record, leaf, to_tensor) for leaf in node["tuple"]]
+        return [tuple(row) for row in zip(*values)]
     values = _leaf(batch, record, node, to_tensor)
     if node.get("ragged") or node["lib"] == "list":
         return values
@@ -711,16 +748,7 @@ def _build(batch: Any, record: Any, node: dict[str, Any], to_tensor: Any) -> Any
     if "col" in node:
         return _leaf(batch, record, node, to_tensor)
     if "rows" in node:
-        inner = node["rows"]
-        if "dict" in inner:
-            keys = [key for key, _ in inner["dict"]]
-            values = [_per_row(batch, record, leaf, to_tensor) for _, leaf in inner["dict"]]
-            items = [dict(zip(keys, row)) for row in zip(*values)]
-        elif "tuple" in inner:
-            values = [_per_row(batch, record, leaf, to_tensor) for leaf in inner["tuple"]]
-            items = [tuple(row) for row in zip(*values)]
-        else:
-            items = _per_row(batch, record, inner, to_tensor)
+        items = _per_row(batch, record, node["rows"], to_tensor)
         return tuple(items) if node.get("kind") == "tuple" else list(items)
     if "dict" in node:
         return {key: _build(batch, record, child, to_tensor) for key, child in node["dict"]}
