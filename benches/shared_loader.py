@@ -106,6 +106,19 @@ def loader(count, use_torch):
 def step(images, labels):
     return float(images.sum()) + float(labels.sum())
 
+# Steps through (images, labels) batches; prints the rows and seconds from the first
+# batch on (its rows not counted), as every set-up here is timed.
+def timed(batches):
+    rows, t0 = 0, None
+    for images, labels in batches:
+        step(images, labels)
+        if t0 is None:
+            t0 = time.perf_counter()
+        else:
+            rows += len(labels)
+        del images, labels
+    print(rows, time.perf_counter() - t0)
+
 if "torch" in sys.argv:
     import torch
     # One intra-op thread in every process, as in DataLoader workers: with two, OpenMP's
@@ -116,16 +129,7 @@ if "torch" in sys.argv:
 INDEPENDENT = COMMON + r"""
 count, use_torch, epochs = int(sys.argv[1]), sys.argv[2] == "torch", int(sys.argv[3])
 data = loader(count, use_torch)
-# Timed from the first batch on (its rows not counted), as the trainers below are.
-rows, t0 = 0, None
-for _ in range(epochs):
-    for images, labels in data:
-        step(images, labels)
-        if t0 is None:
-            t0 = time.perf_counter()
-        else:
-            rows += len(labels)
-print(rows, time.perf_counter() - t0)
+timed(batch for _ in range(epochs) for batch in data)
 """
 
 PUBLISHER = COMMON + r"""
@@ -141,30 +145,14 @@ print(stats.rows, stats.elapsed)
 TRAINER = COMMON + r"""
 import sluice
 topic, use_torch, epochs = sys.argv[1], sys.argv[2] == "torch", int(sys.argv[3])
-rows, t0 = 0, None
 if use_torch:
     import sluice.torch
     # The loader's tensors, as a training script that swapped its DataLoader gets them.
     shared = sluice.torch.SharedLoader(topic, timeout=300)
-    for _ in range(epochs):
-        for images, labels in shared:
-            step(images, labels)
-            if t0 is None:
-                t0 = time.perf_counter()
-            else:
-                rows += len(labels)
-            del images, labels
+    timed(batch for _ in range(epochs) for batch in shared)
 else:
     with sluice.subscribe(topic, timeout=300) as sub:
-        for batch in sub:
-            images, labels = sluice.structured(batch)
-            step(images, labels)
-            if t0 is None:
-                t0 = time.perf_counter()
-            else:
-                rows += len(labels)
-            del images, labels, batch
-print(rows, time.perf_counter() - t0)
+        timed(sluice.structured(batch) for batch in sub)
 """
 
 TS_PRODUCER = COMMON + r"""

@@ -144,23 +144,31 @@ def rows_of(batch: Any) -> int:
     return len(batch)
 
 
+def shared_to(
+    loader: Any, sizes: list[str], topic: str, tmp_path: Path, run_python: Any, epochs: int = 1
+) -> tuple[Any, dict[str, Any]]:
+    """Publishes ``loader`` to one subscriber process per batch size (``SUBSCRIBER``):
+    the run's stats, and the epochs each subscriber received, by size."""
+    outs = [tmp_path / f"sub-{size}.pickle" for size in sizes]
+    subs = [run_python(SUBSCRIBER, topic, size, str(out)) for size, out in zip(sizes, outs)]
+    stats = sluice.publish(loader, topic, epochs=epochs, min_subscribers=len(sizes), wait_timeout=60)
+    for sub in subs:
+        _, err = sub.communicate(timeout=120)
+        assert sub.returncode == 0, err
+    return stats, {size: pickle.loads(out.read_bytes()) for size, out in zip(sizes, outs)}
+
+
 @pytest.mark.parametrize("make", [images, tokens, arrow], ids=["tuple", "dict", "pyarrow"])
 def test_a_loaders_batches_reach_three_subscriber_processes_in_its_own_structure(
     make: Callable[[int, int], Any], topic: str, tmp_path: Path, run_python: Any
 ) -> None:
     loader = Loader(make, batches=7)
     sizes = ["none", "5", "64"]
-    outs = [tmp_path / f"sub-{size}.pickle" for size in sizes]
-    subs = [run_python(SUBSCRIBER, topic, size, str(out)) for size, out in zip(sizes, outs)]
-    stats = sluice.publish(loader, topic, epochs=EPOCHS, min_subscribers=3, wait_timeout=60)
+    stats, received = shared_to(loader, sizes, topic, tmp_path, run_python, epochs=EPOCHS)
     assert (stats.epochs, stats.batches, stats.rows) == (EPOCHS, 7 * EPOCHS, (6 * 16 + 5) * EPOCHS)
-    for sub in subs:
-        _, err = sub.communicate(timeout=120)
-        assert sub.returncode == 0, err
     expected = list(loader)
     whole = concat([_copied(b) for b in expected])
-    for size, out in zip(sizes, outs):
-        epochs = pickle.loads(out.read_bytes())
+    for size, epochs in received.items():
         assert len(epochs) == EPOCHS, size
         for e, batches in enumerate(epochs):
             if size == "none":
@@ -498,16 +506,10 @@ def test_rows_of_variable_shape_round_trip_as_list_columns(
     shape, dtype and values."""
     loader = Loader(boxes, batches=5)
     sizes = ["none", "5"]
-    outs = [tmp_path / f"sub-{size}.pickle" for size in sizes]
-    subs = [run_python(SUBSCRIBER, topic, size, str(out)) for size, out in zip(sizes, outs)]
-    sluice.publish(loader, topic, epochs=1, min_subscribers=2, wait_timeout=60)
-    for sub in subs:
-        _, err = sub.communicate(timeout=120)
-        assert sub.returncode == 0, err
+    _, received = shared_to(loader, sizes, topic, tmp_path, run_python)
     expected = list(loader)
     want = [(b, label) for batch in expected for b, label in zip(batch["boxes"], batch["label"])]
-    for size, out in zip(sizes, outs):
-        (batches,) = pickle.loads(out.read_bytes())
+    for size, (batches,) in received.items():
         if size == "none":
             assert [len(b["boxes"]) for b in batches] == [len(b["boxes"]) for b in expected]
         got = [(b, label) for batch in batches for b, label in zip(batch["boxes"], batch["label"])]
@@ -611,16 +613,10 @@ def test_a_batch_of_one_item_per_row_round_trips_whole_and_in_other_batch_sizes(
     _, structure = sluice.loader.flatten(loader.make_batch(0))
     assert [child["kind"] for child in structure["tuple"]] == ["tuple", "tuple"]
     sizes = ["none", "4"]
-    outs = [tmp_path / f"sub-{size}.pickle" for size in sizes]
-    subs = [run_python(SUBSCRIBER, topic, size, str(out)) for size, out in zip(sizes, outs)]
-    sluice.publish(loader, topic, epochs=1, min_subscribers=2, wait_timeout=60)
-    for sub in subs:
-        _, err = sub.communicate(timeout=120)
-        assert sub.returncode == 0, err
+    _, received = shared_to(loader, sizes, topic, tmp_path, run_python)
     expected = list(loader)
     want = [row for images, targets in expected for row in zip(images, targets)]
-    for size, out in zip(sizes, outs):
-        (batches,) = pickle.loads(out.read_bytes())
+    for size, (batches,) in received.items():
         if size == "none":
             assert len(batches) == len(expected)
             for k, (got, wanted) in enumerate(zip(batches, expected)):
@@ -642,20 +638,53 @@ def samples(i: int, n: int) -> Any:
     ]
 
 
+def test_writes_to_one_item_per_row_views_raise_or_stay_private(topic: str) -> None:
+    """Rows read one item per row view shared memory too (tests/python/test_writes.py):
+    a numpy view raises on a write, a torch tensor writes a private copy; either way a
+    second read of the same batch sees what the loader yielded."""
+    torch = None
+    try:
+        import torch
+        import sluice.torch as st
+    except ImportError:
+        pass
+
+    def tensors(obj: Any) -> Any:
+        """The loader's batch with torch tensors where torch is installed."""
+        if isinstance(obj, np.ndarray):
+            return torch.from_numpy(obj)
+        if isinstance(obj, dict):
+            return {k: tensors(v) for k, v in obj.items()}
+        return tuple(tensors(v) for v in obj) if isinstance(obj, tuple) else obj
+
+    make = detection if torch is None else (lambda i, n: tensors(detection(i, n)))
+    loader = Loader(make, batches=2, rows=4, last=4)
+    expected = list(Loader(detection, batches=2, rows=4, last=4))
+    thread, done = _publish_in_background(loader, topic, epochs=1, min_subscribers=1, wait_timeout=60)
+    with sluice.subscribe(topic, timeout=60) as sub:
+        for k, batch in enumerate(sub):
+            images, targets = sluice.structured(batch)
+            for value in (images[1], targets[1]["boxes"], targets[1]["area"]):
+                with pytest.raises(ValueError, match="read-only"):
+                    value[...] = -1
+            if torch is not None:
+                _, tensors = st._structured_tensors(batch)
+                tensors[1]["area"].fill_(-1)
+                tensors[1]["boxes"].mul_(-1)
+            assert_same(sluice.structured(batch), expected[k], f"batch {k} read again")
+            del images, targets, batch
+    thread.join(timeout=60)
+    assert "error" not in done, done.get("error")
+
+
 def test_a_list_of_samples_round_trips_as_one_sample_per_row(
     topic: str, tmp_path: Path, run_python: Any
 ) -> None:
     loader = Loader(samples, batches=3, rows=5, last=2)
     sizes = ["none", "4"]
-    outs = [tmp_path / f"sub-{size}.pickle" for size in sizes]
-    subs = [run_python(SUBSCRIBER, topic, size, str(out)) for size, out in zip(sizes, outs)]
-    sluice.publish(loader, topic, epochs=1, min_subscribers=2, wait_timeout=60)
-    for sub in subs:
-        _, err = sub.communicate(timeout=120)
-        assert sub.returncode == 0, err
+    _, received = shared_to(loader, sizes, topic, tmp_path, run_python)
     expected = list(loader)
-    for size, out in zip(sizes, outs):
-        (batches,) = pickle.loads(out.read_bytes())
+    for size, (batches,) in received.items():
         if size == "none":
             for k, (got, want) in enumerate(zip(batches, expected)):
                 assert_same(got, want, f"batch {k}")

@@ -141,27 +141,30 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any], per_row: bool = False
                 leaf["seq"] = "tuple"  # `tuple(zip(*samples))`'s labels come back a tuple
             return leaf
         kind = "tuple" if isinstance(obj, tuple) else "list"
-        if per_row and _one_kind(obj) and not _tuples(obj):
+        if not (per_row and _one_kind(obj)):
+            return {kind: [_flatten(v, name_of(str(i)), columns, per_row) for i, v in enumerate(obj)]}
+        if not _tuples(obj):
             return {"rows": _row_items(path or "0", list(obj), columns), "kind": kind}
-        kept = dict(columns)
-        try:
-            node = {kind: [_flatten(v, name_of(str(i)), columns, per_row) for i, v in enumerate(obj)]}
-            samples = per_row and _one_kind(obj)
-            if samples and _rows_differ({k: c for k, c in columns.items() if k not in kept}):
-                raise ValueError("its fields have different row counts")
-            return node
-        except (TypeError, ValueError):
-            # A list of tuples is fields (`list(zip(*samples))`) where that reads, else the
-            # samples themselves (`collate_fn=lambda b: b`).
-            if not (per_row and _one_kind(obj)):
-                raise
-            columns.clear()
-            columns.update(kept)
-            return {"rows": _row_items(path or "0", list(obj), columns), "kind": kind}
+        return _fields_or_samples(obj, path or "0", columns)
     raise TypeError(
         f"cannot publish a {type(obj).__name__} in a batch: use numpy arrays, torch tensors, "
         "lists of numbers or strings, or tuples, lists and dicts of those"
     )
+
+
+def _fields_or_samples(items: list[Any], name: str, columns: dict[str, Any]) -> dict[str, Any]:
+    """A list of tuples of one length: fields (`list(zip(*samples))`) where they read with
+    one row count, else the samples themselves (`collate_fn=lambda b: b`)."""
+    kept = dict(columns)
+    try:
+        fields = [_flatten(v, f"{name}.{i}", columns, True) for i, v in enumerate(items)]
+        if _rows_differ({k: c for k, c in columns.items() if k not in kept}) is None:
+            return {"list": fields}
+    except (TypeError, ValueError):
+        pass
+    columns.clear()
+    columns.update(kept)
+    return {"rows": _row_items(name, items, columns), "kind": "list"}
 
 
 def _add(columns: dict[str, Any], name: str, column: Any) -> None:
@@ -345,11 +348,9 @@ def _scalars(values: list[Any]) -> Any:
 def _ragged(obj: list[Any]) -> bool:
     """Whether ``obj`` is one array per row, of one dtype and rank, whose shapes differ
     (a list of same-shaped arrays stays a list of columns, as a loader's tuple would)."""
-    if len(obj) < 2 or not all(_is_numpy(v) or _is_torch(v) for v in obj):
+    if len(obj) < 2 or not _arrays_of_one_kind(obj):
         return False
-    first = obj[0]
-    same = all(v.ndim == first.ndim and v.dtype == first.dtype for v in obj)
-    return same and first.ndim >= 1 and len({tuple(v.shape) for v in obj}) > 1
+    return obj[0].ndim >= 1 and len({tuple(v.shape) for v in obj}) > 1
 
 
 def _ragged_column(name: str, rows: list[Any], columns: dict[str, Any]) -> dict[str, Any]:

@@ -81,6 +81,7 @@ import weakref
 from typing import Any, Callable, Iterator, Sequence
 
 import sluice
+from sluice.loader import _is_namedtuple
 
 try:  # torch is optional: import it lazily so `import sluice` never needs it.
     import torch as _torch
@@ -492,8 +493,8 @@ def _moved(obj: Any, device: Any) -> Any:
         return obj
     if isinstance(obj, dict):
         return {k: _moved(v, device) for k, v in obj.items()}
-    if isinstance(obj, tuple) and hasattr(type(obj), "_fields"):
-        return type(obj)(*(_moved(v, device) for v in obj))  # a namedtuple
+    if isinstance(obj, tuple) and _is_namedtuple(type(obj)):
+        return type(obj)(*(_moved(v, device) for v in obj))
     if isinstance(obj, (tuple, list)):
         return type(obj)(_moved(v, device) for v in obj)
     return obj.to(device) if hasattr(obj, "to") and not isinstance(obj, str) else obj
