@@ -857,10 +857,11 @@ pub trait Outlet<P> {
     {
         let _ = more;
         let rows = payload.num_rows();
-        let step = match batch_rows {
-            0 => rows.max(1),
-            n => n,
-        };
+        // One batch, even of no rows: positions count batches.
+        if batch_rows == 0 || batch_rows >= rows {
+            return self.batch(epoch, index, payload);
+        }
+        let step = batch_rows;
         for (k, offset) in (0..rows).step_by(step).enumerate() {
             let len = step.min(rows - offset);
             self.batch(epoch, index + k as u64, &payload.slice(offset, len))?;
@@ -1551,6 +1552,41 @@ mod tests {
             }
         }
         assert_eq!(rows + r.rebatcher.as_ref().unwrap().pending_rows(), 16);
+    }
+
+    /// An outlet of a transport without messages of several batches (a device topic's),
+    /// recording what it sends.
+    #[derive(Default)]
+    struct OneByOne(Vec<(u64, Ids)>);
+
+    impl Outlet<Ids> for OneByOne {
+        fn batch(&mut self, _epoch: u64, index: u64, payload: &Ids) -> Result<()> {
+            self.0.push((index, payload.clone()));
+            Ok(())
+        }
+        fn end_of_epoch(&mut self, _epoch: u64, _batches: u64, _rows: u64) -> Result<()> {
+            Ok(())
+        }
+        fn end_of_stream(&mut self, _epochs: u64) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_message_goes_batch_by_batch_where_a_transport_carries_one_and_an_empty_one_still_goes() {
+        let mut out = OneByOne::default();
+        out.message(0, 4, 3, &Ids((0..8).collect()), true).unwrap();
+        out.message(0, 7, 0, &Ids(vec![]), false).unwrap();
+        out.message(0, 8, 5, &Ids(vec![8, 9]), false).unwrap();
+        let expected = [
+            (4, vec![0, 1, 2]),
+            (5, vec![3, 4, 5]),
+            (6, vec![6, 7]),
+            (7, vec![]),
+            (8, vec![8, 9]),
+        ];
+        let got: Vec<_> = out.0.into_iter().map(|(i, ids)| (i, ids.0)).collect();
+        assert_eq!(got, expected.to_vec());
     }
 
     #[test]

@@ -60,8 +60,8 @@ pub use sluice_core::{Checksum, Columns, Position, Result, SluiceError};
 pub use sluice_plan::{Plan, Shard, SluiceOptions, StoreStats};
 pub use sluice_shm::{Namespace, OnMaxHeld};
 pub use subscriber::{
-    CatchUpSender, Connector, EpochSummary, Event, Join, LoaderCatchUp, OnLag, SubscribeOptions,
-    Subscriber, catch_up_channel, lies_within, remote_catch_up,
+    Carried, CatchUpSender, Connector, EpochSummary, Event, Join, LoaderCatchUp, OnLag,
+    SubscribeOptions, Subscriber, catch_up_channel, lies_within, remote_catch_up,
 };
 
 /// `sluice-core`: re-batching, checksums, wire format, errors.

@@ -378,7 +378,21 @@ impl DeviceBatch {
         columns: &Columns,
         importer: Arc<ImporterCell>,
     ) -> Result<Self> {
-        let mut descriptor = DeviceDescriptor::decode(sample.bytes())?;
+        let descriptor = DeviceDescriptor::decode(sample.bytes())?;
+        Self::described(descriptor, Some(sample), rows, columns, importer)
+    }
+
+    /// A whole producer batch from its descriptor, which must agree with the message
+    /// header's `rows`; `sample`, where the descriptor came in one, pins the slot (a
+    /// transport without samples keeps the slot valid itself, see
+    /// [`crate::Carried::Device`]). Only `columns` of it are described.
+    pub(crate) fn described(
+        mut descriptor: DeviceDescriptor,
+        sample: Option<SamplePayload>,
+        rows: u64,
+        columns: &Columns,
+        importer: Arc<ImporterCell>,
+    ) -> Result<Self> {
         if let Some(indices) = columns.indices(&descriptor.schema)? {
             descriptor = descriptor.project(&indices)?;
         }
@@ -395,7 +409,7 @@ impl DeviceBatch {
             parts: vec![DevicePart {
                 _local: EXPORTED.lookup(&descriptor.mem_handle),
                 descriptor: Arc::new(descriptor),
-                _sample: Some(sample),
+                _sample: sample,
                 copy: None,
                 offset: 0,
                 rows,

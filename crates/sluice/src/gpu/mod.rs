@@ -5,12 +5,13 @@
 //! # The producer's side: `sluice.device = 'cuda:N'`
 //! The batches of a device topic are copied once into a ring of device slots
 //! (sluice-cuda's [`DeviceStager`]) and each message on the topic carries only the
-//! batch's [`sluice_cuda::DeviceDescriptor`]. The ring and the topic's messages are sized
+//! batch's [`sluice_cuda::DeviceDescriptor`]: the topic's [`outlet`]. The ring and the topic's messages are sized
 //! from the first batch, before anything is created, so that an over-budget ring fails
 //! before the topic exists.
 
 pub mod batch;
 pub mod host_copy;
+pub(crate) mod outlet;
 
 use arrow::record_batch::RecordBatch;
 use sluice_core::{DeviceSpec, Result};

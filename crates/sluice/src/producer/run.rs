@@ -14,6 +14,7 @@ use super::sizing::First;
 use super::source::{Message, Source};
 use super::{Progress, RunOptions, RunStats};
 use crate::checkpoint::CheckpointWriter;
+use crate::gpu::outlet::DeviceOutlet;
 
 /// Where a run's messages go: Arrow IPC in shared memory, or the device ring.
 pub(crate) enum Sink {
@@ -25,8 +26,9 @@ pub(crate) enum Sink {
 }
 
 impl Sink {
-    /// Publishes `message` of `epoch`; `more`: another message is ready at once (a burst,
-    /// see [`sluice_core::Burst`]). Returns the payload bytes written.
+    /// Publishes `message` of `epoch` through the topic's outlet; `more`: another message
+    /// is ready at once (a burst, see [`sluice_core::Burst`]). Returns the payload bytes
+    /// written (to shared memory or to the device).
     fn publish(
         &mut self,
         publisher: &mut TopicPublisher,
@@ -35,25 +37,21 @@ impl Sink {
         header_batch_rows: u32,
         more: bool,
     ) -> Result<u64> {
-        let rows = message.rows.num_rows() as u64;
+        let batch_rows = match message.batches {
+            1 => 0,
+            _ => header_batch_rows as usize,
+        };
+        let (index, rows) = (message.index, &message.rows);
         match self {
             Sink::Host => {
-                let batch_rows = match message.batches {
-                    1 => 0,
-                    _ => header_batch_rows as usize,
-                };
                 let before = publisher.payload_bytes();
-                publisher.message(epoch, message.index, batch_rows, &message.rows, more)?;
+                publisher.message(epoch, index, batch_rows, rows, more)?;
                 Ok(publisher.payload_bytes() - before)
             }
             Sink::Device(Some(stager)) => {
-                let mut bytes = 0;
-                publisher.publish_device_batch(epoch, message.index, rows, |chunk| {
-                    let (descriptor, used) = stager.stage(&message.rows, chunk)?;
-                    bytes = used;
-                    Ok(descriptor)
-                })?;
-                Ok(bytes)
+                let mut outlet = DeviceOutlet::new(publisher, stager);
+                outlet.message(epoch, index, batch_rows, rows, more)?;
+                Ok(outlet.staged)
             }
             // The ring is sized from the first batch; a plan whose first epoch has no
             // rows has nothing to size it with.

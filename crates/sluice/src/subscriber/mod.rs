@@ -14,12 +14,15 @@ use crate::cursor::Cursor;
 use crate::gpu::batch::DeviceBatch;
 use crate::status::{Reporter, SubscriberReport, unix_now};
 
+mod carried;
 mod catch_up;
 mod local;
 mod mask;
 mod payload;
 mod port;
 
+pub use carried::Carried;
+use carried::CarriedInlet;
 use catch_up::{Attach, CatchUp};
 pub use catch_up::{CatchUpSender, LoaderCatchUp, catch_up_channel, remote_catch_up};
 use local::LocalInlet;
@@ -357,21 +360,25 @@ impl Subscriber {
         Self::new(topic, shown, namespace, options, port, max_held, start)
     }
 
-    /// A subscriber of `topic` over any transport of host batches (`inlet`), with the
-    /// options' batch size, join and lag policy: the in-memory transport of
+    /// A subscriber of `topic` over any transport (`inlet`) of host batches
+    /// ([`RecordBatch`]) or of batches in device slots ([`Carried`]), with the options'
+    /// batch size, join, lag policy and columns: the in-memory transport of
     /// `sluice_core::delivery::memory`, or a transport of one's own. The conformance
     /// tests run every transport through this, the subscriber users run.
-    pub fn over(
+    pub fn over<P: Into<Carried> + 'static>(
         topic: &str,
         options: &SubscribeOptions,
-        inlet: Box<dyn Inlet<RecordBatch> + Send>,
+        inlet: Box<dyn Inlet<P> + Send>,
     ) -> Result<Self> {
         let name = TopicName::new(topic)?;
         let namespace = match options.namespace.clone() {
             Some(ns) => ns,
             None => Namespace::from_env()?,
         };
-        let port = Port::Other(Some(inlet));
+        let port = Port::Other(Some(Box::new(CarriedInlet::new(
+            inlet,
+            options.columns.clone(),
+        ))));
         let start = options.cursor.as_ref().map(Cursor::position);
         Self::new(
             name,

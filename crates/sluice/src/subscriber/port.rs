@@ -4,12 +4,12 @@
 
 use std::time::Duration;
 
-use arrow::record_batch::RecordBatch;
 use sluice_core::delivery::Inbound;
 use sluice_core::{Inlet, Result};
 use sluice_flight::FlightInlet;
 use sluice_shm::TopicSubscriber;
 
+use super::carried::CarriedInlet;
 use super::catch_up::CatchUp;
 use super::local::LocalInlet;
 use super::payload::Payload;
@@ -22,9 +22,9 @@ pub(crate) enum Port {
     /// memory (nothing to hand back early, so no limit on held batches), and it
     /// reconnects by itself (`ClientOptions::reconnect`). `None` once left.
     Remote(Option<Box<FlightInlet>>),
-    /// Any other transport of host batches (the in-memory one of the conformance tests);
-    /// `None` once left.
-    Other(Option<Box<dyn Inlet<RecordBatch> + Send>>),
+    /// A transport of one's own (the in-memory one of the conformance tests), of host
+    /// or device batches; `None` once left.
+    Other(Option<Box<CarriedInlet>>),
     /// Shared memory on this machine from a position of the subscriber's own: a
     /// catch-up, then the topic.
     CatchUp(Box<CatchUp>),
@@ -76,7 +76,7 @@ impl Inlet<Payload> for Port {
             Port::Local(local) => local.recv(timeout),
             Port::CatchUp(c) => c.recv(timeout),
             Port::Remote(Some(remote)) => Ok(remote.recv(timeout)?.map(Payload::private)),
-            Port::Other(Some(other)) => Ok(other.recv(timeout)?.map(Payload::private)),
+            Port::Other(Some(other)) => other.recv(timeout),
             Port::Remote(None) | Port::Other(None) => Ok(Inbound::EndOfStream),
         }
     }
