@@ -4,7 +4,7 @@
 //! Both sides serve the same pre-computed record batches (the dataset's plan, run once,
 //! re-batched), repeated for every epoch, to N consumers on threads of this process.
 //! Sluice: a topic publisher encodes each batch and writes it once into shared memory,
-//! an epoch's batches as one burst (`publish_batch_in_burst`: `sluice run` says `more`
+//! an epoch's batches as one burst (`publish_batches_in_burst`: `sluice run` says `more`
 //! while its next batch is ready, and here all are); each subscriber (the `Subscriber`
 //! API) decodes it in place. Flight: a tonic Flight server on 127.0.0.1 answers each
 //! client's `do_get` with the batches (`FlightDataEncoderBuilder`), each client

@@ -330,7 +330,7 @@ impl TopicPublisher {
     /// once per batch, as [`sluice_core::Burst`] decides. An owed wake-up is paid before
     /// the producer ever waits for a full queue, with the last batch of the burst
     /// (`more = false`), and with every control message.
-    pub fn publish_batch_in_burst(
+    pub(crate) fn publish_batch_in_burst(
         &mut self,
         epoch: u64,
         index: u64,
