@@ -332,8 +332,9 @@ fn a_killed_producer_makes_subscribers_fail_fast() {
     }
     let noticed = killed.elapsed();
     eprintln!("subscribers noticed the SIGKILL within {noticed:?}");
-    // The README's promise, with room for a loaded CI machine: ProducerLost within 5 s
-    // (figures in docs/benchmarks.md).
+    // The README's promise ("within about 100 ms"), with room for a loaded CI machine:
+    // ProducerLost within 5 s (figures in docs/history/benchmarks-2026-11.md, "Failure
+    // timings").
     assert!(
         noticed < Duration::from_secs(5),
         "ProducerLost took {noticed:?}"
