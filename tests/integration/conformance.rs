@@ -16,7 +16,7 @@
 //! device slots (a `cuda:N` topic's frames, over the in-memory transport).
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arrow::array::{Array, ArrayRef, Int64Array};
@@ -59,29 +59,63 @@ fn in_memory(n: usize) -> (Outlets, Inlets, Keep) {
 /// A `cuda:N` topic's frames over the in-memory transport: each batch goes as the
 /// descriptor of a device slot holding it (see [`Described`]), and subscribers get
 /// device batches, cut into their batch size as row ranges of the producer's batches.
+/// When the test is over, every slot's pin has been dropped.
 fn in_memory_device(n: usize) -> (Outlets, Inlets, Keep) {
     let (outlet, inlets) = memory::topic::<Carried>("conformance", WINDOW, n);
+    let pins = Arc::new(AtomicUsize::new(0));
     (
-        Box::new(Described(outlet)),
+        Box::new(Described {
+            outlet,
+            pins: pins.clone(),
+        }),
         inlets.into_iter().map(attach).collect(),
-        Box::new(()),
+        Box::new(AllPinsDropped(pins)),
     )
 }
 
 /// A device topic's outlet as the protocol sees it: each batch becomes the descriptor
 /// the producer's stager would publish for it (its real layout, from sluice-cuda's
-/// planner), one batch per message as on a device topic (the trait's `message`). No
-/// device memory is behind it: cutting, pacing, joining and ending device batches never
-/// read their slots (`DeviceBatch` opens one only when read), so the protocol's part
-/// needs none, and the GPU suite (`scripts/gpu-check.sh`) tests the slots themselves.
-/// Each descriptor names its batch's first id where a real one names its slot's
-/// generation: what lets a subscriber's row ranges be read back as ids.
-struct Described(memory::MemoryOutlet<Carried>);
+/// planner, encoded), one batch per message as on a device topic (the trait's
+/// `message`), with a pin that counts the batches whose slot is still held. No device
+/// memory is behind it: cutting, pacing, joining and ending device batches never read
+/// their slots (`DeviceBatch` opens one only when read), so the protocol's part needs
+/// none, and the GPU suite (`scripts/gpu-check.sh`) tests the slots themselves. Each
+/// descriptor names its batch's first id where a real one names its slot's generation:
+/// what lets a subscriber's row ranges be read back as ids.
+struct Described {
+    outlet: memory::MemoryOutlet<Carried>,
+    /// Pins not dropped yet.
+    pins: Arc<AtomicUsize>,
+}
+
+/// Holds a slot: counted while it lives.
+struct Pin(Arc<AtomicUsize>);
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Checks, as the test's topic goes, that every subscriber let go of every slot.
+struct AllPinsDropped(Arc<AtomicUsize>);
+
+impl Drop for AllPinsDropped {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            assert_eq!(
+                self.0.load(Ordering::SeqCst),
+                0,
+                "device slots still pinned"
+            );
+        }
+    }
+}
 
 impl Outlet<RecordBatch> for Described {
     fn batch(&mut self, epoch: u64, index: u64, payload: &RecordBatch) -> sluice::core::Result<()> {
         let planned = Planned::new(payload)?;
-        let first = payload
+        let ids = payload
             .column(0)
             .as_any()
             .downcast_ref::<Int64Array>()
@@ -92,7 +126,7 @@ impl Outlet<RecordBatch> for Described {
             device_ordinal: 0,
             device_uuid: DeviceUuid([7; 16]),
             slot: index as u32,
-            generation: first.values().first().map_or(0, |&id| id as u64),
+            generation: ids.values().first().map_or(0, |&id| id as u64),
             slot_bytes: planned.used_bytes(),
             used_bytes: planned.used_bytes(),
             rows: payload.num_rows() as u64,
@@ -101,29 +135,36 @@ impl Outlet<RecordBatch> for Described {
             schema: payload.schema(),
             nodes: planned.nodes().to_vec(),
         };
-        self.0.batch(epoch, index, &Carried::from(descriptor))
+        self.pins.fetch_add(1, Ordering::SeqCst);
+        let carried = Carried::Device {
+            descriptor: descriptor.encode()?,
+            pin: Arc::new(Pin(self.pins.clone())),
+        };
+        self.outlet.batch(epoch, index, &carried)
     }
 
     fn end_of_epoch(&mut self, epoch: u64, batches: u64, rows: u64) -> sluice::core::Result<()> {
-        self.0.end_of_epoch(epoch, batches, rows)
+        self.outlet.end_of_epoch(epoch, batches, rows)
     }
 
     fn end_of_stream(&mut self, epochs: u64) -> sluice::core::Result<()> {
-        self.0.end_of_stream(epochs)
+        self.outlet.end_of_stream(epochs)
     }
 }
 
 /// The ids of a device batch's rows, from the producer batch each part cuts (see
-/// [`Described`]).
+/// [`Described`]); each part's values lie where its descriptor's layout puts its rows.
 fn device_ids(batch: &sluice::DeviceBatch) -> Vec<i64> {
-    batch
-        .parts()
-        .iter()
-        .flat_map(|part| {
-            let first = part.descriptor().generation as i64;
-            part.rows().map(move |r| first + r as i64)
-        })
-        .collect()
+    let mut ids = Vec::new();
+    for part in batch.parts() {
+        let values = part.descriptor().nodes[0].buffers[0].offset;
+        let rows = part.rows();
+        let expected = values + 8 * rows.start as u64..values + 8 * rows.end as u64;
+        assert_eq!(part.tensor_bytes(0).unwrap(), expected);
+        let first = part.descriptor().generation as i64;
+        ids.extend(rows.map(|r| first + r as i64));
+    }
+    ids
 }
 
 /// Messages a subscriber's queue holds: a burst wakes subscribers at least every

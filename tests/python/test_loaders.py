@@ -739,6 +739,51 @@ def test_a_loader_read_one_item_per_row_stays_so_when_a_batch_would_fit_as_colum
     assert_same(sluice.structured(record), batch(3))
 
 
+def segmentation(i: int, n: int) -> Any:
+    """`collate_fn=lambda b: list(zip(*b))` over (image, mask) samples of one shape, whose
+    first dimension (3 channels, 3 classes) would also read as rows of columns."""
+    rng = np.random.default_rng(700 + i)
+    images = tuple(rng.random((3, 6, 6), dtype=np.float32) for _ in range(n))
+    masks = tuple(rng.integers(0, 2, (3, 6, 6)).astype(np.uint8) for _ in range(n))
+    return [images, masks]
+
+
+class SizedLoader(Loader):
+    """Says its batch size, as torch's `DataLoader` does."""
+
+    @property
+    def batch_size(self) -> int:
+        return self.rows
+
+
+def test_a_loader_s_batch_size_decides_a_first_batch_that_reads_two_ways(
+    topic: str, tmp_path: Path, run_python: Any
+) -> None:
+    """A list of a tuple of 8 images and one of 8 masks, all 3 x 6 x 6, fits as 16 columns
+    of 3 rows too; the loader says batches of 8, so it is 8 rows of (image, mask), and its
+    last batch of 5 is the same structure, not another one."""
+    loader = SizedLoader(segmentation, batches=3, rows=8, last=5)
+    alone, _ = sluice.loader.flatten(loader.make_batch(0))
+    assert alone.num_rows == 3, "without the loader's word, the columns fit first"
+    record, first = sluice.loader.flatten(loader.make_batch(0), rows=8)
+    assert record.num_rows == 8
+    last, structure = sluice.loader.flatten(loader.make_batch(2), like=first)
+    assert structure == first and last.num_rows == 5
+    _, received = shared_to(loader, ["none", "3"], topic, tmp_path, run_python)
+    expected = list(loader)
+    (batches,) = received["none"]
+    assert len(batches) == len(expected)
+    for k, (got, want) in enumerate(zip(batches, expected)):
+        assert_same(got, want, f"batch {k}")
+    (threes,) = received["3"]
+    assert [len(images) for images, _ in threes] == [3] * 7
+    got = [row for images, masks in threes for row in zip(images, masks)]
+    want = [row for images, masks in expected for row in zip(images, masks)]
+    assert len(got) == len(want) == 21
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert_same(g, w, f"row {k}")
+
+
 def test_what_a_batch_cannot_be_read_as_is_a_value_error_not_a_crash_or_an_import() -> None:
     """Two parts naming one column, and a namedtuple named by a topic's metadata that
     only a module's lazy import would find; an empty list beside rows stays one."""

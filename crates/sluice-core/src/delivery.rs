@@ -839,7 +839,8 @@ pub trait Outlet<P> {
     /// Batch `index` of `epoch`.
     fn batch(&mut self, epoch: u64, index: u64, payload: &P) -> Result<()>;
     /// Consecutive batches of `batch_rows` rows of `epoch` from batch `index` on (the
-    /// last may be shorter; `batch_rows` 0 is one batch), as one message where the
+    /// last may be shorter; `batch_rows` 0, or at least the payload's rows, is one
+    /// batch, and a payload of no rows is one empty batch), as one message where the
     /// transport carries messages of several batches (subscribers cut it, see
     /// [`Inbound::Batch`]); one by one where it does not. `more`: another message is
     /// ready to follow at once, so the transport may wake its subscribers once for the

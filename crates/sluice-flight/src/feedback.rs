@@ -30,7 +30,7 @@ pub const MAX_FEEDBACK_BYTES: usize = 256 << 20;
 const ROWS_PER_PUT: usize = 1 << 20;
 
 /// Sends `batches` of `trainer`'s reports on the topic `target` names to its server, in
-/// requests of at most [`ROWS_PER_PUT`] rows.
+/// requests of at most `ROWS_PER_PUT` rows (2^20).
 pub fn put_feedback(
     target: &FlightTarget,
     options: &ClientOptions,

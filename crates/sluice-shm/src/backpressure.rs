@@ -27,7 +27,7 @@ pub(crate) struct Wakeups {
     /// Notifies every subscriber's `ready` listener.
     ready: Notifier<Ipc>,
     /// Messages were sent whose wake-up is still owed (see
-    /// [`TopicPublisher::publish_batch_in_burst`]).
+    /// [`TopicPublisher::publish_batches_in_burst`]).
     owed: AtomicBool,
     /// Wake-ups paid so far ([`TopicPublisher::wakeups`]).
     count: AtomicU64,

@@ -40,7 +40,7 @@ pub enum Frame {
         beyond_max_held: bool,
     },
     /// A record batch as the producer encoded it, for a subscriber whose
-    /// [`BatchForm`] is encoded: its IPC messages, for [`wire::split`] and a decoder
+    /// [`BatchForm`] is encoded: its IPC messages, for [`sluice_core::wire::split`] and a decoder
     /// elsewhere, validated here or not as the form says.
     Encoded {
         /// Epoch, from 0.

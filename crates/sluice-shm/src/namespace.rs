@@ -51,7 +51,7 @@ pub struct Namespace {
 
 impl Namespace {
     /// The namespace from `SLUICE_NAMESPACE`, or the current user's (`u<uid>`, or a
-    /// private name where another user took that one first: [`default_name`]).
+    /// private name where another user took that one first: `default_name`).
     pub fn from_env() -> Result<Self> {
         match std::env::var("SLUICE_NAMESPACE") {
             Ok(name) if !name.is_empty() => Self::new(&name),

@@ -216,7 +216,7 @@ impl TopicPublisher {
     }
 
     /// Subscribers currently attached, but for those that left while their batches
-    /// still hold their ports (see [`crate::departure`]).
+    /// still hold their ports (see `departure.rs`).
     pub fn subscribers(&self) -> usize {
         let all = self.data.dynamic_config().number_of_subscribers();
         let departed = self.departed.ports();
@@ -343,7 +343,7 @@ impl TopicPublisher {
 
     /// Publishes a message of consecutive producer batches of `batch_rows` rows (the last
     /// may be shorter) from batch `index` on, already encoded as one record batch of
-    /// `rows` rows, as [`Self::publish_batch_in_burst`] publishes one. Subscribers cut it
+    /// `rows` rows, as `publish_batch_in_burst` publishes one. Subscribers cut it
     /// into its batches (`sluice_core::Receiver`): every cost per message, in the
     /// publisher and in each subscriber, is paid once for them all. `batch_rows` 0, or
     /// as many rows as the message, is one batch.
@@ -538,7 +538,7 @@ impl TopicPublisher {
     /// Loans `capacity` bytes (at least one), lets `fill` write a prefix of them (it gets
     /// the chunk's address and the header, and returns the prefix's length), zeroes the
     /// rest, and sends the message; wakes subscribers unless `defer_wake` and the burst
-    /// may grow (see [`TopicPublisher::publish_batch_in_burst`]).
+    /// may grow (see [`TopicPublisher::publish_batches_in_burst`]).
     pub(crate) fn send_with(
         &mut self,
         mut header: FrameHeader,

@@ -408,15 +408,21 @@ def _arrow(obj: Any) -> Any:
     return None
 
 
-def _columns(batch: Any, per_row_first: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def _columns(
+    batch: Any, per_row_first: bool, rows: int | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The structure and columns of a batch that is not Arrow data. Its tuples and lists
     are columns (or structures of them) unless that leaves the columns with different row
     counts, or items that are no column (a number per dict): then those whose items are
     of one kind are one item per row (`tuple(zip(*samples))`, torchvision's detection
     batches: a tuple of images of their own sizes and one of target dicts).
     ``per_row_first``: the loader's first batch was read so, and later ones whose columns
-    happen to fit are read as it was (a last batch of 3 images of 3 channels)."""
+    happen to fit are read as it was (a last batch of 3 images of 3 channels).
+    ``rows``: the loader's batch size, where it says one: where both readings fit, the one
+    with that many rows (columns of 3 rows from a tuple of 32 images of 3 channels fit,
+    but a batch of 32 is 32 images)."""
     errors: list[Exception] = []
+    fits: list[tuple[dict[str, Any], dict[str, Any]]] = []
     for per_row in (per_row_first, not per_row_first):
         columns: dict[str, Any] = {}
         try:
@@ -424,14 +430,23 @@ def _columns(batch: Any, per_row_first: bool) -> tuple[dict[str, Any], dict[str,
             mismatch = _rows_differ(columns)
         except (TypeError, ValueError, OverflowError, _pa().ArrowException) as e:
             mismatch = e
-        if mismatch is None:
+        if mismatch is not None:
+            errors.append(mismatch)
+        elif rows is None or _row_count(columns) == rows:
             return structure, columns
-        errors.append(mismatch)
+        else:
+            fits.append((structure, columns))
+    if fits:
+        return fits[0]
     first, second = errors
     if str(first) == str(second):
         raise first
-    rows = "read" if per_row_first else "read one item per row"
-    raise type(first)(f"{first} ({rows}: {second})") from first
+    how = "read" if per_row_first else "read one item per row"
+    raise type(first)(f"{first} ({how}: {second})") from first
+
+
+def _row_count(columns: dict[str, Any]) -> int | None:
+    return next((len(c) for c in columns.values()), None)
 
 
 def _has_rows(node: Any) -> bool:
@@ -450,17 +465,22 @@ def _rows_differ(columns: dict[str, Any]) -> ValueError | None:
     return None
 
 
-def flatten(batch: Any, like: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+def flatten(
+    batch: Any, like: dict[str, Any] | None = None, rows: int | None = None
+) -> tuple[Any, dict[str, Any]]:
     """One batch of a loader as a pyarrow RecordBatch carrying its structure, and the
     structure (see the module docs); ``like``: the structure of the loader's first batch,
-    read the same way where it fits."""
+    read the same way where it fits; ``rows``: for a first batch, the loader's batch size
+    (:func:`_batch_size`), which decides between two readings that both fit."""
     pa = _pa()
     arrow = _arrow(batch)
     if arrow is not None:
         structure: dict[str, Any] = {"arrow": True}
         metadata = dict(arrow.schema.metadata or {})
     else:
-        structure, columns = _columns(batch, like is not None and _has_rows(like))
+        structure, columns = _columns(
+            batch, like is not None and _has_rows(like), rows if like is None else None
+        )
         arrow = pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
         metadata = {}
     metadata[STRUCTURE_KEY] = json.dumps(structure).encode()
@@ -532,6 +552,7 @@ def _start(loader: Any, topic: str, epochs: int, resumable: bool, **settings: An
 def _feed(feeder: Feeder, loader: Any, epochs: int, stop: threading.Event | None = None) -> RunStats | None:
     """Feeds ``loader``'s epochs to ``feeder``; ``None`` if ``stop`` was set meanwhile."""
     first: dict[str, Any] | None = None
+    rows = _batch_size(loader)
     try:
         for epoch in range(epochs):
             _set_epoch(loader, epoch)
@@ -539,7 +560,7 @@ def _feed(feeder: Feeder, loader: Any, epochs: int, stop: threading.Event | None
                 if stop is not None and stop.is_set():
                     feeder.close()
                     return None
-                arrow, structure = flatten(batch, like=first)
+                arrow, structure = flatten(batch, like=first, rows=rows)
                 if first is None:
                     first = structure
                 elif structure != first:
@@ -621,6 +642,16 @@ class LoaderRun:
             raise failed
 
 
+def _batch_size(loader: Any) -> int | None:
+    """The rows of a loader's full batches where it says (a torch ``DataLoader``'s
+    ``batch_size``; ``None`` when its sampler batches, or for other iterables)."""
+    try:
+        size = getattr(loader, "batch_size", None)
+    except Exception:  # noqa: BLE001 - a loader's own property: no hint then
+        return None
+    return size if type(size) is int and size > 0 else None
+
+
 def _set_epoch(loader: Any, epoch: int) -> None:
     """Tells ``loader`` the epoch (``set_epoch``), or else its sampler (a ``DataLoader``
     over a ``DistributedSampler``, as a training loop would)."""
@@ -676,13 +707,13 @@ def _catch_up(sink: Any, factory: str, cwd: str, epochs: int, epoch: int, index:
     def run() -> None:
         try:
             loader = make()
-            first = None
+            first, size = None, _batch_size(loader)
             for e in range(epoch, epochs):
                 _set_epoch(loader, e)
                 batches = rows = 0
                 for i, batch in enumerate(loader):
                     # Skipped batches are made too: the epoch's end counts their rows.
-                    arrow, structure = flatten(batch, like=first)
+                    arrow, structure = flatten(batch, like=first, rows=size)
                     first = first or structure
                     batches, rows = batches + 1, rows + arrow.num_rows
                     if (e, i) >= (epoch, index) and not sink.send(e, i, arrow):

@@ -3,10 +3,11 @@
 //! A message on a device topic carries a [`DeviceDescriptor`]: the batch's buffers are
 //! in one of the producer's device slots. A [`DeviceBatch`] is a list of row ranges of
 //! such producer batches ([`DevicePart`]s): slicing one is arithmetic on row offsets, and a
-//! subscriber batch that spans two producer batches is two parts. Each part holds the
-//! shared-memory sample its descriptor came in, and the sample pins the device slot (the
-//! producer reuses a slot only when the chunk of its sample comes back, see
-//! `sluice_cuda::ledger`), so a part's rows stay valid as long as the part lives.
+//! subscriber batch that spans two producer batches is two parts. Each part holds what
+//! pins the device slot: the shared-memory sample its descriptor came in (the producer
+//! reuses a slot only when the chunk of its sample comes back, see `sluice_cuda::ledger`),
+//! or a transport's own pin ([`crate::Carried::Device`]), so a part's rows stay valid as
+//! long as the part lives.
 //!
 //! Nothing here touches the driver until [`DeviceBatch::import`] or
 //! [`DeviceBatch::to_host`]: the slot is opened by the descriptor's device UUID, once per
@@ -165,8 +166,9 @@ impl Drop for ImporterCell {
 #[derive(Clone)]
 pub struct DevicePart {
     descriptor: Arc<DeviceDescriptor>,
-    /// The sample the descriptor came in: it pins the slot (`None` for a copy).
-    _sample: Option<SamplePayload>,
+    /// What pins the slot: the sample the descriptor came in, or a transport's own pin
+    /// (`None` for a copy).
+    _pin: Option<KeptAlive>,
     /// The slot itself when this process exported it (the producer runs here, as a
     /// Python `sluice.Producer` in the trainer does): held from receipt, so the rows stay
     /// valid after that producer has finished and freed its ring, which it does without
@@ -233,7 +235,7 @@ impl DevicePart {
         i.device().record_on(stream, &ready)?;
         let private = DevicePart {
             descriptor: self.descriptor.clone(),
-            _sample: None,
+            _pin: None,
             _local: None,
             copy: Some(Arc::new(OwnedSlot { memory, ready })),
             offset: self.offset,
@@ -379,16 +381,16 @@ impl DeviceBatch {
         importer: Arc<ImporterCell>,
     ) -> Result<Self> {
         let descriptor = DeviceDescriptor::decode(sample.bytes())?;
-        Self::described(descriptor, Some(sample), rows, columns, importer)
+        Self::described(descriptor, Arc::new(sample), rows, columns, importer)
     }
 
-    /// A whole producer batch from its descriptor, which must agree with the message
-    /// header's `rows`; `sample`, where the descriptor came in one, pins the slot (a
-    /// transport without samples keeps the slot valid itself, see
-    /// [`crate::Carried::Device`]). Only `columns` of it are described.
+    /// A whole producer batch from its descriptor, decoded (and so validated) already,
+    /// which must agree with the message header's `rows`; `pin` keeps the slot from
+    /// being reused while the batch, or anything cut from it, lives. Only `columns` of it
+    /// are described.
     pub(crate) fn described(
         mut descriptor: DeviceDescriptor,
-        sample: Option<SamplePayload>,
+        pin: KeptAlive,
         rows: u64,
         columns: &Columns,
         importer: Arc<ImporterCell>,
@@ -409,7 +411,7 @@ impl DeviceBatch {
             parts: vec![DevicePart {
                 _local: EXPORTED.lookup(&descriptor.mem_handle),
                 descriptor: Arc::new(descriptor),
-                _sample: sample,
+                _pin: Some(pin),
                 copy: None,
                 offset: 0,
                 rows,
@@ -704,7 +706,7 @@ impl DeviceBatch {
             schema: descriptor.schema.clone(),
             parts: vec![DevicePart {
                 descriptor: Arc::new(descriptor),
-                _sample: None,
+                _pin: None,
                 _local: None,
                 copy: Some(Arc::new(copy)),
                 offset: 0,

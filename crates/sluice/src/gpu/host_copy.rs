@@ -5,8 +5,8 @@
 //! the CPU path and every subscriber does its own host-to-device copy. To make that copy
 //! an asynchronous DMA rather than a driver-staged copy from pageable memory, the
 //! shared-memory segment the batch lies in is registered as pinned host memory
-//! (`cuMemHostRegister`), once per segment and subscriber, a block of [`PIN_BLOCK`] bytes
-//! at a time where batches lie (see there why not the whole segment).
+//! (`cuMemHostRegister`), once per segment and subscriber, a block of `PIN_BLOCK` bytes
+//! (8 MiB) at a time where batches lie (see there why not the whole segment).
 //!
 //! iceoryx2 owns its mapping of the segment and unmaps it when it chooses; a registration
 //! must end before its pages are unmapped. So the segment's file is mapped again, by

@@ -5,9 +5,9 @@
 //! # The producer's side: `sluice.device = 'cuda:N'`
 //! The batches of a device topic are copied once into a ring of device slots
 //! (sluice-cuda's [`DeviceStager`]) and each message on the topic carries only the
-//! batch's [`sluice_cuda::DeviceDescriptor`]: the topic's [`outlet`]. The ring and the topic's messages are sized
-//! from the first batch, before anything is created, so that an over-budget ring fails
-//! before the topic exists.
+//! batch's [`sluice_cuda::DeviceDescriptor`] (the topic's outlet, `outlet.rs`). The ring
+//! and the topic's messages are sized from the first batch, before anything is created,
+//! so that an over-budget ring fails before the topic exists.
 
 pub mod batch;
 pub mod host_copy;

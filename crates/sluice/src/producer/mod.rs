@@ -45,7 +45,7 @@ pub struct RunOptions {
     pub stop: Arc<AtomicBool>,
     /// Resume from the checkpoint a crashed run left (from the beginning if there is none).
     pub resume: bool,
-    /// Where checkpoints go; `None`: [`Checkpoint::default_path`] of the topic.
+    /// Where checkpoints go; `None`: [`crate::Checkpoint::default_path`] of the topic.
     pub checkpoint: Option<PathBuf>,
 }
 

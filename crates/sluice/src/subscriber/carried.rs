@@ -2,6 +2,7 @@
 //! carries, rows in this process's memory or descriptors of batches in device slots,
 //! turned into the payload the delivery protocol cuts and hands out.
 
+use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,27 +16,42 @@ use crate::gpu::batch::{DeviceBatch, ImporterCell};
 
 /// A producer batch as a transport of one's own hands it to a subscriber
 /// ([`super::Subscriber::over`]).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum Carried {
     /// Rows in this process's memory.
     Host(RecordBatch),
-    /// A batch in one of a GPU topic's device slots, as its descriptor names it. The
-    /// subscriber hands it out as [`crate::Event::DeviceBatch`] and opens the slot only
-    /// when the batch is read; the transport must keep the slot's bytes unchanged until
-    /// the subscriber has dropped every batch cut from it (shared memory does so by
-    /// handing the producer back the message the descriptor came in only then).
-    Device(Box<DeviceDescriptor>),
+    /// A batch in one of a GPU topic's device slots. The subscriber hands it out as
+    /// [`crate::Event::DeviceBatch`] and opens the slot only when the batch is read.
+    Device {
+        /// The batch's descriptor as a producer encodes it
+        /// ([`sluice_cuda::DeviceDescriptor::encode`]); decoded on receipt, which checks
+        /// it as one from shared memory is checked (every buffer inside the slot's used
+        /// bytes, the layout matching the schema): a corrupt one is an error, not a read
+        /// out of bounds.
+        descriptor: Vec<u8>,
+        /// Held by every batch cut from this one and every column view of it, and
+        /// dropped with the last: the slot's bytes must not change until then, so a
+        /// transport reuses the slot only after its pin is dropped (shared memory's pin
+        /// is the message the descriptor came in, which goes back to the producer then).
+        pin: Arc<dyn Any + Send + Sync>,
+    },
+}
+
+impl std::fmt::Debug for Carried {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Host(batch) => f.debug_tuple("Host").field(batch).finish(),
+            Self::Device { descriptor, .. } => f
+                .debug_struct("Device")
+                .field("descriptor_bytes", &descriptor.len())
+                .finish_non_exhaustive(),
+        }
+    }
 }
 
 impl From<RecordBatch> for Carried {
     fn from(batch: RecordBatch) -> Self {
         Self::Host(batch)
-    }
-}
-
-impl From<DeviceDescriptor> for Carried {
-    fn from(descriptor: DeviceDescriptor) -> Self {
-        Self::Device(Box::new(descriptor))
     }
 }
 
@@ -74,10 +90,11 @@ impl Inlet<Payload> for CarriedInlet {
         let (columns, importer) = (&self.columns, &self.importer);
         self.inlet.recv(timeout)?.try_map(|carried| match carried {
             Carried::Host(batch) => Ok(Payload::private(columns.project(batch)?)),
-            Carried::Device(descriptor) => {
+            Carried::Device { descriptor, pin } => {
+                let descriptor = DeviceDescriptor::decode(&descriptor)?;
                 let rows = descriptor.rows;
                 let batch =
-                    DeviceBatch::described(*descriptor, None, rows, columns, importer.clone())?;
+                    DeviceBatch::described(descriptor, pin, rows, columns, importer.clone())?;
                 Ok(Payload::Device(batch))
             }
         })
