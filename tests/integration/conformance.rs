@@ -597,3 +597,46 @@ conformance!(
     shared_memory,
     arrow_flight
 );
+
+/// A subscriber over a transport of its own gets the columns it names, in its order; a
+/// name the topic lacks is a clear error listing the topic's columns.
+#[test]
+fn a_subscriber_over_a_transport_of_its_own_gets_the_columns_it_names() {
+    let (mut outlet, inlets) = memory::topic::<RecordBatch>("conformance", WINDOW, 2);
+    let b: ArrayRef = Arc::new(Int64Array::from(vec![7, 8, 9]));
+    let batch = RecordBatch::try_from_iter([("a", ids(0, 3).column(0).clone()), ("b", b)]).unwrap();
+    outlet.batch(0, 0, &batch).unwrap();
+    outlet.end_of_epoch(0, 1, 3).unwrap();
+    outlet.end_of_stream(1).unwrap();
+    let named = |names: &[&str]| SubscribeOptions {
+        columns: sluice::Columns::Named(names.iter().map(|n| n.to_string()).collect()),
+        namespace: Some(sluice::Namespace::new("conformance").unwrap()),
+        ..SubscribeOptions::default()
+    };
+    let mut inlets = inlets.into_iter();
+    let mut sub = attach(inlets.next().unwrap())(&named(&["b", "a"]));
+    match sub
+        .next_event_within(Some(Duration::from_secs(30)))
+        .unwrap()
+    {
+        Event::Batch { batch: got, .. } => {
+            let names: Vec<_> = got
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect();
+            assert_eq!(names, ["b", "a"]);
+            assert_eq!(got.column(0), batch.column(1));
+        }
+        other => panic!("a batch, not {other:?}"),
+    }
+    let mut missing = attach(inlets.next().unwrap())(&named(&["c"]));
+    let err = missing
+        .next_event_within(Some(Duration::from_secs(30)))
+        .unwrap_err();
+    assert!(
+        matches!(err, sluice::SluiceError::Config(_)) && err.to_string().contains("a, b"),
+        "{err}"
+    );
+}
