@@ -199,9 +199,13 @@ def test_a_loaders_exception_reaches_every_subscriber(topic: str, tmp_path: Path
 
 
 class Changing:
+    """Images of another size next (multi-scale training: one structure), then of another
+    dtype (another structure)."""
+
     def __iter__(self) -> Any:
         yield images(0, 16)
         yield np.zeros((16, 3, 4, 4), dtype=np.float32), np.arange(16)
+        yield np.zeros((16, 3, 4, 4), dtype=np.float64), np.arange(16)
 
 
 def test_a_batch_of_another_structure_is_refused_naming_both(topic: str, tmp_path: Path, run_python: Any) -> None:
@@ -209,7 +213,7 @@ def test_a_batch_of_another_structure_is_refused_naming_both(topic: str, tmp_pat
     sub = run_python(SUBSCRIBER, topic, "none", str(out))
     with pytest.raises(ValueError, match="another structure") as raised:
         sluice.publish(Changing(), topic, epochs=1, min_subscribers=1, wait_timeout=60)
-    assert "[3, 4, 4]" in str(raised.value) and "[3, 8, 8]" in str(raised.value)
+    assert '"<f8"' in str(raised.value) and '"<f4"' in str(raised.value)
     _, err = sub.communicate(timeout=120)
     assert sub.returncode != 0 and "another structure" in err, err
 
@@ -784,6 +788,85 @@ def test_a_loader_s_batch_size_decides_a_first_batch_that_reads_two_ways(
         assert_same(g, w, f"row {k}")
 
 
+def features(i: int, n: int) -> Any:
+    """torch's `default_collate` of (x, y) samples: a *list* of x (n, 4) and y (n, 2),
+    which also reads as two rows of variable shape."""
+    rng = np.random.default_rng(800 + i)
+    return [rng.random((n, 4), dtype=np.float32), rng.random((n, 2), dtype=np.float32)]
+
+
+def test_a_default_collated_list_of_features_and_targets_is_columns_of_the_loader_s_rows(
+    topic: str, tmp_path: Path, run_python: Any
+) -> None:
+    """`[x (8, 4), y (8, 2)]` from a loader of batches of 8 is 8 rows of (x, y), its last
+    batch of 5 too, to a subscriber of the loader's batches and one of its own size."""
+    loader = SizedLoader(features, batches=3, rows=8, last=5)
+    stats, received = shared_to(loader, ["none", "3"], topic, tmp_path, run_python)
+    assert stats.rows == 21
+    expected = list(loader)
+    (batches,) = received["none"]
+    assert len(batches) == 3
+    for k, (got, want) in enumerate(zip(batches, expected)):
+        assert_same(got, want, f"batch {k}")
+    (threes,) = received["3"]
+    assert [len(x) for x, _ in threes] == [3] * 7
+    assert_same(concat(threes), concat(expected))
+
+
+def test_bools_missing_strings_and_empty_batches_round_trip() -> None:
+    """A bool label per row (bytes on the wire, bool again on receipt), captions with a
+    missing one (a null, back as None), and a batch of no rows."""
+    labels = np.array([True, False, True])
+    record, _ = sluice.loader.flatten((np.arange(3), labels))
+    assert_same(sluice.structured(record), (np.arange(3), labels))
+    captions = {"x": np.arange(3), "caption": ["a", None, "c"]}
+    record, _ = sluice.loader.flatten(captions)
+    assert_same(sluice.structured(record), captions)
+    empty = (np.zeros((0, 3, 4), dtype=np.float32), np.zeros(0, dtype=np.int64))
+    record, _ = sluice.loader.flatten(empty)
+    assert record.num_rows == 0
+    assert_same(sluice.structured(record), empty)
+
+
+SLOW_TRAINER = r"""
+import sys, time, sluice
+got = []
+with sluice.subscribe(sys.argv[1], timeout=60) as sub:
+    for epoch in sub.epochs():
+        for batch in epoch:
+            time.sleep(0.1)  # a training step
+            got.append(int(sluice.structured(batch)[0][0]))
+print(got, flush=True)
+"""
+
+
+class Growing:
+    """A sequence-length curriculum: 8 sequences a batch, 32 to 2048 tokens long over 40
+    batches; the topic's shared memory grows with them, each time a segment of its own."""
+
+    def __iter__(self) -> Any:
+        for i in range(40):
+            n = int(32 * 64 ** (i / 39))
+            yield [np.full(n - k, i, dtype=np.int64) for k in range(8)]
+
+
+def test_a_slow_trainer_gets_every_batch_of_messages_that_grew_after_the_publisher_finished(
+    topic: str, run_python: Any
+) -> None:
+    """The loader's 40 batches are all queued at once (a window of 64) and the trainer
+    takes 4 s for them: the publisher, done at once, waits while the trainer still takes
+    messages (it says so every 16, 1.6 s here; the linger of 2.5 s bounds a wait without
+    that), so batches in segments the trainer had not mapped yet are not lost with it."""
+    trainer = run_python(SLOW_TRAINER, topic)
+    stats = sluice.publish(
+        Growing(), topic, min_subscribers=1, wait_timeout=60, linger=2.5, window=64
+    )
+    assert stats.batches == 40
+    out, err = trainer.communicate(timeout=120)
+    assert trainer.returncode == 0, err
+    assert out.strip() == str(list(range(40)))
+
+
 def test_what_a_batch_cannot_be_read_as_is_a_value_error_not_a_crash_or_an_import() -> None:
     """Two parts naming one column, and a namedtuple named by a topic's metadata that
     only a module's lazy import would find; an empty list beside rows stays one."""
@@ -1009,3 +1092,42 @@ def test_lists_of_numbers_or_strings_become_what_pyarrow_makes_of_them() -> None
         got = _scalars(values)
         assert got.type == expected.type and got.to_pylist()[:1] == expected.to_pylist()[:1], values
         assert str(got) == str(expected), values
+
+
+class Padded:
+    """Token ids padded to each batch's longest row (Hugging Face's
+    `DataCollatorWithPadding`): `(B, L)` with L of its own per batch."""
+
+    batch_size = 4
+
+    def __iter__(self) -> Any:
+        for i in range(5):
+            rows, length = (4 if i < 4 else 2), 3 + 2 * i
+            yield {
+                "input_ids": np.full((rows, length), i, dtype=np.int64),
+                "attention_mask": np.ones((rows, length), dtype=np.bool_),
+                "label": np.arange(rows),
+            }
+
+
+def test_batches_padded_to_their_own_length_reach_a_trainer_of_the_loader_s_batches(
+    topic: str, tmp_path: Path, run_python: Any
+) -> None:
+    """One structure whatever each batch's padded length: a trainer of the loader's
+    batches gets each as it was; one of its own batch size is told to keep them, since
+    rows of two lengths make no tensor."""
+    loader = Padded()
+    _, received = shared_to(loader, ["none"], topic, tmp_path, run_python)
+    (batches,) = received["none"]
+    expected = list(loader)
+    assert len(batches) == len(expected)
+    for k, (got, want) in enumerate(zip(batches, expected)):
+        assert_same(got, want, f"batch {k}")
+    thread, done = _publish_in_background(loader, f"{topic}-own", min_subscribers=1, wait_timeout=60)
+    with sluice.subscribe(f"{topic}-own", batch_size=3, timeout=60) as sub:
+        with pytest.raises(sluice.SluiceError, match="keep the producer's batches"):
+            for epoch in sub.epochs():
+                for _ in epoch:
+                    pass
+    thread.join(timeout=60)
+    assert not thread.is_alive()

@@ -41,7 +41,7 @@ enum Command {
         /// Give up waiting for --min-subscribers after this many seconds.
         #[arg(long)]
         wait_timeout: Option<f64>,
-        /// After the end of the stream, wait up to this many seconds for subscribers to finish reading.
+        /// After the end of the stream, wait for subscribers to finish reading; give up after this many seconds in which none takes a message.
         #[arg(long, default_value_t = 10.0)]
         linger: f64,
         /// Override sluice.topic.

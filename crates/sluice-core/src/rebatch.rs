@@ -48,12 +48,42 @@ impl Rows for RecordBatch {
             .first()
             .map(RecordBatch::schema)
             .ok_or_else(|| SluiceError::Internal("concatenating no batches".into()))?;
+        if let Some(other) = parts.iter().find(|p| !same_columns(&schema, &p.schema())) {
+            return Err(SluiceError::Config(format!(
+                "the producer's batches change their columns' types from one batch to the \
+                 next (a loader that pads each batch to its own longest row, say: {} then \
+                 {}), so rows of two of them cannot make one batch: keep the producer's \
+                 batches (no batch size of your own)",
+                describe(&schema),
+                describe(&other.schema()),
+            )));
+        }
         Ok(concat_batches(&schema, &parts)?)
     }
 
     fn to_private(&self) -> Result<Option<Self>> {
         Ok(Some(deep_copy(self)?))
     }
+}
+
+/// Whether batches of these schemas join into one: the same columns with the same types
+/// and field metadata (an extension type's, such as a tensor's shape). Nullability and the
+/// schemas' own metadata (a loader's structure) may differ.
+fn same_columns(a: &arrow::datatypes::Schema, b: &arrow::datatypes::Schema) -> bool {
+    a.fields().len() == b.fields().len()
+        && a.fields().iter().zip(b.fields().iter()).all(|(x, y)| {
+            x.name() == y.name() && x.data_type() == y.data_type() && x.metadata() == y.metadata()
+        })
+}
+
+/// A schema's columns as `name: type`, for errors.
+fn describe(schema: &arrow::datatypes::Schema) -> String {
+    let fields: Vec<String> = schema
+        .fields()
+        .iter()
+        .map(|f| format!("{}: {}", f.name(), f.data_type()))
+        .collect();
+    fields.join(", ")
 }
 
 /// Re-batches a stream to exactly `target_rows` rows per batch.
@@ -317,6 +347,36 @@ mod tests {
 
     use super::*;
     use crate::Checksum;
+
+    /// Rows of one column `x` of `width` values each, the field carrying `shape` as a
+    /// tensor's extension metadata.
+    fn tensors(rows: usize, width: i32, shape: &str) -> RecordBatch {
+        use arrow::array::FixedSizeListArray;
+        use arrow::datatypes::{Field, Schema};
+        let values = Int64Array::from_iter_values(0..(rows as i64 * width as i64));
+        let item = Arc::new(Field::new("item", arrow::datatypes::DataType::Int64, false));
+        let list = FixedSizeListArray::new(item, width, Arc::new(values), None);
+        let field = Field::new("x", list.data_type().clone(), false)
+            .with_metadata([("ARROW:extension:metadata".to_string(), shape.to_string())].into());
+        RecordBatch::try_new(Arc::new(Schema::new(vec![field])), vec![Arc::new(list)]).unwrap()
+    }
+
+    /// Batches whose columns change type (a loader padding each batch to its own length)
+    /// or tensor shape (the same values, shaped otherwise) are not joined: an error that
+    /// says to keep the producer's batches, never rows read with another batch's shape.
+    #[test]
+    fn batches_of_other_column_types_or_shapes_are_a_clear_error_not_joined() {
+        for other in [tensors(2, 5, "[5]"), tensors(2, 6, "[3, 2]")] {
+            let err = RecordBatch::concat(vec![tensors(2, 6, "[2, 3]"), other]).unwrap_err();
+            assert!(matches!(err, SluiceError::Config(_)), "{err}");
+            assert!(
+                err.to_string().contains("keep the producer's batches"),
+                "{err}"
+            );
+        }
+        let same = RecordBatch::concat(vec![tensors(2, 6, "[2, 3]"), tensors(1, 6, "[2, 3]")]);
+        assert_eq!(same.unwrap().num_rows(), 3);
+    }
 
     /// Every buffer of `data` and of its children, dictionaries and null masks.
     fn all_buffers(data: &ArrayData, out: &mut Vec<(usize, usize)>) {

@@ -183,7 +183,8 @@ impl PyProducer {
     /// Keyword arguments override the plan's `SET sluice.*` options: `topic`, `epochs`,
     /// `batch_rows`, `min_subscribers` (subscribers to wait for before the first batch).
     /// `wait_timeout`: give up waiting for them after this many seconds. `linger`: after
-    /// the last batch, wait up to this many seconds for subscribers to read it all.
+    /// the last batch, wait for subscribers to read it all, giving up after this many
+    /// seconds in which none takes a message.
     ///
     /// Raises `PlanError` (with file:line:column) for a bad plan.
     #[new]

@@ -586,21 +586,32 @@ impl TopicPublisher {
         }
     }
 
-    /// Waits (bounded by `timeout`) until every subscriber has read everything, so that a
-    /// clean exit does not cut off the end of the stream. Call it before dropping the
-    /// publisher: what it queued for a subscriber that has not received from it yet goes
-    /// with it (iceoryx2 maps a publisher's segment on a subscriber's first receive from
-    /// it), and that subscriber gets [`SluiceError::ProducerLost`](sluice_core::SluiceError::ProducerLost).
-    pub fn drain(&self, timeout: Duration) {
-        let start = Instant::now();
+    /// Waits until every subscriber has read everything, so that a clean exit does not
+    /// cut off the end of the stream; `quiet` bounds a wait in which no subscriber takes
+    /// a message (one that stopped reading), not the wait for a slow one that still reads.
+    /// Call it before dropping the publisher: what it queued for a subscriber that has
+    /// not received from it yet goes with it (iceoryx2 maps a publisher's segment on a
+    /// subscriber's first receive from it, and a segment grown for larger messages is a
+    /// new one), and that subscriber gets
+    /// [`SluiceError::ProducerLost`](sluice_core::SluiceError::ProducerLost).
+    pub fn drain(&self, quiet: Duration) {
+        let mut heard = Instant::now();
         // Subscribers detach after the end of the stream; dead ones are reclaimed (every
         // RECLAIM_EVERY, as in `wait_for_subscribers`).
-        while self.subscribers() > 0 && start.elapsed() < timeout {
+        while self.subscribers() > 0 && heard.elapsed() < quiet {
             // A subscriber that attached meanwhile gets the topic's history (and with it
             // the end of the stream) only when the publisher looks at its connections,
             // which it otherwise does only when it sends.
             let _ = self.publisher.update_connections();
-            let _ = self.released.timed_wait(|_| {}, DEAD_CHECK_INTERVAL);
+            // Subscribers say on `released` that they took messages (at least every
+            // quarter queue, and when theirs runs empty).
+            let mut progress = false;
+            let _ = self
+                .released
+                .timed_wait(|_| progress = true, DEAD_CHECK_INTERVAL);
+            if progress {
+                heard = Instant::now();
+            }
             self.namespace.reclaim_dead_now_and_then();
         }
     }

@@ -90,18 +90,29 @@ def _column(name: str, array: np.ndarray, lib: str) -> tuple[Any, dict[str, Any]
             f"'{name}' is an array of {array.dtype}: publish arrays of numbers, and strings "
             "as a list of str"
         )
+    if array.dtype == np.bool_:
+        # Arrow tensors and booleans hold bits, which no tensor views: one byte per
+        # value, seen as bool again on receipt (the leaf's dtype).
+        array = array.view(np.uint8)
     if array.ndim == 1:
         return pa.array(array), leaf
-    if array.dtype == np.bool_:
-        # Arrow tensors hold no bits: one byte per value, seen as bool again on receipt.
-        array = array.view(np.uint8)
+    if len(array) == 0:
+        # pyarrow builds no tensor array from an empty ndarray: its storage, empty.
+        size = int(np.prod(array.shape[1:]))
+        value = pa.from_numpy_dtype(array.dtype)
+        storage = pa.array([], type=pa.list_(value, size))
+        return pa.ExtensionArray.from_storage(pa.fixed_shape_tensor(value, array.shape[1:]), storage), leaf
     tensor = pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(array))
     return tensor, leaf
 
 
-def _flatten(obj: Any, path: str, columns: dict[str, Any], per_row: bool = False) -> dict[str, Any]:
+def _flatten(
+    obj: Any, path: str, columns: dict[str, Any], per_row: bool = False, lists: bool = False
+) -> dict[str, Any]:
     """The structure of ``obj``; its columns added to ``columns`` by name. ``per_row``:
-    a tuple or list of items of one kind is one item per row (see :func:`flatten`)."""
+    a tuple or list of items of one kind is one item per row (see :func:`flatten`).
+    ``lists`` (without ``per_row``): a list of arrays of one first dimension whose other
+    dimensions differ (`[x (B, 4), y (B, 2)]`) is columns, not rows of variable shape."""
     def name_of(part: str) -> str:
         return f"{path}.{part}" if path else part
 
@@ -119,7 +130,7 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any], per_row: bool = False
         for key, value in obj.items():
             if not isinstance(key, str):
                 raise TypeError(f"dict keys must be strings to name columns, not {key!r}")
-            items.append([key, _flatten(value, name_of(key), columns, per_row)])
+            items.append([key, _flatten(value, name_of(key), columns, per_row, lists)])
         return {"dict": items}
     if isinstance(obj, tuple) and _is_namedtuple(type(obj)) and not _scalars_only(obj):
         # A record of fields (a loader's `Batch(images=..., labels=...)`), never a column
@@ -128,21 +139,22 @@ def _flatten(obj: Any, path: str, columns: dict[str, Any], per_row: bool = False
         fields = list(cls._fields)
         return {
             "namedtuple": [cls.__module__, cls.__qualname__, fields],
-            "tuple": [_flatten(v, name_of(f), columns, per_row) for f, v in zip(fields, obj)],
+            "tuple": [_flatten(v, name_of(f), columns, per_row, lists) for f, v in zip(fields, obj)],
         }
-    if isinstance(obj, list) and _ragged(obj):
+    if isinstance(obj, list) and _ragged(obj) and (per_row or not lists or not _one_length(obj)):
         return _ragged_column(path or "0", obj, columns)
     if isinstance(obj, (list, tuple)):
         if _scalars_only(obj):
             name = path or "0"
             _add(columns, name, _scalars(list(obj)))
-            leaf = {"col": name, "lib": "list", "kind": type(obj[0]).__name__}
+            kind = next(type(v) for v in obj if v is not None)
+            leaf = {"col": name, "lib": "list", "kind": kind.__name__}
             if isinstance(obj, tuple):
                 leaf["seq"] = "tuple"  # `tuple(zip(*samples))`'s labels come back a tuple
             return leaf
         kind = "tuple" if isinstance(obj, tuple) else "list"
         if not (per_row and _one_kind(obj)):
-            return {kind: [_flatten(v, name_of(str(i)), columns, per_row) for i, v in enumerate(obj)]}
+            return {kind: [_flatten(v, name_of(str(i)), columns, per_row, lists) for i, v in enumerate(obj)]}
         if not _tuples(obj):
             return {"rows": _row_items(path or "0", list(obj), columns), "kind": kind}
         return _fields_or_samples(obj, path or "0", columns)
@@ -285,7 +297,10 @@ def _as_numpy_dtype(array: Any, leaf: dict[str, Any]) -> Any:
 
 
 def _scalars_only(items: Any) -> bool:
-    return bool(items) and all(isinstance(v, _SCALARS) for v in items)
+    """Numbers or strings, some of them missing (``None``: a null, back as ``None``)."""
+    return any(isinstance(v, _SCALARS) for v in items) and all(
+        v is None or isinstance(v, _SCALARS) for v in items
+    )
 
 
 def _is_namedtuple(cls: type) -> bool:
@@ -353,6 +368,10 @@ def _ragged(obj: list[Any]) -> bool:
     return obj[0].ndim >= 1 and len({tuple(v.shape) for v in obj}) > 1
 
 
+def _one_length(arrays: list[Any]) -> bool:
+    return len({len(a) for a in arrays}) == 1
+
+
 def _ragged_column(name: str, rows: list[Any], columns: dict[str, Any]) -> dict[str, Any]:
     """Rows of variable shape as a list column of their values (``name``) and one of
     their shapes (``name.shape``)."""
@@ -409,36 +428,50 @@ def _arrow(obj: Any) -> Any:
 
 
 def _columns(
-    batch: Any, per_row_first: bool, rows: int | None = None
+    batch: Any, like: dict[str, Any] | None = None, rows: int | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The structure and columns of a batch that is not Arrow data. Its tuples and lists
     are columns (or structures of them) unless that leaves the columns with different row
     counts, or items that are no column (a number per dict): then those whose items are
     of one kind are one item per row (`tuple(zip(*samples))`, torchvision's detection
-    batches: a tuple of images of their own sizes and one of target dicts).
-    ``per_row_first``: the loader's first batch was read so, and later ones whose columns
-    happen to fit are read as it was (a last batch of 3 images of 3 channels).
-    ``rows``: the loader's batch size, where it says one: where both readings fit, the one
-    with that many rows (columns of 3 rows from a tuple of 32 images of 3 channels fit,
-    but a batch of 32 is 32 images)."""
+    batches: a tuple of images of their own sizes and one of target dicts). A list of
+    arrays of one dtype and rank whose shapes differ is rows of variable shape.
+    ``like``: the structure of the loader's first batch; a later batch is read as it was
+    where it can be (a last batch of 3 images of 3 channels would fit as columns too).
+    ``rows``: for a first batch, the loader's batch size where it says one: where more
+    than one reading fits, the one with that many rows (a tuple of 32 images of 3
+    channels fits as columns of 3 rows, but a batch of 32 is 32 images; `[x (32, 4),
+    y (32, 2)]`, torch's `default_collate` of (x, y) samples, is 32 rows, not 2)."""
+    # (per_row, lists), the way the first batch was read first: each reading is a copy of
+    # a ragged list's values.
+    readings = [(False, False), (True, False), (False, True)]
+    per_row_first = like is not None and _has(like, "rows")
+    if per_row_first:
+        readings = [(True, False), (False, False), (False, True)]
+    elif like is not None and not _has(like, "ragged"):
+        readings = [(False, True), (False, False), (True, False)]
     errors: list[Exception] = []
     fits: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    for per_row in (per_row_first, not per_row_first):
+    for per_row, lists in readings:
+        if lists and not (rows is not None or like is not None):
+            break  # without a word from the loader, such lists are rows, as before
         columns: dict[str, Any] = {}
         try:
-            structure = _flatten(batch, "", columns, per_row)
+            structure = _flatten(batch, "", columns, per_row, lists)
             mismatch = _rows_differ(columns)
         except (TypeError, ValueError, OverflowError, _pa().ArrowException) as e:
             mismatch = e
         if mismatch is not None:
             errors.append(mismatch)
-        elif rows is None or _row_count(columns) == rows:
+        elif like is not None and _shapeless(structure) == _shapeless(like):
+            return structure, columns
+        elif like is None and (rows is None or _row_count(columns) == rows):
             return structure, columns
         else:
             fits.append((structure, columns))
     if fits:
         return fits[0]
-    first, second = errors
+    first, second = errors[0], errors[1]
     if str(first) == str(second):
         raise first
     how = "read" if per_row_first else "read one item per row"
@@ -449,12 +482,23 @@ def _row_count(columns: dict[str, Any]) -> int | None:
     return next((len(c) for c in columns.values()), None)
 
 
-def _has_rows(node: Any) -> bool:
-    """Whether a structure reads some tuple or list as one item per row."""
+def _shapeless(node: Any) -> Any:
+    """A structure without its row shapes: batches padded to their own longest row (a
+    `(B, L)` of token ids, L per batch) are one structure; each batch carries its own."""
     if isinstance(node, dict):
-        return "rows" in node or any(_has_rows(v) for v in node.values())
+        return {k: _shapeless(v) for k, v in node.items() if not (k == "shape" and "col" in node)}
     if isinstance(node, list):
-        return any(_has_rows(v) for v in node)
+        return [_shapeless(v) for v in node]
+    return node
+
+
+def _has(node: Any, key: str) -> bool:
+    """Whether a structure reads some tuple or list as one item per row (``"rows"``), or
+    some list as rows of variable shape (``"ragged"``)."""
+    if isinstance(node, dict):
+        return key in node or any(_has(v, key) for v in node.values())
+    if isinstance(node, list):
+        return any(_has(v, key) for v in node)
     return False
 
 
@@ -478,9 +522,7 @@ def flatten(
         structure: dict[str, Any] = {"arrow": True}
         metadata = dict(arrow.schema.metadata or {})
     else:
-        structure, columns = _columns(
-            batch, like is not None and _has_rows(like), rows if like is None else None
-        )
+        structure, columns = _columns(batch, like, rows if like is None else None)
         arrow = pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
         metadata = {}
     metadata[STRUCTURE_KEY] = json.dumps(structure).encode()
@@ -563,7 +605,7 @@ def _feed(feeder: Feeder, loader: Any, epochs: int, stop: threading.Event | None
                 arrow, structure = flatten(batch, like=first, rows=rows)
                 if first is None:
                     first = structure
-                elif structure != first:
+                elif _shapeless(structure) != _shapeless(first):
                     raise ValueError(
                         f"a batch of the loader has another structure than the first: "
                         f"{json.dumps(structure)} instead of {json.dumps(first)}"

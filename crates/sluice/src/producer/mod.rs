@@ -39,7 +39,9 @@ pub struct RunOptions {
     pub min_subscribers: Option<usize>,
     /// Give up waiting for `min_subscribers` after this long.
     pub subscriber_timeout: Option<Duration>,
-    /// After the end of the stream, wait up to this long for subscribers to read it all.
+    /// After the end of the stream, wait for subscribers to read it all, giving up after
+    /// this long without a subscriber taking a message (a slow one that reads is waited
+    /// for: what is queued for it may go with the producer).
     pub linger: Duration,
     /// Set to stop the run early (Ctrl-C); subscribers are told the producer stopped.
     pub stop: Arc<AtomicBool>,
