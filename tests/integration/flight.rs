@@ -191,11 +191,28 @@ fn a_killed_remote_subscriber_does_not_hold_the_others_back() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    std::thread::sleep(Duration::from_millis(600));
+    // …and once the producer has seen both and started: on a loaded machine both were
+    // once attached for 600 ms before the producer looked, and it then waited for two.
+    let start = Instant::now();
+    while !publishing(&h, "leaver") {
+        assert!(start.elapsed() < LIMIT, "the producer did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     slow.kill9();
     assert_exactly_once(&other.wait(LIMIT), 2, rows, &sum);
     assert!(producer.wait(LIMIT).status.success());
     server.kill9();
+}
+
+/// Whether the producer of `topic` has stopped waiting for its subscribers (its status,
+/// as `sluice status` shows it).
+fn publishing(h: &Harness, topic: &str) -> bool {
+    sluice::status::snapshot(&h.ns)
+        .unwrap_or_default()
+        .iter()
+        .filter(|t| t.topic == topic)
+        .filter_map(|t| t.producer.as_ref())
+        .any(|p| p.state != "waiting")
 }
 
 /// A wrong or missing token is refused (exit code 2) with a message that says what to
