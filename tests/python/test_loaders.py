@@ -1131,3 +1131,18 @@ def test_batches_padded_to_their_own_length_reach_a_trainer_of_the_loader_s_batc
                     pass
     thread.join(timeout=60)
     assert not thread.is_alive()
+
+
+def test_later_batches_read_as_the_first_where_they_can_and_ranks_do_not_change() -> None:
+    """A loader of token sequences of their own lengths whose last batch is one sequence,
+    or sequences of one length, keeps its rows of variable shape; a column whose rank
+    changes (labels (B,) then (B, 1)) is another structure, not a padded length."""
+    _, first = sluice.loader.flatten([np.arange(3), np.arange(5)])
+    for later in ([np.arange(7)], [np.arange(4), np.arange(4)]):
+        record, structure = sluice.loader.flatten(later, like=first)
+        assert structure == first and record.num_rows == len(later)
+        assert_same(sluice.structured(record), later)
+    x = np.zeros((4, 3), dtype=np.float32)
+    _, flat = sluice.loader.flatten((x, np.arange(4)))
+    _, column = sluice.loader.flatten((x, np.arange(4).reshape(4, 1)), like=flat)
+    assert sluice.loader._shapeless(column) != sluice.loader._shapeless(flat)

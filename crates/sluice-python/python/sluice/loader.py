@@ -107,12 +107,14 @@ def _column(name: str, array: np.ndarray, lib: str) -> tuple[Any, dict[str, Any]
 
 
 def _flatten(
-    obj: Any, path: str, columns: dict[str, Any], per_row: bool = False, lists: bool = False
+    obj: Any, path: str, columns: dict[str, Any], per_row: bool = False, lists: str = "auto"
 ) -> dict[str, Any]:
     """The structure of ``obj``; its columns added to ``columns`` by name. ``per_row``:
     a tuple or list of items of one kind is one item per row (see :func:`flatten`).
-    ``lists`` (without ``per_row``): a list of arrays of one first dimension whose other
-    dimensions differ (`[x (B, 4), y (B, 2)]`) is columns, not rows of variable shape."""
+    ``lists``: how a list of arrays of one dtype and rank reads: ``"auto"``, rows of
+    variable shape where their shapes differ; ``"columns"`` (without ``per_row``), columns
+    where they have one first dimension (`[x (B, 4), y (B, 2)]`); ``"rows"``, rows of
+    variable shape even where the shapes agree (a last batch of one token sequence)."""
     def name_of(part: str) -> str:
         return f"{path}.{part}" if path else part
 
@@ -141,7 +143,7 @@ def _flatten(
             "namedtuple": [cls.__module__, cls.__qualname__, fields],
             "tuple": [_flatten(v, name_of(f), columns, per_row, lists) for f, v in zip(fields, obj)],
         }
-    if isinstance(obj, list) and _ragged(obj) and (per_row or not lists or not _one_length(obj)):
+    if isinstance(obj, list) and _list_of_rows(obj, per_row, lists):
         return _ragged_column(path or "0", obj, columns)
     if isinstance(obj, (list, tuple)):
         if _scalars_only(obj):
@@ -368,6 +370,15 @@ def _ragged(obj: list[Any]) -> bool:
     return obj[0].ndim >= 1 and len({tuple(v.shape) for v in obj}) > 1
 
 
+def _list_of_rows(obj: list[Any], per_row: bool, lists: str) -> bool:
+    """Whether a list is rows of variable shape, one array each (see :func:`_flatten`)."""
+    if lists == "rows":
+        return bool(obj) and _arrays_of_one_kind(obj) and obj[0].ndim >= 1
+    if not _ragged(obj):
+        return False
+    return per_row or lists != "columns" or not _one_length(obj)
+
+
 def _one_length(arrays: list[Any]) -> bool:
     return len({len(a) for a in arrays}) == 1
 
@@ -442,19 +453,20 @@ def _columns(
     than one reading fits, the one with that many rows (a tuple of 32 images of 3
     channels fits as columns of 3 rows, but a batch of 32 is 32 images; `[x (32, 4),
     y (32, 2)]`, torch's `default_collate` of (x, y) samples, is 32 rows, not 2)."""
-    # (per_row, lists), the way the first batch was read first: each reading is a copy of
-    # a ragged list's values.
-    readings = [(False, False), (True, False), (False, True)]
-    per_row_first = like is not None and _has(like, "rows")
-    if per_row_first:
-        readings = [(True, False), (False, False), (False, True)]
-    elif like is not None and not _has(like, "ragged"):
-        readings = [(False, True), (False, False), (True, False)]
-    errors: list[Exception] = []
+    # (per_row, lists), the way the first batch was probably read first: each reading
+    # is a copy of a ragged list's values.
+    readings = [(False, "auto"), (True, "auto"), (False, "columns")]
+    if like is not None and _has(like, "rows"):
+        readings = [(True, "auto"), (False, "auto"), (False, "columns")]
+    elif like is not None and _has(like, "ragged"):
+        readings = [(False, "auto"), (True, "auto"), (False, "columns"), (False, "rows")]
+    elif like is not None:
+        readings = [(False, "columns"), (False, "auto"), (True, "auto")]
+    errors: list[tuple[bool, Exception]] = []
     fits: list[tuple[dict[str, Any], dict[str, Any]]] = []
     for per_row, lists in readings:
-        if lists and not (rows is not None or like is not None):
-            break  # without a word from the loader, such lists are rows, as before
+        if lists != "auto" and like is None and rows is None:
+            break  # without a word from the loader, such lists read as they always did
         columns: dict[str, Any] = {}
         try:
             structure = _flatten(batch, "", columns, per_row, lists)
@@ -462,7 +474,7 @@ def _columns(
         except (TypeError, ValueError, OverflowError, _pa().ArrowException) as e:
             mismatch = e
         if mismatch is not None:
-            errors.append(mismatch)
+            errors.append((per_row, mismatch))
         elif like is not None and _shapeless(structure) == _shapeless(like):
             return structure, columns
         elif like is None and (rows is None or _row_count(columns) == rows):
@@ -471,10 +483,10 @@ def _columns(
             fits.append((structure, columns))
     if fits:
         return fits[0]
-    first, second = errors[0], errors[1]
+    (_, first), (second_per_row, second) = errors[0], errors[1]
     if str(first) == str(second):
         raise first
-    how = "read" if per_row_first else "read one item per row"
+    how = "read one item per row" if second_per_row else "read"
     raise type(first)(f"{first} ({how}: {second})") from first
 
 
@@ -483,10 +495,14 @@ def _row_count(columns: dict[str, Any]) -> int | None:
 
 
 def _shapeless(node: Any) -> Any:
-    """A structure without its row shapes: batches padded to their own longest row (a
-    `(B, L)` of token ids, L per batch) are one structure; each batch carries its own."""
+    """A structure with its row shapes as their ranks: batches padded to their own longest
+    row (a `(B, L)` of token ids, L per batch) are one structure; each batch carries its
+    own shapes."""
     if isinstance(node, dict):
-        return {k: _shapeless(v) for k, v in node.items() if not (k == "shape" and "col" in node)}
+        return {
+            k: len(v) if k == "shape" and "col" in node and isinstance(v, list) else _shapeless(v)
+            for k, v in node.items()
+        }
     if isinstance(node, list):
         return [_shapeless(v) for v in node]
     return node
@@ -563,8 +579,8 @@ def publish(
     An exception the loader raises reaches every subscriber as ``ProducerFailed`` with
     its type and message, then propagates here; Ctrl-C stops the run (subscribers are
     told it stopped). A batch whose structure differs from the first one's (other
-    nesting, names, dtypes or row shapes) is a ``ValueError`` naming both, which the
-    subscribers get too.
+    nesting, names, dtypes or row ranks; row shapes may differ, as in batches padded to
+    their own length) is a ``ValueError`` naming both, which the subscribers get too.
     """
     feeder, loader = _start(
         loader,
