@@ -147,10 +147,7 @@ def _flatten(
         return _ragged_column(path or "0", obj, columns)
     if isinstance(obj, (list, tuple)):
         if _scalars_only(obj):
-            name = path or "0"
-            _add(columns, name, _scalars(list(obj)))
-            kind = next(type(v) for v in obj if v is not None)
-            leaf = {"col": name, "lib": "list", "kind": kind.__name__}
+            leaf = _scalar_column(path or "0", list(obj), columns)
             if isinstance(obj, tuple):
                 leaf["seq"] = "tuple"  # `tuple(zip(*samples))`'s labels come back a tuple
             return leaf
@@ -237,9 +234,8 @@ def _row_items(name: str, items: list[Any], columns: dict[str, Any]) -> dict[str
 def _row_values(name: str, values: list[Any], columns: dict[str, Any]) -> dict[str, Any]:
     """A value per row as one column: numbers or strings as they are, 0-d arrays stacked,
     arrays of any shape as rows of variable shape."""
-    if all(isinstance(v, _SCALARS) for v in values):
-        _add(columns, name, _scalars(values))
-        return {"col": name, "lib": "list", "kind": type(values[0]).__name__}
+    if _scalars_only(values):
+        return _scalar_column(name, values, columns)
     if (isinstance(values[0], Mapping) or _tuples(values)) and _one_kind(values):
         return _row_items(name, values, columns)  # a sample's dict or tuple, per row
     if not _arrays_of_one_kind(values):
@@ -296,6 +292,13 @@ def _as_numpy_dtype(array: Any, leaf: dict[str, Any]) -> Any:
     except ImportError:
         return array
     return array.view(getattr(ml_dtypes, name))
+
+
+def _scalar_column(name: str, values: list[Any], columns: dict[str, Any]) -> dict[str, Any]:
+    """Numbers or strings, one per row, as a column (:func:`_scalars`), and its leaf."""
+    _add(columns, name, _scalars(values))
+    kind = next(type(v) for v in values if v is not None)
+    return {"col": name, "lib": "list", "kind": kind.__name__}
 
 
 def _scalars_only(items: Any) -> bool:
@@ -530,8 +533,10 @@ def flatten(
 ) -> tuple[Any, dict[str, Any]]:
     """One batch of a loader as a pyarrow RecordBatch carrying its structure, and the
     structure (see the module docs); ``like``: the structure of the loader's first batch,
-    read the same way where it fits; ``rows``: for a first batch, the loader's batch size
-    (:func:`_batch_size`), which decides between two readings that both fit."""
+    read the same way where it fits, and a ``ValueError`` naming both where it has another
+    (row shapes may differ, see :func:`_shapeless`); ``rows``: for a first batch, the
+    loader's batch size (:func:`_batch_size`), which decides between two readings that
+    both fit."""
     pa = _pa()
     arrow = _arrow(batch)
     if arrow is not None:
@@ -541,6 +546,11 @@ def flatten(
         structure, columns = _columns(batch, like, rows if like is None else None)
         arrow = pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
         metadata = {}
+    if like is not None and _shapeless(structure) != _shapeless(like):
+        raise ValueError(
+            f"a batch of the loader has another structure than the first: "
+            f"{json.dumps(structure)} instead of {json.dumps(like)}"
+        )
     metadata[STRUCTURE_KEY] = json.dumps(structure).encode()
     return arrow.replace_schema_metadata(metadata), structure
 
@@ -619,13 +629,7 @@ def _feed(feeder: Feeder, loader: Any, epochs: int, stop: threading.Event | None
                     feeder.close()
                     return None
                 arrow, structure = flatten(batch, like=first, rows=rows)
-                if first is None:
-                    first = structure
-                elif _shapeless(structure) != _shapeless(first):
-                    raise ValueError(
-                        f"a batch of the loader has another structure than the first: "
-                        f"{json.dumps(structure)} instead of {json.dumps(first)}"
-                    )
+                first = first or structure
                 feeder.send(arrow)
             feeder.end_epoch()
     except KeyboardInterrupt:
