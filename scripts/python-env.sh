@@ -17,6 +17,7 @@ PACKAGES=(
   "polars==2.1.0"
   "pytest==9.2.0"
   "pytest-timeout==2.4.0"
+  "pytest-xdist==3.8.0"
   "pillow==12.3.0"
   # JAX's CPU wheels: the zero-copy and immutability tests of JAX consumers.
   "jax==0.10.2"
