@@ -1146,3 +1146,77 @@ def test_later_batches_read_as_the_first_where_they_can_and_ranks_do_not_change(
     _, flat = sluice.loader.flatten((x, np.arange(4)))
     with pytest.raises(ValueError, match="another structure"):
         sluice.loader.flatten((x, np.arange(4).reshape(4, 1)), like=flat)
+
+
+def _counted(topic: str, want: tuple[int, int]) -> tuple[Any, Any]:
+    """``sluice.epoch_size(topic)`` once it is ``want`` (reports are rewritten every
+    250 ms), or what it is after 10 s."""
+    import time
+
+    deadline = time.monotonic() + 10
+    size = sluice.epoch_size(topic, timeout=30)
+    while size != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+        size = sluice.epoch_size(topic, timeout=30)
+    return size
+
+
+def test_an_epoch_s_size_is_the_loader_s_word_until_an_epoch_is_counted(topic: str, ns: str) -> None:
+    """What trainers' ``len()`` reads: a loader's ``len()`` before its first epoch ends
+    (a list of batches says nothing of its rows), then the epoch as published."""
+    with pytest.raises(sluice.Timeout, match="no producer of topic"):
+        sluice.epoch_size(topic, timeout=0.3)
+    with pytest.raises(ValueError, match="remote topic"):
+        sluice.epoch_size("flight://127.0.0.1:1/t")
+    loader = [np.full((n, 2), i, np.float32) for i, n in enumerate([8, 8, 8, 3])]
+    producer = sluice.Producer(loader, topic=topic, epochs=2, min_subscribers=1)
+    assert sluice.epoch_size(topic, timeout=30) == (4, None)
+    with sluice.subscribe(topic, timeout=30) as sub:
+        epochs = sub.epochs()
+        assert [b.num_rows for b in next(epochs)] == [8, 8, 8, 3]
+        assert _counted(topic, (4, 27)) == (4, 27)
+        assert sum(1 for _ in next(epochs)) == 4
+    producer.wait(timeout=30)
+
+
+def test_a_plan_s_epoch_size_is_known_once_its_first_epoch_ended(plans: Any) -> None:
+    producer = sluice.Producer(plans.plan(rows=230, batch_rows=50, epochs=2), min_subscribers=1)
+    assert sluice.epoch_size(plans.topic, timeout=30) == (None, None)
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        epochs = sub.epochs()
+        assert sum(b.num_rows for b in next(epochs)) == 230
+        assert _counted(plans.topic, (5, 230)) == (5, 230)
+        for _ in next(epochs):
+            pass
+    producer.wait(timeout=30)
+
+
+def test_len_of_a_shared_loader_is_its_loader_s_and_what_it_yields(topic: str, run_python: Any) -> None:
+    """``len()`` of a ``SharedLoader``, as a schedule or progress bar asks before the first
+    batch: the ``DataLoader``'s own length, or its rows in this trainer's batches; each
+    pass yields that many."""
+    torch = pytest.importorskip("torch")
+    import sluice.torch as st
+
+    producer = run_python(
+        "import sys, torch, sluice\n"
+        "data = torch.utils.data.TensorDataset(torch.arange(100), torch.arange(100) % 10)\n"
+        "loader = torch.utils.data.DataLoader(data, batch_size=16, drop_last=True)\n"
+        "sluice.publish(loader, sys.argv[1], epochs=2, min_subscribers=2, wait_timeout=60)\n",
+        topic,
+    )
+    own = run_python(
+        "import sys, torch, sluice.torch\n"
+        "shared = sluice.torch.SharedLoader(sys.argv[1], batch_size=32, timeout=60)\n"
+        "lengths = [len(shared), len(torch.utils.data.DataLoader(shared, batch_size=None))]\n"
+        "print(lengths, [sum(1 for _ in shared) for _ in range(2)])\n",
+        topic,
+    )
+    shared = st.SharedLoader(topic, timeout=60)
+    assert len(shared) == 6
+    assert [sum(1 for _ in shared) for _ in range(2)] == [6, 6]
+    shared.close()
+    out, err = own.communicate(timeout=120)
+    assert out.strip() == "[3, 3] [3, 3]", err  # 96 rows: drop_last counted
+    _, err = producer.communicate(timeout=120)
+    assert producer.returncode == 0, err

@@ -79,7 +79,10 @@ fn render(namespace: &str, topics: &[TopicStatus]) -> String {
                     p.state,
                     p.epoch + 1,
                     p.epochs,
-                    p.batch,
+                    match p.epoch_size.batches {
+                        Some(n) => format!("{}/{n}", p.batch),
+                        None => p.batch.to_string(),
+                    },
                     p.rows,
                     p.rows_per_s,
                     p.subscribers,

@@ -135,6 +135,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         shm_bytes: 1 << 26,
         window: 8,
         lag_limit: 0,
+        epoch_size: sluice::status::EpochSize {
+            batches: Some(50),
+            rows: Some(51200),
+        },
         updated: 1.7e9,
     };
     write(

@@ -15,6 +15,7 @@ use pyo3::prelude::*;
 use pyo3_arrow::PyRecordBatch;
 use sluice::core::TopicName;
 use sluice::shm::process::Owner;
+use sluice::status::EpochSize;
 use sluice::{Feeder, Namespace, Producer, ProducerHandle, RunOptions, SluiceError, SluiceOptions};
 
 use crate::errors::to_py;
@@ -124,7 +125,7 @@ impl PyFeeder {
 #[pymethods]
 impl PyFeeder {
     #[new]
-    #[pyo3(signature = (topic, *, epochs=None, window=None, max_subscribers=None, min_subscribers=None, max_held=None, lag_limit=None, wait_timeout=None, linger=10.0, factory=None))]
+    #[pyo3(signature = (topic, *, epochs=None, window=None, max_subscribers=None, min_subscribers=None, max_held=None, lag_limit=None, wait_timeout=None, linger=10.0, factory=None, epoch_batches=None, epoch_rows=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         topic: String,
@@ -137,6 +138,8 @@ impl PyFeeder {
         wait_timeout: Option<f64>,
         linger: f64,
         factory: Option<String>,
+        epoch_batches: Option<u64>,
+        epoch_rows: Option<u64>,
     ) -> PyResult<Self> {
         TopicName::new(topic.as_str()).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let mut options = SluiceOptions::default();
@@ -172,7 +175,11 @@ impl PyFeeder {
         let producer = match &factory {
             Some(factory) => producer.remade_by(factory),
             None => producer,
-        };
+        }
+        .epoch_size(EpochSize {
+            batches: epoch_batches,
+            rows: epoch_rows,
+        });
         let runtime = ProducerHandle::runtime("feeder").map_err(|e| to_py(&e))?;
         let handle =
             Arc::new(ProducerHandle::spawn(producer, run_options, runtime).map_err(|e| to_py(&e))?);

@@ -74,6 +74,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<catch_up::PyCatchUpSink>()?;
     m.add_function(wrap_pyfunction!(subscriber::subscribe, m)?)?;
     m.add_function(wrap_pyfunction!(producer::_shutdown, m)?)?;
+    m.add_function(wrap_pyfunction!(producer::epoch_size, m)?)?;
     m.add("SluiceError", py.get_type::<errors::SluiceError>())?;
     m.add("PlanError", py.get_type::<errors::PlanError>())?;
     m.add("ProducerLost", py.get_type::<errors::ProducerLost>())?;

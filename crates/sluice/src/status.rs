@@ -45,8 +45,25 @@ pub struct ProducerReport {
     pub window: usize,
     /// The lag limit (0: the slowest subscriber sets the pace).
     pub lag_limit: usize,
+    /// Batches and rows of an epoch, where known: those of the run's last whole epoch,
+    /// or before it ends what the loader feeding the producer says of itself
+    /// ([`EpochSize`]).
+    #[serde(default)]
+    pub epoch_size: EpochSize,
     /// When the report was written, in seconds since the Unix epoch.
     pub updated: f64,
+}
+
+/// How large an epoch of a topic is: what `len()` of a shared loader tells a training
+/// loop (a learning-rate schedule's steps, a progress bar's total). Either may be
+/// unknown: a plan's before its first epoch ended, a loader's rows where its batches are
+/// made by its own sampler.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochSize {
+    /// Batches as the producer publishes them.
+    pub batches: Option<u64>,
+    /// Rows.
+    pub rows: Option<u64>,
 }
 
 /// What a subscriber reports.
@@ -318,6 +335,14 @@ pub fn snapshot(namespace: &Namespace) -> Result<Vec<TopicStatus>> {
     }
     out.retain(|t| t.producer.is_some() || !t.subscribers.is_empty() || !t.departed.is_empty());
     Ok(out)
+}
+
+/// The report of `topic`'s running producer in `namespace`, if there is one.
+pub fn producer_report(namespace: &Namespace, topic: &TopicName) -> Result<Option<ProducerReport>> {
+    Ok(snapshot(namespace)?
+        .into_iter()
+        .find(|t| t.topic == topic.as_str())
+        .and_then(|t| t.producer))
 }
 
 /// Adds to `topic` what its producer and subscribers keep in shared memory: who paces the

@@ -71,7 +71,7 @@ from sluice._sluice import (
     subscribe,
 )
 from sluice.loader import publish, structured
-from sluice.producer import Producer
+from sluice.producer import Producer, epoch_size
 
 # Producers still running when the interpreter exits are stopped, so that they remove
 # their shared memory instead of leaving it to be reclaimed by the next process.
@@ -97,6 +97,7 @@ __all__ = [
     "Timeout",
     "TransportError",
     "__version__",
+    "epoch_size",
     "publish",
     "request_round",
     "structured",

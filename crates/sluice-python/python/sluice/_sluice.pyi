@@ -465,6 +465,9 @@ class Producer:
     ) -> bool: ...
 
 def _shutdown() -> None: ...
+def epoch_size(topic: str) -> tuple[int | None, int | None] | None:
+    """``(batches, rows)`` of an epoch as the running producer of ``topic`` reports them
+    (``None`` without one); see :func:`sluice.epoch_size`."""
 
 class Feeder:
     """A producer whose batches Python code feeds, one message each (what
@@ -484,10 +487,14 @@ class Feeder:
         wait_timeout: float | None = None,
         linger: float = 10.0,
         factory: str | None = None,
+        epoch_batches: int | None = None,
+        epoch_rows: int | None = None,
     ) -> None:
         """``factory``: ``package.module:function`` that makes the loader again, which
         yields the same batches for an epoch in any process: trainers whose state the
-        topic no longer holds make it again to catch up."""
+        topic no longer holds make it again to catch up. ``epoch_batches``,
+        ``epoch_rows``: what the loader says an epoch holds, reported for trainers'
+        ``len()`` until the first epoch ended (:func:`sluice.epoch_size`)."""
     @property
     def topic(self) -> str: ...
     @property

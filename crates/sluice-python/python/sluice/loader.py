@@ -614,7 +614,9 @@ def _start(loader: Any, topic: str, epochs: int, resumable: bool, **settings: An
     if resumable:
         factory = _factory_name(loader)
         loader = loader()
-    return Feeder(topic, factory=factory, epochs=epochs, **settings), loader
+    batches, rows = _epoch_size(loader)
+    feeder = Feeder(topic, factory=factory, epochs=epochs, epoch_batches=batches, epoch_rows=rows, **settings)
+    return feeder, loader
 
 
 def _feed(feeder: Feeder, loader: Any, epochs: int, stop: threading.Event | None = None) -> RunStats | None:
@@ -712,6 +714,30 @@ def _batch_size(loader: Any) -> int | None:
     except Exception:  # noqa: BLE001 - a loader's own property: no hint then
         return None
     return size if type(size) is int and size > 0 else None
+
+
+def _length(obj: Any) -> int | None:
+    """``len(obj)``, or ``None`` where it has none (or a broken one)."""
+    try:
+        n = len(obj)
+    except Exception:  # noqa: BLE001 - no __len__, or an IterableDataset's that raises
+        return None
+    return n if type(n) is int and n >= 0 else None
+
+
+def _epoch_size(loader: Any) -> tuple[int | None, int | None]:
+    """What ``loader`` says an epoch holds: its batches (``len(loader)``) and, for a
+    torch ``DataLoader`` batching its sampler's indices, its rows; trainers' ``len()``
+    (:func:`sluice.epoch_size`) until the first epoch ended and was counted."""
+    batches = _length(loader)
+    size = _batch_size(loader)
+    indices = _length(getattr(loader, "sampler", None)) if size is not None else None
+    if batches is None or size is None or indices is None:
+        return batches, None
+    drop_last = getattr(loader, "drop_last", False) is True
+    rows = indices // size * size if drop_last else indices
+    # A sampler whose length does not make the loader's: the rows are not that simple.
+    return batches, rows if -(-rows // size) == batches else None
 
 
 def _set_epoch(loader: Any, epoch: int) -> None:

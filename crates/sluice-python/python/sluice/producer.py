@@ -111,3 +111,28 @@ class Producer:
         if isinstance(self._run, _PlanProducer):
             return repr(self._run)
         return f"sluice.Producer(loader, topic={self.topic!r}, epochs={self.epochs}, running={self.running})"
+
+
+def epoch_size(topic: str, timeout: float | None = None) -> tuple[int | None, int | None]:
+    """``(batches, rows)`` of an epoch of ``topic``, as its producer in this namespace
+    reports it: those of its last whole epoch, or before the first ended what the loader
+    it publishes says of itself (``len(loader)``, and a ``DataLoader``'s rows); either is
+    ``None`` where not known. Waits for a producer up to ``timeout`` seconds (``None``:
+    as long as it takes), then raises :class:`sluice.Timeout`. Remote (``flight://``)
+    topics are a ``ValueError``: their producer's reports are on another machine."""
+    import time
+
+    from sluice._sluice import Timeout
+    from sluice._sluice import epoch_size as _epoch_size
+
+    if "://" in topic:
+        raise ValueError(f"the size of an epoch of the remote topic '{topic}' is not known here")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        size = _epoch_size(topic)
+        if size is not None:
+            return size
+        if deadline is not None and time.monotonic() >= deadline:
+            raise Timeout(f"no producer of topic '{topic}' is running (waited {timeout} s)")
+        # Reports are rewritten every 250 ms: a shorter poll finds nothing sooner.
+        time.sleep(0.1)

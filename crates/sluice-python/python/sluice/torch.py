@@ -459,6 +459,29 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         """Summary of the last epoch that ended (rows, completeness)."""
         return self._subscriber.last_epoch if self._subscriber is not None else None
 
+    def __len__(self) -> int:
+        """Batches of an epoch as this trainer gets them, for a learning-rate schedule's
+        steps or a progress bar's total: with ``batch_size=None`` the publishing loader's
+        ``len()``, with a batch size the epoch's rows in batches of it (the last one
+        shorter). The topic's producer tells it (:func:`sluice.epoch_size`), waiting for
+        one as a subscription does (``timeout``). A ``TypeError`` where it is not known:
+        a loader without ``len()``, a plan's topic before its first epoch ended, a remote
+        topic. A trainer that joins mid-epoch gets fewer in its first epoch."""
+        try:
+            batches, rows = sluice.epoch_size(self.topic, timeout=self.timeout)
+        except ValueError as e:  # a remote topic: no length, as len() says it
+            raise TypeError(str(e)) from e
+        if self.batch_size is None and batches is not None:
+            return batches
+        if self.batch_size is not None and rows is not None:
+            return -(-rows // self.batch_size)
+        wanted = "batches" if self.batch_size is None else "rows"
+        raise TypeError(
+            f"the length of an epoch of topic '{self.topic}' is not known: its producer does "
+            f"not know its {wanted} (a loader without len(), or whose sampler makes its "
+            f"batches; a plan's topic until its first epoch ended)"
+        )
+
     def close(self) -> None:
         """Leaves the topic. Tensors already received stay valid."""
         if self._subscriber is not None:

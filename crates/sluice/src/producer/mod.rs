@@ -26,6 +26,7 @@ pub use sizing::auto_message_batches;
 
 use crate::checkpoint::{CheckpointWriter, DataListing};
 use crate::rounds::RoundSource;
+use crate::status::EpochSize;
 use report::ProducerReporter;
 use run::{Run, Sink, wait_for_interested};
 use sizing::{First, SHORT_WINDOW, TopicPlan};
@@ -133,6 +134,8 @@ enum Feed {
         /// `package.module:function` that makes the loader again, for trainers that
         /// catch up ([`crate::cursor::LoaderRecord`]).
         factory: Option<String>,
+        /// What the loader says an epoch holds, reported until one ends.
+        epoch_size: EpochSize,
     },
 }
 
@@ -171,6 +174,7 @@ impl Producer {
             options: Box::new(options),
             source: Mutex::new(Some(source)),
             factory: None,
+            epoch_size: EpochSize::default(),
         };
         (Self { feed, namespace }, feeder)
     }
@@ -183,6 +187,17 @@ impl Producer {
     pub fn remade_by(mut self, factory: &str) -> Self {
         if let Feed::Fed { factory: f, .. } = &mut self.feed {
             *f = Some(factory.to_string());
+        }
+        self
+    }
+
+    /// Says how large an epoch of the fed loader is (its `len()`, the rows its sampler
+    /// yields), which the producer reports for trainers' `len()` until its first epoch
+    /// ends and its own count replaces it ([`crate::status::ProducerReport::epoch_size`]).
+    /// No effect on a plan's producer, which reports its epochs' size once one ended.
+    pub fn epoch_size(mut self, size: EpochSize) -> Self {
+        if let Feed::Fed { epoch_size, .. } = &mut self.feed {
+            *epoch_size = size;
         }
         self
     }
@@ -248,6 +263,7 @@ impl Producer {
                 options: opts,
                 source,
                 factory,
+                ..
             } => {
                 if options.resume {
                     return Err(SluiceError::Config(
@@ -349,6 +365,7 @@ impl Producer {
                 opts.total_epochs(),
                 opts.lag_limit,
                 shm_bytes,
+                self.loader_epoch_size(),
             ),
             publisher,
             sink,
@@ -362,6 +379,14 @@ impl Producer {
         };
         let result = run.publish(handle, options, opts, position, first, &mut on_progress);
         run.finish(result, options)
+    }
+
+    /// What the fed loader says of its epochs' size (nothing, for a plan).
+    fn loader_epoch_size(&self) -> EpochSize {
+        match &self.feed {
+            Feed::Fed { epoch_size, .. } => *epoch_size,
+            Feed::Plan(_) => EpochSize::default(),
+        }
     }
 }
 

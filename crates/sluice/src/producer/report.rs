@@ -4,7 +4,7 @@ use sluice_core::TopicName;
 use sluice_shm::{Namespace, TopicPublisher};
 
 use super::Progress;
-use crate::status::{ProducerReport, Reporter, unix_now};
+use crate::status::{EpochSize, ProducerReport, Reporter, unix_now};
 
 /// Writes a run's reports: at most every `REPORT_INTERVAL`, unless forced.
 #[derive(Debug)]
@@ -14,6 +14,7 @@ pub(crate) struct ProducerReporter {
     epochs: u64,
     lag_limit: usize,
     shm_bytes: u64,
+    epoch_size: EpochSize,
 }
 
 impl ProducerReporter {
@@ -23,6 +24,7 @@ impl ProducerReporter {
         epochs: u64,
         lag_limit: usize,
         shm_bytes: u64,
+        epoch_size: EpochSize,
     ) -> Self {
         Self {
             reporter: Reporter::new(namespace, topic, "producer"),
@@ -30,7 +32,16 @@ impl ProducerReporter {
             epochs,
             lag_limit,
             shm_bytes,
+            epoch_size,
         }
+    }
+
+    /// An epoch of `batches` and `rows` ended: the size reported from now on.
+    pub(crate) fn epoch_ended(&mut self, batches: u64, rows: u64) {
+        self.epoch_size = EpochSize {
+            batches: Some(batches),
+            rows: Some(rows),
+        };
     }
 
     /// Reports `state` at `progress`, the current epoch's next batch being `batch`.
@@ -60,6 +71,7 @@ impl ProducerReporter {
                 shm_bytes: self.shm_bytes,
                 window: publisher.config().queue_depth(),
                 lag_limit: self.lag_limit,
+                epoch_size: self.epoch_size,
                 updated: unix_now(),
             });
     }

@@ -205,6 +205,7 @@ impl<S: Source> Run<S> {
         }
         let (batches, rows) = self.source.produced();
         self.publisher.publish_end_of_epoch(epoch, batches, rows)?;
+        self.reporter.epoch_ended(batches, rows);
         match &mut self.checkpoint {
             Some(checkpoint) => checkpoint.record(Position::new(epoch + 1, 0), true),
             None => Ok(()),
