@@ -49,7 +49,8 @@ if [ -z "${SLUICE_CLI:-}" ] && [ -x target/debug/sluice ]; then
   export SLUICE_CLI="$PWD/target/debug/sluice"
 fi
 # Three pytest-xdist workers: most tests wait on processes and timeouts (2 cores: 191 s with
-# one, 78 s with three, 80-87 s with four). Every test owns its namespace (conftest.py).
+# one, 78 s with three, 80-87 s with four). Every test has topics of its own, and most a
+# namespace of their own (conftest.py: names carry the worker's pid).
 set +e
 "$VENV/bin/python" -m pytest tests/python -n "${SLUICE_PYTEST_WORKERS:-3}" "$@"
 status=$?

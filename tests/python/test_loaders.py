@@ -1189,34 +1189,3 @@ def test_a_plan_s_epoch_size_is_known_once_its_first_epoch_ended(plans: Any) -> 
         for _ in next(epochs):
             pass
     producer.wait(timeout=30)
-
-
-def test_len_of_a_shared_loader_is_its_loader_s_and_what_it_yields(topic: str, run_python: Any) -> None:
-    """``len()`` of a ``SharedLoader``, as a schedule or progress bar asks before the first
-    batch: the ``DataLoader``'s own length, or its rows in this trainer's batches; each
-    pass yields that many."""
-    torch = pytest.importorskip("torch")
-    import sluice.torch as st
-
-    producer = run_python(
-        "import sys, torch, sluice\n"
-        "data = torch.utils.data.TensorDataset(torch.arange(100), torch.arange(100) % 10)\n"
-        "loader = torch.utils.data.DataLoader(data, batch_size=16, drop_last=True)\n"
-        "sluice.publish(loader, sys.argv[1], epochs=2, min_subscribers=2, wait_timeout=60)\n",
-        topic,
-    )
-    own = run_python(
-        "import sys, torch, sluice.torch\n"
-        "shared = sluice.torch.SharedLoader(sys.argv[1], batch_size=32, timeout=60)\n"
-        "lengths = [len(shared), len(torch.utils.data.DataLoader(shared, batch_size=None))]\n"
-        "print(lengths, [sum(1 for _ in shared) for _ in range(2)])\n",
-        topic,
-    )
-    shared = st.SharedLoader(topic, timeout=60)
-    assert len(shared) == 6
-    assert [sum(1 for _ in shared) for _ in range(2)] == [6, 6]
-    shared.close()
-    out, err = own.communicate(timeout=120)
-    assert out.strip() == "[3, 3] [3, 3]", err  # 96 rows: drop_last counted
-    _, err = producer.communicate(timeout=120)
-    assert producer.returncode == 0, err

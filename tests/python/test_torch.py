@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 
@@ -220,3 +221,54 @@ def test_tensors_kept_after_breaking_out_of_a_loader_never_change(plans):
         assert torch.equal(tensor, copy)
     ds.close()
     producer.close()
+
+
+def test_len_of_a_shared_loader_is_its_loader_s_and_what_it_yields(topic: str, run_python: Any) -> None:
+    """``len()`` of a ``SharedLoader``, as a schedule or progress bar asks before the first
+    batch: the ``DataLoader``'s own length, or its rows in this trainer's batches; each
+    pass yields that many."""
+    producer = run_python(
+        "import sys, torch, sluice\n"
+        "data = torch.utils.data.TensorDataset(torch.arange(100), torch.arange(100) % 10)\n"
+        "loader = torch.utils.data.DataLoader(data, batch_size=16, drop_last=True)\n"
+        "sluice.publish(loader, sys.argv[1], epochs=2, min_subscribers=2, wait_timeout=60)\n",
+        topic,
+    )
+    own = run_python(
+        "import sys, torch, sluice.torch\n"
+        "shared = sluice.torch.SharedLoader(sys.argv[1], batch_size=32, timeout=60)\n"
+        "lengths = [len(shared), len(torch.utils.data.DataLoader(shared, batch_size=None))]\n"
+        "print(lengths, [sum(1 for _ in shared) for _ in range(2)])\n",
+        topic,
+    )
+    shared = sluice.torch.SharedLoader(topic, timeout=60)
+    assert len(shared) == 6
+    assert [sum(1 for _ in shared) for _ in range(2)] == [6, 6]
+    shared.close()
+    out, err = own.communicate(timeout=120)
+    assert out.strip() == "[3, 3] [3, 3]", err  # 96 rows: drop_last counted
+    _, err = producer.communicate(timeout=120)
+    assert producer.returncode == 0, err
+
+
+def test_len_of_a_shared_loader_without_a_producer_is_a_type_error_and_its_truth_waits_for_none(
+    topic: str, ns: str
+) -> None:
+    """``tqdm`` catches a ``TypeError`` from ``len()`` and shows no total; ``if loader:``
+    and ``loader or default`` must not wait for a producer."""
+    shared = sluice.torch.SharedLoader(topic, timeout=0.3)
+    started = time.monotonic()
+    assert shared and time.monotonic() - started < 0.1
+    with pytest.raises(TypeError, match="no producer of topic"):
+        len(shared)
+    loader = [torch.zeros(4, 2)]  # a producer that says nothing of its rows
+    producer = sluice.Producer(loader, topic=topic, epochs=1, min_subscribers=1)
+    assert sluice.epoch_size(topic, timeout=30) == (1, None)
+    assert len(shared) == 1
+    with pytest.raises(TypeError, match="does not know its rows"):
+        len(sluice.torch.SharedLoader(topic, batch_size=2, timeout=5))
+    assert [b.shape for b in shared] == [(4, 2)]
+    shared.close()
+    producer.wait(timeout=30)
+    # The producer is gone: the size it told stands.
+    assert len(shared) == 1

@@ -41,7 +41,8 @@ except KeyboardInterrupt:
 @pytest.mark.parametrize("code", [BLOCKED_IN_NEXT, BLOCKED_IN_SUBSCRIBE], ids=["next", "subscribe"])
 def test_ctrl_c_interrupts_a_blocked_wait_promptly(plans, run_python, code):
     """A process blocked waiting for a batch (or for a producer) gets KeyboardInterrupt
-    within about two seconds of SIGINT."""
+    within seconds of SIGINT, not at the end of its 120 s wait (the bound is generous:
+    the suite's workers share two cores)."""
     # The producer waits for a second subscriber that never comes: nothing is published.
     producer = sluice.Producer(plans.plan(rows=100), min_subscribers=2)
     child = run_python(code, plans.topic)
@@ -50,12 +51,12 @@ def test_ctrl_c_interrupts_a_blocked_wait_promptly(plans, run_python, code):
     assert child.poll() is None
     sent = time.monotonic()
     child.send_signal(signal.SIGINT)
-    returncode = child.wait(timeout=10)
+    returncode = child.wait(timeout=30)
     elapsed = time.monotonic() - sent
     out, err = child.stdout.read(), child.stderr.read()
     assert returncode == 3, (out, err)
     assert "interrupted" in out
-    assert elapsed < 2.0, f"KeyboardInterrupt took {elapsed:.2f}s"
+    assert elapsed < 10.0, f"KeyboardInterrupt took {elapsed:.2f}s"
     producer.close()
 
 

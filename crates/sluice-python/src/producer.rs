@@ -355,18 +355,21 @@ impl PyProducer {
     }
 }
 
-/// Stops every producer of this process that is still running and waits (up to a few
-/// seconds each) for it to remove its shared memory. Registered with `atexit`.
 /// The size of an epoch of `topic` as its running producer in this namespace reports it
 /// (`(batches, rows)`, either `None` where unknown), or `None` without a producer.
 #[pyfunction]
-pub fn epoch_size(topic: &str) -> PyResult<Option<(Option<u64>, Option<u64>)>> {
+pub fn epoch_size(py: Python<'_>, topic: &str) -> PyResult<Option<(Option<u64>, Option<u64>)>> {
     let topic = TopicName::new(topic).map_err(|e| PyValueError::new_err(e.to_string()))?;
     let namespace = Namespace::from_env().map_err(|e| to_py(&e))?;
-    let report = sluice::status::producer_report(&namespace, &topic).map_err(|e| to_py(&e))?;
+    // Files are read: other threads (a DataLoader's pin-memory thread) go on meanwhile.
+    let report = py
+        .detach(|| sluice::status::producer_report(&namespace, &topic))
+        .map_err(|e| to_py(&e))?;
     Ok(report.map(|r| (r.epoch_size.batches, r.epoch_size.rows)))
 }
 
+/// Stops every producer of this process that is still running and waits (up to a few
+/// seconds each) for it to remove its shared memory. Registered with `atexit`.
 #[pyfunction]
 pub fn _shutdown(py: Python<'_>) {
     // A forked child's copies of its parent's producers have no thread to wait for.

@@ -256,12 +256,11 @@ fn alive(pid: u32) -> bool {
 /// The status of every topic of `namespace` with a live producer or subscriber. Reports
 /// of processes that died are removed.
 pub fn snapshot(namespace: &Namespace) -> Result<Vec<TopicStatus>> {
-    let dir = namespace.state_dir();
-    let entries = match std::fs::read_dir(&dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(SluiceError::io(format!("cannot read {}", dir.display()), e)),
-    };
+    // Checked to be this user's alone, as where reports are written: another user who
+    // made it first could forge them, or plant files this removes.
+    let dir = namespace.prepare_state_dir()?;
+    let entries = std::fs::read_dir(&dir)
+        .map_err(|e| SluiceError::io(format!("cannot read {}", dir.display()), e))?;
     let mut topics: std::collections::BTreeMap<String, TopicStatus> = Default::default();
     let topic_entry = |topics: &mut std::collections::BTreeMap<String, TopicStatus>, t: &str| {
         topics
@@ -283,11 +282,11 @@ pub fn snapshot(namespace: &Namespace) -> Result<Vec<TopicStatus>> {
             continue;
         }
         // Written atomically, so a file is whole; one removed meanwhile is skipped.
-        let Ok(text) = std::fs::read_to_string(&path) else {
+        let Some(text) = read_report(&path) else {
             continue;
         };
         if name.contains(".producer.") {
-            let Ok(report) = serde_json::from_str::<ProducerReport>(&text) else {
+            let Ok(report) = serde_json::from_slice::<ProducerReport>(&text) else {
                 continue;
             };
             if !alive(report.pid) {
@@ -299,7 +298,7 @@ pub fn snapshot(namespace: &Namespace) -> Result<Vec<TopicStatus>> {
                 t.producer = Some(report);
             }
         } else if name.contains(".subscriber.") {
-            let Ok(report) = serde_json::from_str::<SubscriberReport>(&text) else {
+            let Ok(report) = serde_json::from_slice::<SubscriberReport>(&text) else {
                 continue;
             };
             if !alive(report.pid) {
@@ -337,12 +336,47 @@ pub fn snapshot(namespace: &Namespace) -> Result<Vec<TopicStatus>> {
     Ok(out)
 }
 
-/// The report of `topic`'s running producer in `namespace`, if there is one.
+/// The report of `topic`'s running producer in `namespace`, if there is one: its report
+/// file alone is read (not the topic's shared memory, as [`snapshot`] does).
 pub fn producer_report(namespace: &Namespace, topic: &TopicName) -> Result<Option<ProducerReport>> {
-    Ok(snapshot(namespace)?
-        .into_iter()
-        .find(|t| t.topic == topic.as_str())
-        .and_then(|t| t.producer))
+    // Checked to be this user's alone: another user who made it first could forge reports.
+    let dir = namespace.prepare_state_dir()?;
+    let entries = std::fs::read_dir(&dir)
+        .map_err(|e| SluiceError::io(format!("cannot read {}", dir.display()), e))?;
+    let prefix = format!("{topic}.producer.");
+    let reports = entries.flatten().filter_map(|entry| {
+        let name = entry.file_name();
+        let name = name.to_str()?;
+        if !name.starts_with(&prefix) || !name.ends_with(".json") {
+            return None;
+        }
+        serde_json::from_slice::<ProducerReport>(&read_report(&entry.path())?).ok()
+    });
+    // One producer per topic runs; a dead one's report may remain until a snapshot.
+    Ok(reports
+        .filter(|r| r.topic == topic.as_str() && alive(r.pid))
+        .max_by(|a, b| a.updated.total_cmp(&b.updated)))
+}
+
+/// The bytes of the report at `path`, if it is a plain file of a report's size: never
+/// through a link, and never a FIFO or device whose read would block or not end.
+fn read_report(path: &std::path::Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    /// Far above any report (a few hundred bytes).
+    const MAX: u64 = 1 << 16;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() > MAX {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
 }
 
 /// Adds to `topic` what its producer and subscribers keep in shared memory: who paces the

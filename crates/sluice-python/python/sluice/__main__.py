@@ -57,12 +57,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
     loader = make()
+    batches, rows = sluice.loader._epoch_size(loader)
     # Bad settings are the command line's errors (exit 2); what the loader raises, a
     # ValueError too, propagates from its run below with its traceback.
     try:
         feeder = sluice.loader.Feeder(
             args.topic,
             factory=factory,
+            epoch_batches=batches,
+            epoch_rows=rows,
             epochs=args.epochs,
             window=args.window,
             min_subscribers=args.min_subscribers,

@@ -441,6 +441,19 @@ def _arrow(obj: Any) -> Any:
     return None
 
 
+#: The reading (per_row, lists) that made each recent first batch's structure, by the
+#: structure's id (the structure is kept, so that its id is not reused): a loader's later
+#: batches try it first instead of the readings before it, each a copy of a ragged
+#: list's values (a batch of token sequences and `[x, y]` columns took three readings).
+_READ_AS: dict[int, tuple[dict[str, Any], tuple[bool, str]]] = {}
+
+
+def _remember_reading(structure: dict[str, Any], reading: tuple[bool, str]) -> None:
+    if len(_READ_AS) >= 16:
+        _READ_AS.clear()  # runs are few; a forgotten one only reads its batches slower
+    _READ_AS[id(structure)] = (structure, reading)
+
+
 def _columns(
     batch: Any, like: dict[str, Any] | None = None, rows: int | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -465,8 +478,13 @@ def _columns(
         readings = [(False, "auto"), (True, "auto"), (False, "columns"), (False, "rows")]
     elif like is not None:
         readings = [(False, "columns"), (False, "auto"), (True, "auto")]
-    errors: list[tuple[bool, Exception]] = []
-    fits: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    # Tried first, but errors and fits are told in the order above, as without it.
+    order = {reading: i for i, reading in enumerate(readings)}
+    known = _READ_AS.get(id(like)) if like is not None else None
+    if known is not None and known[0] is like and known[1] in order:
+        readings = [known[1]] + [r for r in readings if r != known[1]]
+    errors: list[tuple[int, bool, Exception]] = []
+    fits: list[tuple[int, dict[str, Any], dict[str, Any], tuple[bool, str]]] = []
     for per_row, lists in readings:
         if lists != "auto" and like is None and rows is None:
             break  # without a word from the loader, such lists read as they always did
@@ -477,16 +495,21 @@ def _columns(
         except (TypeError, ValueError, OverflowError, _pa().ArrowException) as e:
             mismatch = e
         if mismatch is not None:
-            errors.append((per_row, mismatch))
+            errors.append((order[(per_row, lists)], per_row, mismatch))
         elif like is not None and _shapeless(structure) == _shapeless(like):
             return structure, columns
         elif like is None and (rows is None or _row_count(columns) == rows):
+            _remember_reading(structure, (per_row, lists))
             return structure, columns
         else:
-            fits.append((structure, columns))
+            fits.append((order[(per_row, lists)], structure, columns, (per_row, lists)))
     if fits:
-        return fits[0]
-    (_, first), (second_per_row, second) = errors[0], errors[1]
+        _, structure, columns, reading = min(fits, key=lambda fit: fit[0])
+        if like is None:
+            _remember_reading(structure, reading)
+        return structure, columns
+    errors.sort(key=lambda error: error[0])
+    (_, _, first), (_, second_per_row, second) = errors[0], errors[1]
     if str(first) == str(second):
         raise first
     how = "read one item per row" if second_per_row else "read"
@@ -727,12 +750,21 @@ def _length(obj: Any) -> int | None:
 
 def _epoch_size(loader: Any) -> tuple[int | None, int | None]:
     """What ``loader`` says an epoch holds: its batches (``len(loader)``) and, for a
-    torch ``DataLoader`` batching its sampler's indices, its rows; trainers' ``len()``
-    (:func:`sluice.epoch_size`) until the first epoch ended and was counted."""
+    torch ``DataLoader`` batching its sampler's indices with the default collate, its
+    rows; trainers' ``len()`` (:func:`sluice.epoch_size`) until the first epoch ended
+    and was counted. A ``DataLoader`` over an ``IterableDataset`` is not asked: its
+    length is the dataset's guess, and asking makes torch warn when it is passed."""
+    torch = sys.modules.get("torch")
+    data = getattr(torch, "utils", None) and getattr(torch.utils, "data", None)
+    if data is not None and isinstance(loader, data.DataLoader) and isinstance(loader.dataset, data.IterableDataset):
+        return None, None
     batches = _length(loader)
     size = _batch_size(loader)
     indices = _length(getattr(loader, "sampler", None)) if size is not None else None
-    if batches is None or size is None or indices is None:
+    # A collate function of one's own may pack or drop rows: then only batches are known.
+    collate = getattr(loader, "collate_fn", None)
+    default_collate = getattr(collate, "__module__", "").startswith("torch.utils.data")
+    if batches is None or size is None or indices is None or not default_collate:
         return batches, None
     drop_last = getattr(loader, "drop_last", False) is True
     rows = indices // size * size if drop_last else indices

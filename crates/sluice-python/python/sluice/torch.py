@@ -397,6 +397,7 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         self._epochs: Iterator[sluice.Epoch] | None = None
         self._pid = os.getpid()
         self._state: dict[str, Any] = {}
+        self._known_size: tuple[int | None, int | None] | None = None
 
     def state_dict(self) -> dict[str, Any]:
         """Where this trainer is (``StatefulDataLoader``'s protocol): save it with the
@@ -463,14 +464,14 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         """Batches of an epoch as this trainer gets them, for a learning-rate schedule's
         steps or a progress bar's total: with ``batch_size=None`` the publishing loader's
         ``len()``, with a batch size the epoch's rows in batches of it (the last one
-        shorter). The topic's producer tells it (:func:`sluice.epoch_size`), waiting for
-        one as a subscription does (``timeout``). A ``TypeError`` where it is not known:
-        a loader without ``len()``, a plan's topic before its first epoch ended, a remote
-        topic. A trainer that joins mid-epoch gets fewer in its first epoch."""
-        try:
-            batches, rows = sluice.epoch_size(self.topic, timeout=self.timeout)
-        except ValueError as e:  # a remote topic: no length, as len() says it
-            raise TypeError(str(e)) from e
+        shorter). The topic's producer tells it (:func:`sluice.epoch_size`); before this
+        dataset first iterates, ``len()`` waits for a producer as a subscription does
+        (``timeout``), after it the last size known stands in for a producer that is
+        gone. A ``TypeError`` where it is not known (``tqdm`` then shows no total): a
+        loader without ``len()``, a plan's topic before its first epoch ended, a remote
+        topic, no producer within ``timeout``. A trainer that joins mid-epoch gets fewer
+        in its first epoch; a topic of rounds tells the last epoch's size."""
+        batches, rows = self._epoch_size()
         if self.batch_size is None and batches is not None:
             return batches
         if self.batch_size is not None and rows is not None:
@@ -478,9 +479,30 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         wanted = "batches" if self.batch_size is None else "rows"
         raise TypeError(
             f"the length of an epoch of topic '{self.topic}' is not known: its producer does "
-            f"not know its {wanted} (a loader without len(), or whose sampler makes its "
-            f"batches; a plan's topic until its first epoch ended)"
+            f"not know its {wanted} (a loader without len(), or whose sampler or collate "
+            f"function makes its batches; a plan's topic until its first epoch ended)"
         )
+
+    def __bool__(self) -> bool:
+        # Not len() != 0: truth must not wait for a producer (`loader or default`).
+        return True
+
+    def _epoch_size(self) -> tuple[int | None, int | None]:
+        """What the producer reports now; once known, the last size it reported where
+        it reports nothing (it ended); else a wait for it, before the first pass."""
+        waited = self._subscriber is None and self._known_size is None
+        timeout = self.timeout if waited else 0.0
+        try:
+            if waited and timeout is None:
+                size = _wait_for_epoch_size(self.topic)
+            else:
+                size = sluice.epoch_size(self.topic, timeout=timeout)
+        except (ValueError, sluice.Timeout) as e:
+            if self._known_size is not None:
+                return self._known_size
+            raise TypeError(f"len(): {e}") from e
+        self._known_size = size
+        return size
 
     def close(self) -> None:
         """Leaves the topic. Tensors already received stay valid."""
@@ -496,6 +518,26 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         state["_subscriber"] = None
         state["_epochs"] = None
         return state
+
+
+def _wait_for_epoch_size(topic: str) -> tuple[int | None, int | None]:
+    """:func:`sluice.epoch_size` without a time limit, saying once after a while what
+    it waits for: a producer reports in its namespace's state directory, which follows
+    ``XDG_RUNTIME_DIR`` or ``TMPDIR``, so a producer started where they differ is never
+    seen (while its topic is)."""
+    import warnings
+
+    try:
+        return sluice.epoch_size(topic, timeout=10.0)
+    except sluice.Timeout:
+        warnings.warn(
+            f"len() of the loader of topic '{topic}' waits for its producer's report: a "
+            f"producer started with another XDG_RUNTIME_DIR or TMPDIR reports elsewhere "
+            f"(set timeout= to bound the wait)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return sluice.epoch_size(topic)
 
 
 def _structured_tensors(batch: sluice.Batch, device: Any = None) -> Any:

@@ -205,7 +205,11 @@ impl<S: Source> Run<S> {
         }
         let (batches, rows) = self.source.produced();
         self.publisher.publish_end_of_epoch(epoch, batches, rows)?;
+        // At once: a trainer's `len()` at the next epoch's start reads the epoch counted,
+        // while the next report may wait for a subscriber's full queue.
         self.reporter.epoch_ended(batches, rows);
+        self.reporter
+            .report("publishing", &self.publisher, &self.progress, batches, true);
         match &mut self.checkpoint {
             Some(checkpoint) => checkpoint.record(Position::new(epoch + 1, 0), true),
             None => Ok(()),
