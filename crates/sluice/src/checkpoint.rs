@@ -49,14 +49,32 @@ impl From<&sluice_plan::Listing> for DataListing {
 /// The text of the state file at `path` (`what` names it in errors); `None` if there is
 /// none.
 pub(crate) fn read_state(path: &Path, what: &str) -> Result<Option<String>> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(SluiceError::io(
-            format!("cannot read {what} {}", path.display()),
-            e,
-        )),
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    /// Far above any state file (a checkpoint, a record, a report: a few KiB).
+    const MAX: u64 = 1 << 20;
+    let cannot = |e| SluiceError::io(format!("cannot read {what} {}", path.display()), e);
+    // Never through a link, and never a FIFO or device whose read would block or not end.
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(cannot(e)),
+    };
+    let meta = file.metadata().map_err(cannot)?;
+    if !meta.is_file() || meta.len() > MAX {
+        return Err(SluiceError::Corrupt(format!(
+            "{what} {} is not a state file of Sluice's (not a plain file, or over {MAX} bytes): \
+             remove it",
+            path.display()
+        )));
     }
+    let mut text = String::new();
+    file.take(MAX).read_to_string(&mut text).map_err(cannot)?;
+    Ok(Some(text))
 }
 
 /// Writes a state file owner-only and atomically (under `PATH.tmp`, then renamed):

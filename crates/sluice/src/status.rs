@@ -282,11 +282,11 @@ pub fn snapshot(namespace: &Namespace) -> Result<Vec<TopicStatus>> {
             continue;
         }
         // Written atomically, so a file is whole; one removed meanwhile is skipped.
-        let Some(text) = read_report(&path) else {
+        let Ok(Some(text)) = crate::checkpoint::read_state(&path, "report") else {
             continue;
         };
         if name.contains(".producer.") {
-            let Ok(report) = serde_json::from_slice::<ProducerReport>(&text) else {
+            let Ok(report) = serde_json::from_str::<ProducerReport>(&text) else {
                 continue;
             };
             if !alive(report.pid) {
@@ -298,7 +298,7 @@ pub fn snapshot(namespace: &Namespace) -> Result<Vec<TopicStatus>> {
                 t.producer = Some(report);
             }
         } else if name.contains(".subscriber.") {
-            let Ok(report) = serde_json::from_slice::<SubscriberReport>(&text) else {
+            let Ok(report) = serde_json::from_str::<SubscriberReport>(&text) else {
                 continue;
             };
             if !alive(report.pid) {
@@ -350,33 +350,13 @@ pub fn producer_report(namespace: &Namespace, topic: &TopicName) -> Result<Optio
         if !name.starts_with(&prefix) || !name.ends_with(".json") {
             return None;
         }
-        serde_json::from_slice::<ProducerReport>(&read_report(&entry.path())?).ok()
+        let text = crate::checkpoint::read_state(&entry.path(), "report").ok()??;
+        serde_json::from_str::<ProducerReport>(&text).ok()
     });
     // One producer per topic runs; a dead one's report may remain until a snapshot.
     Ok(reports
         .filter(|r| r.topic == topic.as_str() && alive(r.pid))
         .max_by(|a, b| a.updated.total_cmp(&b.updated)))
-}
-
-/// The bytes of the report at `path`, if it is a plain file of a report's size: never
-/// through a link, and never a FIFO or device whose read would block or not end.
-fn read_report(path: &std::path::Path) -> Option<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    /// Far above any report (a few hundred bytes).
-    const MAX: u64 = 1 << 16;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .ok()?;
-    let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.len() > MAX {
-        return None;
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX).read_to_end(&mut bytes).ok()?;
-    Some(bytes)
 }
 
 /// Adds to `topic` what its producer and subscribers keep in shared memory: who paces the

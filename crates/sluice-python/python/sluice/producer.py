@@ -4,11 +4,13 @@ background thread of this process."""
 from __future__ import annotations
 
 import os
+import time
 from types import TracebackType
 from typing import Any
 
 from sluice._sluice import Producer as _PlanProducer
-from sluice._sluice import RunStats
+from sluice._sluice import RunStats, Timeout
+from sluice._sluice import epoch_size as _epoch_size
 from sluice.loader import LoaderRun
 
 
@@ -120,11 +122,6 @@ def epoch_size(topic: str, timeout: float | None = None) -> tuple[int | None, in
     ``None`` where not known. Waits for a producer up to ``timeout`` seconds (``None``:
     as long as it takes), then raises :class:`sluice.Timeout`. Remote (``flight://``)
     topics are a ``ValueError``: their producer's reports are on another machine."""
-    import time
-
-    from sluice._sluice import Timeout
-    from sluice._sluice import epoch_size as _epoch_size
-
     if "://" in topic:
         raise ValueError(f"the size of an epoch of the remote topic '{topic}' is not known here")
     deadline = None if timeout is None else time.monotonic() + timeout
