@@ -1097,3 +1097,33 @@ fn a_plan_that_cannot_start_fails_its_waiting_subscribers() {
     // Told, not timed out: far below the subscriber's 120 s.
     assert!(started.elapsed() < Duration::from_secs(60));
 }
+
+/// A query with a deep expression (a sum of 1,000 terms: DataFusion and its parser
+/// recurse once per term) runs: the threads that plan and execute have stacks deep
+/// enough, where the 2 MiB default of a tokio thread ended the process with a stack
+/// overflow. Its rows are those of the same sum written as one term.
+#[test]
+fn a_query_with_a_deep_expression_runs_instead_of_overflowing_a_stack() {
+    const TERMS: u64 = 1_000;
+    let mut h = Harness::new();
+    h.dataset(1_000);
+    let sum: String = (0..TERMS).map(|i| format!(" + {i}")).collect();
+    let deep = h.plan(
+        "deep.sql",
+        &plan_sql("deep", "", &format!("SELECT id, id{sum} AS s FROM train")),
+    );
+    let flat = h.plan(
+        "flat.sql",
+        &plan_sql(
+            "deep",
+            "",
+            &format!(
+                "SELECT id, id + {} AS s FROM train",
+                TERMS * (TERMS - 1) / 2
+            ),
+        ),
+    );
+    let (rows, deep) = h.source_checksum(&deep);
+    assert_eq!(rows, 1_000);
+    assert_eq!(deep, h.source_checksum(&flat).1);
+}
