@@ -123,6 +123,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let producer = sluice::status::ProducerReport {
         pid: 42,
+        started: None,
         topic: "demo".into(),
         state: "publishing".into(),
         epoch: 1,
@@ -148,6 +149,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let subscriber = sluice::status::SubscriberReport {
         pid: 43,
+        started: None,
         topic: "demo".into(),
         epoch: 1,
         seq: 99,

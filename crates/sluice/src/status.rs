@@ -21,6 +21,10 @@ pub const REPORT_INTERVAL: Duration = Duration::from_millis(250);
 pub struct ProducerReport {
     /// Its process id.
     pub pid: u32,
+    /// When that process started ([`process_start`]): a process that later has the
+    /// same pid is not the one that wrote this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<u64>,
     /// The topic.
     pub topic: String,
     /// `waiting` (for subscribers), `publishing`, `draining`, `failed`.
@@ -71,6 +75,9 @@ pub struct EpochSize {
 pub struct SubscriberReport {
     /// Its process id.
     pub pid: u32,
+    /// When that process started ([`process_start`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<u64>,
     /// The topic.
     pub topic: String,
     /// Epoch of the last batch received.
@@ -243,14 +250,36 @@ pub(crate) fn unix_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-fn alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
+/// When process `pid` started, in clock ticks after the machine booted (the 22nd field
+/// of `/proc/PID/stat`): with its pid, it names one process, where a pid alone is given
+/// to a new process once the old one is gone. `None` where `/proc` does not say.
+pub fn process_start(pid: u32) -> Option<u64> {
+    start_field(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The start time of a `/proc/PID/stat` line.
+fn start_field(stat: &str) -> Option<u64> {
+    // The second field, the command's name, is in parentheses and may hold spaces and
+    // parentheses of its own: the fields after it follow the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the process that wrote a report (its pid, and its start where it said) runs.
+fn alive(pid: u32, started: Option<u64>) -> bool {
+    let Ok(raw) = libc::pid_t::try_from(pid) else {
         return false;
     };
     // SAFETY: kill(2) with signal 0 sends nothing; it only checks that the process
     // exists (EPERM: it exists but belongs to someone else).
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    let rc = unsafe { libc::kill(raw, 0) };
+    let exists = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    match (exists, started, process_start(pid)) {
+        (false, ..) => false,
+        // The pid was given to a process started since.
+        (true, Some(then), Some(now)) => then == now,
+        (true, ..) => true,
+    }
 }
 
 /// The status of every topic of `namespace` with a live producer or subscriber. Reports
@@ -289,7 +318,7 @@ pub fn snapshot(namespace: &Namespace) -> Result<Vec<TopicStatus>> {
             let Ok(report) = serde_json::from_str::<ProducerReport>(&text) else {
                 continue;
             };
-            if !alive(report.pid) {
+            if !alive(report.pid, report.started) {
                 let _ = std::fs::remove_file(&path);
                 continue;
             }
@@ -301,7 +330,7 @@ pub fn snapshot(namespace: &Namespace) -> Result<Vec<TopicStatus>> {
             let Ok(report) = serde_json::from_str::<SubscriberReport>(&text) else {
                 continue;
             };
-            if !alive(report.pid) {
+            if !alive(report.pid, report.started) {
                 let _ = std::fs::remove_file(&path);
                 continue;
             }
@@ -355,7 +384,7 @@ pub fn producer_report(namespace: &Namespace, topic: &TopicName) -> Result<Optio
     });
     // One producer per topic runs; a dead one's report may remain until a snapshot.
     Ok(reports
-        .filter(|r| r.topic == topic.as_str() && alive(r.pid))
+        .filter(|r| r.topic == topic.as_str() && alive(r.pid, r.started))
         .max_by(|a, b| a.updated.total_cmp(&b.updated)))
 }
 
@@ -409,4 +438,38 @@ pub(crate) fn other_live_producer(namespace: &Namespace, topic: &TopicName) -> O
         .filter_map(|t| t.producer)
         .map(|p| p.pid)
         .find(|&pid| pid != std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_is_alive_only_while_the_process_that_wrote_it_runs() {
+        let me = std::process::id();
+        let started = process_start(me);
+        assert!(
+            started.is_some(),
+            "/proc/self/stat gives this process's start"
+        );
+        assert!(alive(me, started));
+        // A report written before reports said when their process started.
+        assert!(alive(me, None));
+        // The same pid, another start: a later process was given the writer's pid.
+        assert!(!alive(me, started.map(|s| s + 1)));
+        // A child that exited and was reaped: its pid names no process.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(!alive(pid, None));
+    }
+
+    #[test]
+    fn a_command_name_with_spaces_and_parentheses_does_not_shift_the_fields() {
+        let fields: String = (3..=30).map(|i| format!(" {i}")).collect();
+        assert_eq!(start_field(&format!("7 (a) b (c){fields}")), Some(22));
+        assert_eq!(start_field(&format!("7 (plain){fields}")), Some(22));
+        assert_eq!(start_field("7 (cut short) S 1 2"), None);
+        assert_eq!(start_field("no parenthesis"), None);
+    }
 }

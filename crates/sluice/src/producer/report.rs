@@ -59,6 +59,7 @@ impl ProducerReporter {
         self.reporter
             .write(progress.rows, |rows_per_s| ProducerReport {
                 pid: std::process::id(),
+                started: crate::status::process_start(std::process::id()),
                 topic: self.topic.clone(),
                 state: state.to_string(),
                 epoch: progress.epoch,

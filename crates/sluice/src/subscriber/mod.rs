@@ -632,6 +632,7 @@ impl Subscriber {
         };
         reporter.write(rows, |rows_per_s| SubscriberReport {
             pid: std::process::id(),
+            started: crate::status::process_start(std::process::id()),
             topic,
             epoch,
             seq,
