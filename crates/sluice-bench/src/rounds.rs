@@ -21,11 +21,15 @@ const BATCH_ROWS: usize = 1024;
 const GOAL: f64 = 0.9;
 
 /// The selections measured: a name and the query after the table. The sorted and exact
-/// forms choose their ids from the narrow columns, then take their rows (`id IN (…)`):
-/// sorting whole rows instead measured 0.53 and 0.31 of the rows/s without a selection at
-/// a 2 ms step, against 0.62 and 0.27, before large limits were sorted whole
+/// forms choose their ids from the narrow columns, then take their rows: sorting whole
+/// rows instead measured 0.53 and 0.31 of the rows/s without a selection at a 2 ms step,
+/// against 0.62 and 0.27, before large limits were sorted whole
 /// (docs/data/rounds-2core-2026-11-29/whole-rows.md, ids-first.md). The streaming forms
-/// compute a threshold first, then filter the scan as it goes.
+/// compute a threshold first, then filter the scan as it goes. The label-balanced forms
+/// name the chosen ids or the counts first in their join: DataFusion builds a hash join's
+/// table from the side named first unless it knows the other to be smaller, and it knows
+/// nothing of a window's or an aggregate's output, so `train … WHERE id IN (…)` read and
+/// hashed every whole row before the round's first batch (docs/rounds.md, "Costs").
 const SELECTIONS: [(&str, &str); 5] = [
     ("none", "SELECT id, label, text, features FROM train"),
     (
@@ -37,9 +41,10 @@ const SELECTIONS: [(&str, &str); 5] = [
     ),
     (
         "label-balanced, a tenth",
-        "SELECT id, label, text, features FROM train WHERE id IN (\
+        "SELECT t.id, t.label, t.text, t.features FROM (\
          SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY label ORDER BY \
-         sample_hash(id)) AS drawn FROM train) WHERE drawn <= {tenth})",
+         sample_hash(id)) AS drawn FROM train) WHERE drawn <= {tenth}) s \
+         JOIN train t ON t.id = s.id",
     ),
     (
         "new, and the reported at or above their median loss (streaming)",
@@ -52,9 +57,9 @@ const SELECTIONS: [(&str, &str); 5] = [
     ),
     (
         "label-balanced, a tenth, drawn at a rate per label (streaming)",
-        "SELECT t.id, t.label, t.text, t.features FROM train t \
-         JOIN (SELECT coalesce(label, -1) AS label, count(*) AS n FROM train GROUP BY 1) c \
-         ON coalesce(t.label, -1) = c.label \
+        "SELECT t.id, t.label, t.text, t.features \
+         FROM (SELECT coalesce(label, -1) AS label, count(*) AS n FROM train GROUP BY 1) c \
+         JOIN train t ON coalesce(t.label, -1) = c.label \
          WHERE sample_hash(t.id) < {tenth} / CAST(c.n AS DOUBLE)",
     ),
 ];
