@@ -281,3 +281,31 @@ def test_subscribers_receive_the_columns_they_name(plans):
     producer.wait(timeout=30)
     for sub in (everything, named, rebatched, wrong):
         sub.close()
+
+
+def test_a_producer_made_on_a_shallow_thread_plans_a_deep_expression(plans):
+    """A plan is loaded on a thread with a deep stack, not the caller's: a sum of 500
+    terms (DataFusion recurses once per term) made on a Python thread of 1 MiB ended
+    the process with a stack overflow."""
+    terms = 500
+    select = "SELECT id, id" + "".join(f" + {i}" for i in range(terms)) + " AS s FROM t"
+    made: list[object] = []
+
+    def make() -> None:
+        try:
+            made.append(sluice.Producer(plans.plan(rows=100, select=select), min_subscribers=1))
+        except BaseException as e:  # reported to the test's thread
+            made.append(e)
+
+    previous = threading.stack_size(1 << 20)
+    try:
+        thread = threading.Thread(target=make)
+        thread.start()
+    finally:
+        threading.stack_size(previous)
+    thread.join(timeout=120)
+    assert made and isinstance(made[0], sluice.Producer), made
+    with sluice.subscribe(plans.topic, timeout=60) as sub:
+        rows = [(i, s) for b in sub for i, s in zip(ids_of(b), pa.array(b["s"]).to_pylist())]
+    assert sorted(rows) == [(i, i + terms * (terms - 1) // 2) for i in range(100)]
+    made[0].wait(timeout=30)

@@ -124,13 +124,7 @@ fn main() -> ExitCode {
 /// plan queries on the calling thread too (a deep expression needs more than the main
 /// thread's 8 MiB).
 fn run_with_deep_stack(cli: Cli) -> anyhow::Result<()> {
-    std::thread::Builder::new()
-        .name("sluice-main".into())
-        .stack_size(sluice::core::panics::RUNTIME_THREAD_STACK)
-        .spawn(move || run(cli))
-        .context("cannot start the command's thread")?
-        .join()
-        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    sluice::core::threads::on_deep_stack("sluice-main", move || run(cli))?
 }
 
 /// One place that maps errors to exit codes: 2 for a bad plan or configuration, 3 for a
@@ -164,7 +158,7 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         // Panics on these threads are caught where their task is joined and reported as
         // errors: the quiet panic hook keeps them off stderr (sluice::core::panics).
         .thread_name(sluice::core::panics::RUNTIME_THREAD_PREFIX)
-        .thread_stack_size(sluice::core::panics::RUNTIME_THREAD_STACK)
+        .thread_stack_size(sluice::core::threads::RUNTIME_THREAD_STACK)
         .build()
         .context("cannot start the async runtime")
 }

@@ -21,6 +21,7 @@
 //! * [`placement`] names where batches are materialized (`sluice.device`: CPU shared memory or a GPU).
 //! * [`error`] is the one error type of Sluice.
 //! * [`panics`] keeps the panics Sluice catches (and reports as errors) off stderr.
+//! * [`threads`] gives the threads that plan and execute queries stacks deep enough.
 #![warn(missing_docs)]
 
 pub mod burst;
@@ -35,6 +36,7 @@ pub mod process;
 pub mod rebatch;
 pub mod shaper;
 pub mod shuffle;
+pub mod threads;
 pub mod wire;
 
 pub use burst::{Burst, Wake};

@@ -21,13 +21,6 @@ use std::sync::Once;
 /// Threads of Sluice's tokio runtimes are named with this prefix.
 pub const RUNTIME_THREAD_PREFIX: &str = "sluice-rt";
 
-/// The stack of the threads that plan and execute queries (Sluice's tokio runtimes, the
-/// producer's and a catch-up's thread). DataFusion and its SQL parser recurse over an
-/// expression's tree: an expression of 1,000 terms overflowed the 2 MiB default of a
-/// test build (`opt-level = 0`), which ends the process. Only the pages a thread touches
-/// are backed by memory.
-pub const RUNTIME_THREAD_STACK: usize = 32 << 20;
-
 thread_local! {
     /// How many [`catch`] calls this thread is inside.
     static CATCHING: Cell<u32> = const { Cell::new(0) };

@@ -218,9 +218,19 @@ impl PyProducer {
             linger,
             ..RunOptions::default()
         };
+        // Parsed and planned on a deep stack, not this Python thread's (a deep expression).
         let mut plan = py
             .detach(|| {
-                Producer::load_for_run(runtime.handle(), &plan, topic.as_deref(), &namespace, &told)
+                sluice::core::threads::on_deep_stack("sluice-plan", || {
+                    Producer::load_for_run(
+                        runtime.handle(),
+                        &plan,
+                        topic.as_deref(),
+                        &namespace,
+                        &told,
+                    )
+                })
+                .and_then(|loaded| loaded)
             })
             .map_err(|e| to_py(&e))?;
         let options = plan.options_mut();

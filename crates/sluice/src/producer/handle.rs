@@ -60,7 +60,7 @@ impl ProducerHandle {
                 "{}-{name}",
                 sluice_core::panics::RUNTIME_THREAD_PREFIX
             ))
-            .thread_stack_size(sluice_core::panics::RUNTIME_THREAD_STACK)
+            .thread_stack_size(sluice_core::threads::RUNTIME_THREAD_STACK)
             .build()
             .map_err(|e| SluiceError::io("cannot start the async runtime", e))
     }
@@ -74,7 +74,7 @@ impl ProducerHandle {
         let for_thread = shared.clone();
         let thread = std::thread::Builder::new()
             .name("sluice-producer".into())
-            .stack_size(sluice_core::panics::RUNTIME_THREAD_STACK)
+            .stack_size(sluice_core::threads::RUNTIME_THREAD_STACK)
             .spawn(move || {
                 let shared = for_thread;
                 let result = producer.run(runtime.handle(), &options, |p| {

@@ -449,7 +449,7 @@ fn background_runtime() -> Result<Runtime> {
             "{}-catch-up",
             sluice_core::panics::RUNTIME_THREAD_PREFIX
         ))
-        .thread_stack_size(sluice_core::panics::RUNTIME_THREAD_STACK)
+        .thread_stack_size(sluice_core::threads::RUNTIME_THREAD_STACK)
         .on_thread_start(lower_priority)
         .build()
         .map_err(|e| SluiceError::io("cannot start the catch-up's runtime", e))
@@ -476,7 +476,7 @@ impl CatchUpFeed {
         let (sender, feed) = catch_up_channel(&topic, columns);
         std::thread::Builder::new()
             .name("sluice-catch-up".into())
-            .stack_size(sluice_core::panics::RUNTIME_THREAD_STACK)
+            .stack_size(sluice_core::threads::RUNTIME_THREAD_STACK)
             .spawn(move || {
                 lower_priority();
                 if let Err(e) = run_plan(&sender, &plan, runtime.handle(), from) {
