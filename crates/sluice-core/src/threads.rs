@@ -33,19 +33,25 @@ pub fn on_deep_stack<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> Resul
 mod tests {
     use super::*;
 
-    /// Recurses with a frame of about 64 KiB, `depth` times.
-    fn deep(depth: usize) -> u64 {
-        let frame = std::hint::black_box([depth as u8; 64 << 10]);
-        match depth {
-            0 => u64::from(frame[0]),
-            _ => u64::from(frame[depth % frame.len()]) + deep(depth - 1),
+    /// Recurses, in frames of at least 16 KiB, until `bytes` of stack below `top` are in
+    /// use; returns how many are.
+    fn use_stack(top: usize, bytes: usize) -> usize {
+        let frame = std::hint::black_box([0u8; 16 << 10]);
+        let used = top.saturating_sub(frame.as_ptr() as usize);
+        match used >= bytes {
+            true => used,
+            false => use_stack(top, bytes) + usize::from(frame[used % frame.len()]),
         }
     }
 
     #[test]
     fn work_on_a_deep_stack_recurses_past_the_default_stacks() {
-        // 256 frames of 64 KiB: 16 MiB, twice the 8 MiB of a main thread.
-        assert!(on_deep_stack("sluice-test", || deep(256)).unwrap() > 0);
+        // 12 MiB: more than a main thread's 8 MiB and a spawned thread's 2 MiB.
+        let used = on_deep_stack("sluice-test", || {
+            let top = 0u8;
+            use_stack(std::ptr::addr_of!(top) as usize, 12 << 20)
+        });
+        assert!(used.unwrap() >= 12 << 20);
         let name = on_deep_stack("sluice-test", || {
             std::thread::current().name().map(str::to_string)
         });
