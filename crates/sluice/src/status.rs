@@ -7,6 +7,7 @@
 //! and joins each topic's subscribers to its producer to tell their lag.
 
 use std::path::PathBuf;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -257,6 +258,22 @@ pub fn process_start(pid: u32) -> Option<u64> {
     start_field(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
+/// [`process_start`] of this process, read once (again in a forked child, whose pid
+/// differs): reports are written four times a second.
+pub(crate) fn this_process_start() -> Option<u64> {
+    static CACHE: Mutex<Option<(u32, Option<u64>)>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
+    match *cache {
+        Some((cached, started)) if cached == pid => started,
+        _ => {
+            let started = process_start(pid);
+            *cache = Some((pid, started));
+            started
+        }
+    }
+}
+
 /// The start time of a `/proc/PID/stat` line.
 fn start_field(stat: &str) -> Option<u64> {
     // The second field, the command's name, is in parentheses and may hold spaces and
@@ -274,11 +291,11 @@ fn alive(pid: u32, started: Option<u64>) -> bool {
     // exists (EPERM: it exists but belongs to someone else).
     let rc = unsafe { libc::kill(raw, 0) };
     let exists = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-    match (exists, started, process_start(pid)) {
-        (false, ..) => false,
+    match (exists, started) {
+        (false, _) => false,
         // The pid was given to a process started since.
-        (true, Some(then), Some(now)) => then == now,
-        (true, ..) => true,
+        (true, Some(then)) => process_start(pid).is_none_or(|now| now == then),
+        (true, None) => true,
     }
 }
 
@@ -455,6 +472,7 @@ mod tests {
         assert!(alive(me, started));
         // A report written before reports said when their process started.
         assert!(alive(me, None));
+        assert_eq!(this_process_start(), started);
         // The same pid, another start: a later process was given the writer's pid.
         assert!(!alive(me, started.map(|s| s + 1)));
         // A child that exited and was reaped: its pid names no process.

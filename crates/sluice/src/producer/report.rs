@@ -59,7 +59,7 @@ impl ProducerReporter {
         self.reporter
             .write(progress.rows, |rows_per_s| ProducerReport {
                 pid: std::process::id(),
-                started: crate::status::process_start(std::process::id()),
+                started: crate::status::this_process_start(),
                 topic: self.topic.clone(),
                 state: state.to_string(),
                 epoch: progress.epoch,

@@ -632,7 +632,7 @@ impl Subscriber {
         };
         reporter.write(rows, |rows_per_s| SubscriberReport {
             pid: std::process::id(),
-            started: crate::status::process_start(std::process::id()),
+            started: crate::status::this_process_start(),
             topic,
             epoch,
             seq,
