@@ -231,7 +231,12 @@ impl Harness {
         cmd.args(args)
             .current_dir(self.dir.path())
             .env("SLUICE_NAMESPACE", self.ns.name())
-            .env("SLUICE_LOG", "warn")
+            // `SLUICE_TEST_LOG=debug cargo test …` shows what the children logged in a
+            // failing test's messages.
+            .env(
+                "SLUICE_LOG",
+                std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

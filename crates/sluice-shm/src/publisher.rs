@@ -271,6 +271,16 @@ impl TopicPublisher {
         stop: &AtomicBool,
     ) -> Result<()> {
         let start = Instant::now();
+        let attached = self.subscribers();
+        if attached < n {
+            // Says why nothing is published yet: a subscriber killed before it attached
+            // is not counted, and the producer waits for another to take its place.
+            tracing::info!(
+                topic = %self.config.topic,
+                attached,
+                "waiting for {n} subscribers before the first batch"
+            );
+        }
         while self.subscribers() < n {
             if stop.load(Ordering::Relaxed) {
                 return Err(SluiceError::Stopped("while waiting for subscribers".into()));
