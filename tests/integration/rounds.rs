@@ -284,6 +284,14 @@ fn ids_and_labels(batches: &[RecordBatch]) -> Rows {
 /// Round 1 of a shipped selection plan over 30 000 demo rows, ids below 15 000 reported
 /// with loss `(id * 37 % 101) / 100`: its rows, and every demo row.
 fn select_round_one(file: &str) -> (Rows, Rows) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let sql = std::fs::read_to_string(root.join("pipelines/selection").join(file)).unwrap();
+    round_one(file, &sql)
+}
+
+/// Round 1 of the plan `sql` (named `file`) over the data and reports of
+/// [`select_round_one`].
+fn round_one(file: &str, sql: &str) -> (Rows, Rows) {
     let dir = tempfile::tempdir().unwrap();
     let batch = sluice::demo::demo_batch(0, 30_000).unwrap();
     let path = dir.path().join("part-0.parquet");
@@ -295,10 +303,7 @@ fn select_round_one(file: &str) -> (Rows, Rows) {
     .unwrap();
     w.write(&batch).unwrap();
     w.close().unwrap();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let sql = std::fs::read_to_string(root.join("pipelines/selection").join(file))
-        .unwrap()
-        .replace("'data/demo/'", &format!("'{}/'", dir.path().display()));
+    let sql = sql.replace("'data/demo/'", &format!("'{}/'", dir.path().display()));
     let columns = vec!["loss".to_string()];
     let reported: Vec<i64> = (0..15_000).collect();
     let losses = reported
@@ -366,6 +371,14 @@ fn the_shipped_selection_plans_select_what_they_say() {
     }
     assert_eq!(per_label.len(), 10);
     assert!(per_label.values().all(|&n| n == 1000), "{per_label:?}");
+    // Exactly the rows a sort by the same draw within each label keeps.
+    let ranked = "SET sluice.rounds = 10; SET sluice.shuffle_seed = 7;\n\
+        CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION 'data/demo/';\n\
+        SELECT id, label FROM (SELECT id, label, ROW_NUMBER() OVER (PARTITION BY label \
+        ORDER BY sample_hash(id)) AS r FROM train WHERE label IS NOT NULL) WHERE r <= 1000";
+    let (want, _) = round_one("ranked.sql", ranked);
+    let ids = |rows: &Rows| rows.iter().map(|r| r.0).collect::<BTreeSet<i64>>();
+    assert_eq!(ids(&got), ids(&want));
 
     // New data only: the unreported.
     let (got, all) = select_round_one("unseen_only.sql");

@@ -25,12 +25,16 @@ const GOAL: f64 = 0.9;
 /// rows instead measured 0.53 and 0.31 of the rows/s without a selection at a 2 ms step,
 /// against 0.62 and 0.27, before large limits were sorted whole
 /// (docs/data/rounds-2core-2026-11-29/whole-rows.md, ids-first.md). The streaming forms
-/// compute a threshold first, then filter the scan as it goes. The label-balanced forms
-/// name the chosen ids or the counts first in their join: DataFusion builds a hash join's
-/// table from the side named first unless it knows the other to be smaller, and it knows
+/// compute a threshold first (a median, a per-label count, a per-label cut by
+/// `sample_cut`), then filter the scan as it goes. The label-balanced forms name the
+/// chosen ids, counts or cuts first in their join: DataFusion builds a hash join's table
+/// from the side named first unless it knows the other to be smaller, and it knows
 /// nothing of a window's or an aggregate's output, so `train … WHERE id IN (…)` read and
-/// hashed every whole row before the round's first batch (docs/rounds.md, "Costs").
-const SELECTIONS: [(&str, &str); 5] = [
+/// hashed every whole row before the round's first batch. Every plan sets
+/// `datafusion.optimizer.repartition_joins = false`, so that such a join builds its
+/// table once from the small side and streams the scan through it, rather than
+/// hash-partitioning every whole row of the scan first (docs/rounds.md, "Costs").
+const SELECTIONS: [(&str, &str); 6] = [
     ("none", "SELECT id, label, text, features FROM train"),
     (
         "top half by loss",
@@ -54,6 +58,14 @@ const SELECTIONS: [(&str, &str); 5] = [
          CROSS JOIN (SELECT median(loss) AS cut FROM \
            (SELECT max(loss) AS loss FROM sluice_feedback GROUP BY key)) c \
          WHERE f.loss IS NULL OR f.loss >= c.cut",
+    ),
+    (
+        "label-balanced, a tenth, exact, at a cut per label (streaming)",
+        "SELECT t.id, t.label, t.text, t.features \
+         FROM (SELECT coalesce(label, -1) AS label, sample_cut(sample_hash(id), {tenth}) AS cut \
+           FROM train GROUP BY 1) c \
+         JOIN train t ON coalesce(t.label, -1) = c.label \
+         WHERE sample_hash(t.id) <= c.cut",
     ),
     (
         "label-balanced, a tenth, drawn at a rate per label (streaming)",
@@ -196,6 +208,7 @@ fn sql(bench: &Bench<'_>, topic: &str, query: &str, rounds: u64, epochs: u64) ->
          SET sluice.rounds = {rounds}; SET sluice.epochs = {epochs};\n\
          SET sluice.trigger = 'manual'; SET sluice.settle_s = 0;\n\
          SET sluice.window = 8; SET sluice.message_batches = 1; SET sluice.shuffle_seed = 3;\n\
+         SET datafusion.optimizer.repartition_joins = false;\n\
          CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION '{}/';\n{};",
         bench.data.dir.display(),
         query

@@ -117,6 +117,7 @@ pub async fn ballista_context(local: &SessionContext, engine: &Engine) -> Result
     // they are applied here too: the scheduler plans with this configuration.
     let config = state.config().clone().upgrade_for_ballista();
     let functions: Vec<_> = state.scalar_functions().values().cloned().collect();
+    let aggregates: Vec<_> = state.aggregate_functions().values().cloned().collect();
     let state = SessionStateBuilder::new_from_existing(state)
         .with_config(config)
         .build();
@@ -144,6 +145,12 @@ pub async fn ballista_context(local: &SessionContext, engine: &Engine) -> Result
     for udf in functions {
         if !present.contains_key(udf.name()) {
             ctx.register_udf(Arc::unwrap_or_clone(udf));
+        }
+    }
+    let present = ctx.state().aggregate_functions().clone();
+    for udaf in aggregates {
+        if !present.contains_key(udaf.name()) {
+            ctx.register_udaf(Arc::unwrap_or_clone(udaf));
         }
     }
     Ok(ctx)

@@ -175,6 +175,25 @@ pub fn feedback_columns(text: &str) -> Result<Vec<String>> {
     Ok(out)
 }
 
+/// Whether any statement of `sql` names `sluice_feedback` (in a query, a subquery, a
+/// `CREATE TABLE … AS` or a view): a round whose plan never reads the reports need not
+/// load them, which costs a round's start a read of every report so far. Text that does
+/// not parse, or a statement whose tables cannot be resolved, counts as reading them:
+/// the plan reports its own error when it is planned.
+pub fn reads_feedback(sql: &str) -> bool {
+    let Ok(statements) = datafusion::sql::parser::DFParser::parse_sql(sql) else {
+        return true;
+    };
+    statements.iter().any(|statement| {
+        match datafusion::sql::resolve::resolve_table_references(statement, true) {
+            Ok((tables, _ctes)) => tables
+                .iter()
+                .any(|t| t.table().eq_ignore_ascii_case(FEEDBACK_TABLE)),
+            Err(_) => true,
+        }
+    })
+}
+
 /// Registers `sluice_feedback` and `sluice_round` in `ctx`.
 pub(crate) fn register(
     ctx: &SessionContext,
@@ -301,6 +320,27 @@ mod tests {
                 e.contains("sluice.trigger") && e.contains("expected"),
                 "{bad}: {e}"
             );
+        }
+    }
+
+    #[test]
+    fn a_plan_reads_feedback_only_where_a_statement_names_its_table() {
+        for reads in [
+            "SELECT * FROM train t JOIN sluice_feedback f ON t.id = f.key",
+            "SELECT * FROM train WHERE id IN (SELECT key FROM SLUICE_FEEDBACK)",
+            "CREATE TABLE chosen AS SELECT key FROM public.sluice_feedback; SELECT 1",
+            "CREATE VIEW v AS SELECT * FROM sluice_feedback; SELECT * FROM v",
+            "WITH f AS (SELECT key FROM sluice_feedback) SELECT * FROM train, f",
+            "SELECT 1 FROM (((",
+        ] {
+            assert!(reads_feedback(reads), "{reads}");
+        }
+        for not in [
+            "SET sluice.epochs = 2; SELECT id FROM train",
+            "SELECT id, 'sluice_feedback' AS name FROM train",
+            "WITH sluice_feedbacks AS (SELECT 1 AS x) SELECT * FROM sluice_feedbacks",
+        ] {
+            assert!(!reads_feedback(not), "{not}");
         }
     }
 

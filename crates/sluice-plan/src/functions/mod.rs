@@ -50,6 +50,7 @@
 
 mod common;
 mod image;
+mod sample_cut;
 mod selection;
 mod tensor;
 mod text;
@@ -58,7 +59,7 @@ use std::any::Any;
 
 use datafusion::common::DataFusionError;
 use datafusion::common::config::{ConfigEntry, ConfigExtension, ExtensionOptions};
-use datafusion::logical_expr::ScalarUDF;
+use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
 use datafusion::prelude::SessionContext;
 
 pub use common::{IMAGE_CHANNELS_KEY, tensor_field, tensor_shape};
@@ -157,16 +158,27 @@ pub fn all() -> Vec<ScalarUDF> {
     out
 }
 
+/// Every aggregate function Sluice adds (`sample_cut`).
+pub fn aggregates() -> Vec<AggregateUDF> {
+    vec![sample_cut::udaf()]
+}
+
 /// Registers every preprocessing function in `ctx`.
 pub fn register(ctx: &SessionContext) {
     for udf in all() {
         ctx.register_udf(udf);
     }
+    for udaf in aggregates() {
+        ctx.register_udaf(udaf);
+    }
 }
 
-/// The names of the preprocessing functions.
+/// The names of the preprocessing functions, the aggregates last.
 pub fn names() -> Vec<String> {
-    all().iter().map(|f| f.name().to_string()).collect()
+    let scalar = all().into_iter().map(|f| f.name().to_string());
+    scalar
+        .chain(aggregates().iter().map(|f| f.name().to_string()))
+        .collect()
 }
 
 #[cfg(test)]

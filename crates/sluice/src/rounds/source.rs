@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use sluice_core::{Position, Result, SluiceError, TopicName};
-use sluice_plan::rounds::{RoundInputs, Trigger, feedback_columns};
+use sluice_plan::rounds::{RoundInputs, Trigger, feedback_columns, reads_feedback};
 use sluice_plan::{Plan, SluiceOptions};
 use sluice_shm::Namespace;
 use tokio::runtime::Handle;
@@ -33,9 +33,11 @@ pub fn round_of(batch: &arrow::record_batch::RecordBatch) -> Option<u64> {
 }
 
 /// How often a trigger is looked at while a producer waits for it: a request or a clock
-/// often (a file's presence, the time), the data and a query less often (each look
-/// plans the tables again: a listing, a LIST request per table on object storage).
-const CHEAP_POLL: Duration = Duration::from_millis(20);
+/// often (a file's presence, the time: one system call, 200 a second cost nothing
+/// measurable, and half the period is added to every round's start on average), the
+/// data and a query less often (each look plans the tables again: a listing, a LIST
+/// request per table on object storage).
+const CHEAP_POLL: Duration = Duration::from_millis(5);
 const PLANNED_POLL: Duration = Duration::from_millis(500);
 
 /// Asks the producer of `topic` to start its next round (`sluice.trigger = 'manual'`).
@@ -61,6 +63,9 @@ pub(crate) struct RoundSource<'a> {
     feedback_dir: PathBuf,
     request_path: PathBuf,
     columns: Vec<String>,
+    /// Whether the plan names `sluice_feedback`; a plan that does not starts its rounds
+    /// without reading the reports.
+    reads_feedback: bool,
     trigger: Trigger,
     stop: Arc<AtomicBool>,
     max_batches: usize,
@@ -122,6 +127,7 @@ impl<'a> RoundSource<'a> {
             feedback_dir,
             request_path,
             columns: feedback_columns(&opts.feedback)?,
+            reads_feedback: reads_feedback(base.sql()),
             trigger: opts.trigger()?,
             stop,
             max_batches: 1,
@@ -142,10 +148,13 @@ impl<'a> RoundSource<'a> {
             round,
             cutoff: Some(from_us(entry.cutoff_us)),
             files: recorded.as_ref().map(|r| r.files.clone()),
-            feedback: {
-                let mut files = self.log.feedback_before(round);
-                files.extend(entry.feedback.iter().cloned());
-                read_feedback(&self.feedback_dir, &files, &self.columns).0
+            feedback: match self.reads_feedback {
+                true => {
+                    let mut files = self.log.feedback_before(round);
+                    files.extend(entry.feedback.iter().cloned());
+                    read_feedback(&self.feedback_dir, &files, &self.columns).0
+                }
+                false => Vec::new(),
             },
             rounds: {
                 let mut rows = self.log.rows(round);
@@ -316,12 +325,26 @@ impl<'a> RoundSource<'a> {
     /// What a look at the data as it is now plans with: the files before `cutoff`, every
     /// report so far, the rounds up to `round`.
     fn probe(&self, round: u64, cutoff: SystemTime) -> RoundInputs {
-        let files = feedback_files(&self.feedback_dir);
+        let reads = match &self.trigger {
+            Trigger::Sql(query) => self.reads_feedback || reads_feedback(query),
+            _ => self.reads_feedback,
+        };
+        let feedback = match reads {
+            true => {
+                read_feedback(
+                    &self.feedback_dir,
+                    &feedback_files(&self.feedback_dir),
+                    &self.columns,
+                )
+                .0
+            }
+            false => Vec::new(),
+        };
         RoundInputs {
             round,
             cutoff: Some(cutoff),
             files: None,
-            feedback: read_feedback(&self.feedback_dir, &files, &self.columns).0,
+            feedback,
             rounds: self.log.rows(round),
         }
     }
