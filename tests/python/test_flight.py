@@ -88,7 +88,10 @@ def test_named_columns_are_the_only_ones_the_server_sends(plans, server, monkeyp
     monkeypatch.setenv("SLUICE_TOKEN", TOKEN)
     producer = sluice.Producer(plans.plan(rows=300, batch_rows=64, epochs=1), min_subscribers=3)
     client = flight.FlightClient(f"grpc://{server}")
-    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    # A deadline, so that a stream that never starts fails the test instead of hanging it.
+    options = flight.FlightCallOptions(
+        timeout=60, headers=[(b"authorization", f"Bearer {TOKEN}".encode())]
+    )
     ticket = flight.Ticket(json.dumps({"topic": plans.topic, "columns": ["x", "id"]}).encode())
     with sluice.subscribe(
         f"flight://{server}/{plans.topic}", columns=["id"], batch_size=100, timeout=60
@@ -140,7 +143,10 @@ def test_any_flight_client_of_every_column_reads_the_producers_messages_as_they_
         plans.plan(rows=1_001, batch_rows=64, epochs=2, select=select), min_subscribers=2
     )
     client = flight.FlightClient(f"grpc://{server}")
-    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    # A deadline, so that a stream that never starts fails the test instead of hanging it.
+    options = flight.FlightCallOptions(
+        timeout=60, headers=[(b"authorization", f"Bearer {TOKEN}".encode())]
+    )
     ticket = flight.Ticket(json.dumps({"topic": plans.topic}).encode())
     with sluice.subscribe(f"flight://{server}/{plans.topic}", timeout=60) as sub:
         reader = client.do_get(ticket, options)
@@ -177,7 +183,10 @@ def test_named_columns_bring_their_dictionaries_with_every_batch(plans, server, 
         plans.plan(rows=700, batch_rows=64, epochs=2, select=select), min_subscribers=2
     )
     client = flight.FlightClient(f"grpc://{server}")
-    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    # A deadline, so that a stream that never starts fails the test instead of hanging it.
+    options = flight.FlightCallOptions(
+        timeout=60, headers=[(b"authorization", f"Bearer {TOKEN}".encode())]
+    )
     ticket = flight.Ticket(json.dumps({"topic": plans.topic, "columns": ["d", "id"]}).encode())
     with sluice.subscribe(
         f"flight://{server}/{plans.topic}", columns=["d", "id"], batch_size=100, timeout=60
