@@ -1140,3 +1140,41 @@ fn a_query_with_a_deep_expression_runs_instead_of_overflowing_a_stack() {
     assert_eq!(rows, 1_000);
     assert_eq!(deep, h.source_checksum(&flat).1);
 }
+
+/// A `sluice run` whose stderr reader went away (a killed parent, `2>&1 | head`) still
+/// ends with its error's exit code: writing the error to the closed pipe had panicked
+/// (exit 101), and a producer thread that panicked had left the command waiting forever.
+#[test]
+fn a_run_whose_stderr_was_closed_still_ends_with_its_exit_code() {
+    let mut h = Harness::new();
+    h.dataset(1_000);
+    h.plan("p.sql", &plan_sql("closed", "", QUERY));
+    let mut child = h
+        .command(&[
+            "run",
+            "p.sql",
+            "--quiet",
+            "--min-subscribers",
+            "1",
+            "--wait-timeout",
+            "2",
+        ])
+        .env("SLUICE_LOG", "info")
+        .spawn()
+        .unwrap();
+    // The reader goes away before the run logs its topic and times out.
+    drop(child.stderr.take());
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > LIMIT {
+            let _ = child.kill();
+            panic!("sluice run did not end");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // 4: it timed out waiting for a subscriber, as it should.
+    assert_eq!(status.code(), Some(4), "{status:?}");
+}

@@ -7,6 +7,7 @@ mod serve;
 mod status;
 mod subscribe;
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -114,7 +115,9 @@ fn main() -> ExitCode {
             if is_broken_pipe(&e) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("error: {e:#}");
+            // Not `eprintln!`, which panics where stderr is a closed pipe (a killed
+            // parent, `2>&1 | head`): the exit code still says what went wrong.
+            let _ = writeln!(std::io::stderr(), "error: {e:#}");
             ExitCode::from(exit_code(&e))
         }
     }
@@ -222,7 +225,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let stats = run_producer(rt, plan, options, quiet)?;
             if !quiet {
-                eprintln!(
+                let _ = writeln!(
+                    std::io::stderr(),
                     "published {} rows in {} batches ({} messages, {} wake-ups of the subscribers) over {} epoch(s) in {:.2}s ({:.0} rows/s, {} of shared memory)",
                     stats.rows,
                     stats.batches,

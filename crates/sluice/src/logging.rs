@@ -14,5 +14,8 @@ pub fn log_to_stderr(default_filter: &str) {
         .with_target(false)
         .without_time()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // Its report of a failed write is an `eprintln!`, which panics where stderr is a
+        // closed pipe (a killed parent, `2>&1 | head`): a producer's thread died of it.
+        .log_internal_errors(false)
         .try_init();
 }
