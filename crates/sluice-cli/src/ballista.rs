@@ -49,7 +49,7 @@ pub fn run(args: BallistaArgs) -> anyhow::Result<()> {
     let rt = crate::runtime()?;
     match args.role {
         Role::Scheduler { bind } => {
-            eprintln!("Ballista scheduler with Sluice's functions listening on {bind}");
+            say!("Ballista scheduler with Sluice's functions listening on {bind}");
             rt.block_on(sluice::plan::run_scheduler(bind))?;
         }
         Role::Executor {
@@ -71,7 +71,7 @@ pub fn run(args: BallistaArgs) -> anyhow::Result<()> {
                 })?;
             let concurrency = concurrency
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-            eprintln!(
+            say!(
                 "Ballista executor with Sluice's functions on {host}:{flight_port} \
                  (gRPC {grpc_port}), scheduler {scheduler_host}:{scheduler_port}"
             );

@@ -88,7 +88,7 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
     let plan = rt.block_on(Plan::load(&args.plan))?;
     let topic = plan.options().topic.clone();
     let epochs = plan.options().epochs;
-    eprintln!(
+    say!(
         "demo: {} rows in {}, plan {}, topic '{}', {} epoch(s), {} subscribers",
         args.rows,
         args.data.display(),
@@ -247,7 +247,7 @@ fn prepare(args: &Demo) -> anyhow::Result<()> {
             .with_context(|| format!("cannot replace {}", args.data.display()))?;
     }
     std::fs::create_dir_all(&args.data)?;
-    eprintln!(
+    say!(
         "demo: generating {} rows in {}",
         args.rows,
         args.data.display()

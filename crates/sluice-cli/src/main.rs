@@ -1,5 +1,14 @@
 //! The `sluice` command: argument parsing and glue; the work happens in the libraries.
 
+/// Writes a line to stderr, as `eprintln!` does, but without panicking where stderr is a
+/// closed pipe (a killed parent, `2>&1 | head`): a message nobody reads is not an error.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod ballista;
 mod demo;
 mod malloc;
@@ -7,7 +16,6 @@ mod serve;
 mod status;
 mod subscribe;
 
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -115,9 +123,8 @@ fn main() -> ExitCode {
             if is_broken_pipe(&e) {
                 return ExitCode::SUCCESS;
             }
-            // Not `eprintln!`, which panics where stderr is a closed pipe (a killed
-            // parent, `2>&1 | head`): the exit code still says what went wrong.
-            let _ = writeln!(std::io::stderr(), "error: {e:#}");
+            // The exit code still says what went wrong where nobody reads this.
+            say!("error: {e:#}");
             ExitCode::from(exit_code(&e))
         }
     }
@@ -225,8 +232,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let stats = run_producer(rt, plan, options, quiet)?;
             if !quiet {
-                let _ = writeln!(
-                    std::io::stderr(),
+                say!(
                     "published {} rows in {} batches ({} messages, {} wake-ups of the subscribers) over {} epoch(s) in {:.2}s ({:.0} rows/s, {} of shared memory)",
                     stats.rows,
                     stats.batches,

@@ -93,13 +93,13 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The address on stdout (scripts read the port of --flight HOST:0 from it).
     println!("serving on {}", server.local_addr());
     if let Some(file) = server.token_file() {
-        eprintln!(
+        say!(
             "no --token-file: subscribers need the token in {}, which only you can read; \
              yours on this machine find it there, others need SLUICE_TOKEN",
             file.display()
         );
     }
-    eprintln!(
+    say!(
         "serving this node's topics over Arrow Flight on {}: subscribe with \
          `sluice subscribe {scheme}://{}/TOPIC`; Ctrl-C stops",
         server.local_addr(),

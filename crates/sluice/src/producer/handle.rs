@@ -37,24 +37,15 @@ struct Shared {
     progress: Mutex<Progress>,
 }
 
-/// Gives the run an outcome if its thread unwinds before it set one (a panic is a bug,
-/// but must not leave `wait_finished` waiting forever: `sluice run` did, its thread gone).
-struct OutcomeGuard(Arc<Shared>);
-
-impl Drop for OutcomeGuard {
-    fn drop(&mut self) {
-        let mut outcome = self
-            .0
-            .outcome
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if outcome.is_none() {
-            *outcome = Some(Err(SluiceError::Internal(
-                "the producer thread panicked (its message is above, on stderr)".into(),
-            )));
-        }
-        self.0.finished.notify_all();
-    }
+/// `run`'s outcome, a panic in it becoming an error that says so (a panic is a bug, but
+/// must not leave the run without an outcome: `wait_finished` would wait forever, as
+/// `sluice run` did once its thread had died).
+fn outcome_of(run: impl FnOnce() -> Result<RunStats>) -> Result<RunStats> {
+    sluice_core::panics::catch(run).unwrap_or_else(|panic| {
+        Err(SluiceError::Internal(format!(
+            "the producer thread panicked: {panic}"
+        )))
+    })
 }
 
 /// A producer running on a thread of its own (see the module docs): progress, stop,
@@ -97,13 +88,13 @@ impl ProducerHandle {
             .stack_size(sluice_core::threads::RUNTIME_THREAD_STACK)
             .spawn(move || {
                 let shared = for_thread;
-                // A panic in the run must still end it for the waiting caller.
-                let _outcome = OutcomeGuard(shared.clone());
-                let result = producer.run(runtime.handle(), &options, |p| {
-                    *shared
-                        .progress
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner) = p.clone();
+                let result = outcome_of(|| {
+                    producer.run(runtime.handle(), &options, |p| {
+                        *shared
+                            .progress
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner) = p.clone();
+                    })
                 });
                 drop(producer);
                 runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
@@ -237,31 +228,16 @@ mod tests {
 
     #[test]
     fn a_run_thread_that_panics_still_ends_the_run() {
-        let shared = Arc::new(Shared::default());
-        let guarded = shared.clone();
-        let thread = std::thread::spawn(move || {
-            let _outcome = OutcomeGuard(guarded);
-            panic!("a bug in the run");
-        });
-        assert!(thread.join().is_err());
-        let outcome = shared.outcome.lock().unwrap();
+        let outcome = outcome_of(|| panic!("a bug in the run"));
         assert!(
-            matches!(outcome.as_ref(), Some(Err(SluiceError::Internal(m))) if m.contains("panicked")),
+            matches!(&outcome, Err(SluiceError::Internal(m)) if m.contains("panicked") && m.contains("a bug in the run")),
             "{outcome:?}"
         );
     }
 
     #[test]
     fn an_outcome_set_by_the_run_is_kept() {
-        let shared = Arc::new(Shared::default());
-        {
-            let _outcome = OutcomeGuard(shared.clone());
-            *shared.outcome.lock().unwrap() = Some(Err(SluiceError::Stopped("by hand".into())));
-        }
-        let outcome = shared.outcome.lock().unwrap();
-        assert!(matches!(
-            outcome.as_ref(),
-            Some(Err(SluiceError::Stopped(_)))
-        ));
+        let outcome = outcome_of(|| Err(SluiceError::Stopped("by hand".into())));
+        assert!(matches!(outcome, Err(SluiceError::Stopped(_))));
     }
 }

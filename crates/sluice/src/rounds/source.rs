@@ -33,8 +33,8 @@ pub fn round_of(batch: &arrow::record_batch::RecordBatch) -> Option<u64> {
 }
 
 /// How often a trigger is looked at while a producer waits for it: a request or a clock
-/// often (a file's presence, the time: one system call, 200 a second cost nothing
-/// measurable, and half the period is added to every round's start on average), the
+/// often (a file's presence, the time: a system call at most; half the period is
+/// added to every round's start on average), the
 /// data and a query less often (each look plans the tables again: a listing, a LIST
 /// request per table on object storage).
 const CHEAP_POLL: Duration = Duration::from_millis(5);
@@ -63,9 +63,11 @@ pub(crate) struct RoundSource<'a> {
     feedback_dir: PathBuf,
     request_path: PathBuf,
     columns: Vec<String>,
-    /// Whether the plan names `sluice_feedback`; a plan that does not starts its rounds
-    /// without reading the reports.
+    /// Whether the plan names `sluice_feedback` (a plan that does not starts its rounds
+    /// without reading the reports), and whether a probe needs them (the plan or a
+    /// `sql:` trigger's query names it).
     reads_feedback: bool,
+    probe_reads_feedback: bool,
     trigger: Trigger,
     stop: Arc<AtomicBool>,
     max_batches: usize,
@@ -128,6 +130,8 @@ impl<'a> RoundSource<'a> {
             request_path,
             columns: feedback_columns(&opts.feedback)?,
             reads_feedback: reads_feedback(base.sql()),
+            probe_reads_feedback: reads_feedback(base.sql())
+                || matches!(opts.trigger()?, Trigger::Sql(query) if reads_feedback(&query)),
             trigger: opts.trigger()?,
             stop,
             max_batches: 1,
@@ -325,11 +329,7 @@ impl<'a> RoundSource<'a> {
     /// What a look at the data as it is now plans with: the files before `cutoff`, every
     /// report so far, the rounds up to `round`.
     fn probe(&self, round: u64, cutoff: SystemTime) -> RoundInputs {
-        let reads = match &self.trigger {
-            Trigger::Sql(query) => self.reads_feedback || reads_feedback(query),
-            _ => self.reads_feedback,
-        };
-        let feedback = match reads {
+        let feedback = match self.probe_reads_feedback {
             true => {
                 read_feedback(
                     &self.feedback_dir,
