@@ -30,13 +30,16 @@ def server(ns, tmp_path):
     """``sluice serve --flight 127.0.0.1:0`` in this test's namespace; yields its address."""
     token = tmp_path / "token"
     token.write_text(TOKEN)
-    proc = subprocess.Popen(
-        [CLI, "serve", "--flight", "127.0.0.1:0", "--token-file", str(token)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "SLUICE_NAMESPACE": ns, "SLUICE_LOG": "warn"},
-    )
+    log = tmp_path / "serve.log"
+    level = os.environ.get("SLUICE_TEST_LOG", "warn")
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(
+            [CLI, "serve", "--flight", "127.0.0.1:0", "--token-file", str(token)],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env={**os.environ, "SLUICE_NAMESPACE": ns, "SLUICE_LOG": level},
+        )
     try:
         line = proc.stdout.readline()
         assert line.startswith("serving on "), line
@@ -44,6 +47,8 @@ def server(ns, tmp_path):
     finally:
         proc.kill()
         proc.wait(10)
+        # Shown by pytest only for a test that failed.
+        print(f"--- sluice serve's log ({level}) ---\n{log.read_text()}")
 
 
 @needs_cli
