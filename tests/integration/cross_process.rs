@@ -1095,20 +1095,74 @@ fn status_shows_producers_and_subscribers_with_their_lag() {
 fn a_plan_that_cannot_start_fails_its_waiting_subscribers() {
     let mut h = Harness::new();
     h.dataset(1_000);
-    h.plan(
-        "p.sql",
-        &plan_sql("badplan", "", "SELECT no_such_column FROM train"),
+    // A plan that does not plan, one with a syntax error (its `SET`s still name the
+    // topic), one whose topic is too large to create (after the plan loaded: sized from
+    // its first batch), and one whose max_subscribers is itself too large for the topic.
+    let cases = [
+        (
+            "unplanned",
+            "",
+            "SELECT no_such_column FROM train",
+            2,
+            "no_such_column",
+        ),
+        ("syntax", "", "SELEKT id FROM train", 2, "SELEKT"),
+        (
+            "huge",
+            "SET sluice.window = 4294967296;",
+            QUERY,
+            1,
+            "shared memory",
+        ),
+        (
+            "crowded",
+            "SET sluice.max_subscribers = 100000000;",
+            QUERY,
+            1,
+            "shared memory",
+        ),
+    ];
+    for (topic, extra, query, code, says) in cases {
+        h.plan("p.sql", &plan_sql(topic, extra, query));
+        let sub = h.spawn(&["subscribe", topic, "--json", "--timeout", "120"]);
+        h.wait_for_interest(topic, 1, LIMIT);
+        let started = Instant::now();
+        let out = h.spawn(&["run", "p.sql", "--quiet"]).wait(LIMIT);
+        assert_eq!(out.status.code(), Some(code), "{topic}: {}", out.stderr);
+        let out = sub.wait(LIMIT);
+        assert_eq!(out.status.code(), Some(3), "{topic}: {}", out.stderr);
+        assert!(out.stderr.contains(says), "{topic}: {}", out.stderr);
+        // Told, not timed out: far below the subscriber's 120 s.
+        assert!(started.elapsed() < Duration::from_secs(60), "{topic}");
+    }
+}
+
+/// A plan file that does not parse still names its topic, so the failure goes to that
+/// topic's subscribers, never to those of the default topic `sluice`; and a plan file
+/// that is not even made of SQL tokens tells nobody.
+#[test]
+fn a_plan_that_does_not_parse_fails_only_its_own_topic() {
+    let mut h = Harness::new();
+    h.dataset(1_000);
+    let bystander = h.spawn(&["subscribe", "sluice", "--json", "--timeout", "20"]);
+    h.wait_for_interest("sluice", 1, LIMIT);
+    h.plan("p.sql", &plan_sql("mine", "", "SELEKT id FROM train"));
+    assert_eq!(
+        h.spawn(&["run", "p.sql", "--quiet"])
+            .wait(LIMIT)
+            .status
+            .code(),
+        Some(2)
     );
-    let sub = h.spawn(&["subscribe", "badplan", "--json", "--timeout", "120"]);
-    h.wait_for_interest("badplan", 1, LIMIT);
-    let started = Instant::now();
-    let out = h.spawn(&["run", "p.sql", "--quiet"]).wait(LIMIT);
+    h.plan(
+        "q.sql",
+        "SET sluice.batch_rows = 1000;\nSELECT 'unterminated FROM train;\n",
+    );
+    let out = h.spawn(&["run", "q.sql", "--quiet"]).wait(LIMIT);
     assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
-    let out = sub.wait(LIMIT);
-    assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
-    assert!(out.stderr.contains("no_such_column"), "{}", out.stderr);
-    // Told, not timed out: far below the subscriber's 120 s.
-    assert!(started.elapsed() < Duration::from_secs(60));
+    // Nothing reached the default topic: its subscriber times out (exit 4).
+    let out = bystander.wait(LIMIT);
+    assert_eq!(out.status.code(), Some(4), "{}", out.stderr);
 }
 
 /// A query with a deep expression (a sum of 1,000 terms: DataFusion and its parser

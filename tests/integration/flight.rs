@@ -771,7 +771,19 @@ fn a_remote_subscriber_resumes_from_its_cursor() {
         ],
     );
     let producer = h.spawn_producer(2, &[]);
-    assert!(first.wait(LIMIT).status.success());
+    let out = first.wait(LIMIT);
+    assert!(out.status.success(), "{}", out.stderr);
+    // Its last line counts the batches it took before it stopped, not a stream's end.
+    let end = out.json_lines().pop().unwrap();
+    assert_eq!(
+        (
+            end["stopped"].as_bool(),
+            end["batches"].as_u64(),
+            end["rows"].as_u64()
+        ),
+        (Some(true), Some(5), Some(5 * 333)),
+        "{end}"
+    );
     let cursor: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(h.path("cursor.json")).unwrap()).unwrap();
     assert_eq!(

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import pickle
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,6 +19,7 @@ import pyarrow as pa
 import pytest
 
 import sluice
+from helpers import waiting_subscribers
 
 EPOCHS = 2
 
@@ -828,6 +831,75 @@ def test_bools_missing_strings_and_empty_batches_round_trip() -> None:
     assert_same(sluice.structured(record), empty)
 
 
+def test_a_later_batch_of_only_missing_captions_or_none_keeps_the_first_s_structure() -> None:
+    """The first batch makes a column of strings; a later batch whose captions are all
+    missing (or that has no rows) is that many missing strings, not another structure,
+    per row as well as per column."""
+    first = (np.arange(2), ["a cat", None])
+    _, like = sluice.loader.flatten(first)
+    for later in [(np.arange(2, 3), [None]), (np.arange(0), [])]:
+        record, structure = sluice.loader.flatten(later, like=like)
+        assert structure == like
+        assert record.schema.field("1").type == pa.string()
+        assert_same(sluice.structured(record), later)
+    samples = [{"x": np.float32(1), "caption": "a"}, {"x": np.float32(2), "caption": None}]
+    record, like = sluice.loader.flatten(samples)
+    missing = [{"x": np.float32(3), "caption": None}, {"x": np.float32(4), "caption": None}]
+    record, structure = sluice.loader.flatten(missing, like=like)
+    assert structure == like
+    assert [row["caption"] for row in sluice.structured(record)] == [None, None]
+
+
+def test_big_endian_arrays_arrive_as_their_values_and_unreadable_ones_are_named() -> None:
+    """An array in the other byte order (from a file) is published as its values (one
+    copy into this machine's order); rows without values and numbers wider than 64 bits
+    are refused naming the column."""
+    big = np.arange(6, dtype=">f4").reshape(3, 2)
+    record, _ = sluice.loader.flatten({"x": big, "y": np.arange(3, dtype=">i8")})
+    back = sluice.structured(record)
+    assert back["x"].dtype.isnative and back["y"].dtype.isnative
+    np.testing.assert_array_equal(back["x"], big)
+    np.testing.assert_array_equal(back["y"], np.arange(3))
+    with pytest.raises(ValueError, match="'x' has rows of shape \\[0\\]"):
+        sluice.loader.flatten({"x": np.zeros((3, 0))})
+    if hasattr(np, "float128"):
+        with pytest.raises(TypeError, match="'x' is an array of float128"):
+            sluice.loader.flatten({"x": np.zeros(3, dtype=np.float128)})
+
+
+def test_an_iterator_cannot_be_published_for_more_than_one_epoch(topic: str) -> None:
+    """A generator runs once: a second epoch would be empty, so more than one is refused
+    before anything starts; ``epochs=None`` is one, as for ``sluice.Producer``."""
+    with pytest.raises(ValueError, match="iterator, which runs once"):
+        sluice.publish((np.arange(3) for _ in range(2)), topic, epochs=2)
+    stats = sluice.publish((np.arange(3) for _ in range(2)), topic, epochs=None, linger=0)
+    assert stats.batches == 2
+
+
+def test_a_loader_whose_topic_cannot_be_created_tells_its_waiting_trainer(
+    topic: str, run_python: Any
+) -> None:
+    """Batches too large for the shared memory (here: room for a hundred million
+    subscribers) fail the run before the topic exists; the trainer waiting for it hears
+    why, instead of waiting for a topic that never comes."""
+    trainer = run_python(
+        "import sys, sluice\n"
+        "try:\n"
+        "    list(sluice.subscribe(sys.argv[1], timeout=120))\n"
+        "except sluice.ProducerFailed as e:\n"
+        "    print('told:', e)\n",
+        topic,
+    )
+    deadline = time.monotonic() + 60
+    while waiting_subscribers(os.environ["SLUICE_NAMESPACE"], topic) < 1:
+        assert time.monotonic() < deadline, "the trainer did not start waiting"
+        time.sleep(0.01)
+    with pytest.raises(sluice.SluiceError, match="shared memory"):
+        sluice.publish([np.zeros((4, 1024))], topic, max_subscribers=100_000_000)
+    out, err = trainer.communicate(timeout=60)
+    assert "told:" in out and "shared memory" in out, (out, err)
+
+
 SLOW_TRAINER = r"""
 import sys, time, sluice
 got = []
@@ -855,8 +927,10 @@ def test_a_slow_trainer_gets_every_batch_of_messages_that_grew_after_the_publish
 ) -> None:
     """The loader's 40 batches are all queued at once (a window of 64) and the trainer
     takes 4 s for them: the publisher, done at once, waits while the trainer still takes
-    messages (it says so every 16, 1.6 s here; the linger of 2.5 s bounds a wait without
-    that), so batches in segments the trainer had not mapped yet are not lost with it."""
+    messages (it says so every 16 messages or 0.25 s, whichever comes first; the linger of
+    2.5 s bounds a wait without that), so batches in segments the trainer had not mapped
+    yet are not lost with it. (With every 16 alone, 1.6 s here, a loaded machine lost
+    them.)"""
     trainer = run_python(SLOW_TRAINER, topic)
     stats = sluice.publish(
         Growing(), topic, min_subscribers=1, wait_timeout=60, linger=2.5, window=64

@@ -83,13 +83,23 @@ def test_a_trainer_killed_at_random_moments_resumes_exactly_from_its_saved_state
     checksum), in the order the trainers that never stopped saw, and they are unaffected."""
     save = str(tmp_path / "trainer.json")
     others = [run_python(_OTHER, plans.topic, str(EPOCHS)) for _ in range(2)]
-    # Both wait before the producer starts, so both see every epoch whole.
+    # The first trainer too waits before the producer starts, and saves once before the
+    # kills start: one that started late or was killed before its first save (a loaded
+    # machine starts Python slowly) would join the stream after the first epoch.
+    first = run_python(_TRAINER, plans.topic, save, str(EPOCHS))
+    # All three wait before the producer starts, so all three see every epoch whole.
     deadline = time.monotonic() + 30
-    while waiting_subscribers(ns, plans.topic) < 2:
-        assert time.monotonic() < deadline, "the other trainers did not start waiting"
+    while waiting_subscribers(ns, plans.topic) < 3:
+        assert time.monotonic() < deadline, "the trainers did not start waiting"
         time.sleep(0.01)
     rng = random.Random(20261129)
     with sluice.Producer(_plan(plans), min_subscribers=2, wait_timeout=60):
+        deadline = time.monotonic() + 60
+        while not os.path.exists(save):
+            assert time.monotonic() < deadline and first.poll() is None, "no first save"
+            time.sleep(0.01)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
         kills = 0
         while kills < 20:
             trainer = run_python(_TRAINER, plans.topic, save, str(EPOCHS))

@@ -124,7 +124,7 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             // The exit code still says what went wrong where nobody reads this.
-            say!("error: {e:#}");
+            say!("error: {}", error_text(&e));
             ExitCode::from(exit_code(&e))
         }
     }
@@ -153,6 +153,24 @@ fn exit_code(e: &anyhow::Error) -> u8 {
         Some(SluiceError::Lagged { .. } | SluiceError::Stalled { .. }) => 5,
         _ => 1,
     }
+}
+
+/// `e` and its causes, each once: Sluice's errors already end with their source's text
+/// (`cannot read plan file p.sql: No such file or directory`), which anyhow's `{:#}`
+/// would write again.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.ends_with(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {

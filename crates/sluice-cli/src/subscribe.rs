@@ -74,9 +74,14 @@ fn save_cursor(sub: &Subscriber, path: &std::path::Path) -> anyhow::Result<()> {
     };
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
-    std::fs::write(&tmp, cursor.to_json())?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
+    let written = std::fs::write(&tmp, cursor.to_json()).and_then(|()| std::fs::rename(&tmp, path));
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        anyhow::anyhow!(
+            "cannot save the cursor to {} (--save-cursor): {e}",
+            path.display()
+        )
+    })
 }
 
 /// What one epoch (or the whole stream) delivered.
@@ -128,9 +133,9 @@ pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
     let mut out = stdout.lock();
     let mut report = Report::new(args.json, !args.no_checksum);
     let mut taken = 0u64;
-    loop {
+    let ended = loop {
         if args.batches.is_some_and(|n| taken >= n) {
-            break;
+            break false;
         }
         match sub.next_event()? {
             Event::Batch { batch, .. } => report.batch(&batch)?,
@@ -141,7 +146,7 @@ pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
                 report.epoch_end(&summary, &mut out)?;
                 continue;
             }
-            Event::End => break,
+            Event::End => break true,
         }
         taken += 1;
         if let Some(path) = &args.save_cursor {
@@ -150,8 +155,8 @@ pub(crate) fn run(args: SubscribeArgs) -> anyhow::Result<()> {
         if let Some(delay) = delay {
             std::thread::sleep(delay);
         }
-    }
-    report.end(&mut out)
+    };
+    report.end(&mut out, ended)
 }
 
 /// What `sluice subscribe` prints: a line (or JSON object) per epoch, one for the stream.
@@ -248,25 +253,40 @@ impl Report {
         Ok(())
     }
 
-    fn end(&self, out: &mut impl Write) -> anyhow::Result<()> {
+    /// The line for the whole stream, or for what was taken of it where `--batches` ended
+    /// it first (`ended` false): the epoch under way counts too.
+    fn end(&self, out: &mut impl Write, ended: bool) -> anyhow::Result<()> {
         let secs = self.first_batch.map_or(0.0, |s| s.elapsed().as_secs_f64());
+        let mut checksum = Checksum::default();
+        checksum.merge(&self.total.checksum);
+        checksum.merge(&self.epoch.checksum);
+        let total = Tally {
+            rows: self.total.rows + self.epoch.rows,
+            batches: self.total.batches + self.epoch.batches,
+            checksum,
+        };
         if self.json {
             writeln!(
                 out,
                 "{}",
                 serde_json::json!({
                     "end": true,
-                    "rows": self.total.rows,
-                    "batches": self.total.batches,
-                    "checksum": self.total.checksum(self.checksums),
+                    "stopped": !ended,
+                    "rows": total.rows,
+                    "batches": total.batches,
+                    "checksum": total.checksum(self.checksums),
                     "seconds": secs,
                 })
             )?;
         } else {
+            let what = match ended {
+                true => "end of stream".to_string(),
+                false => format!("stopped after {} batches", total.batches),
+            };
             writeln!(
                 out,
-                "end of stream: {} rows in {} batches in {:.2}s",
-                self.total.rows, self.total.batches, secs
+                "{what}: {} rows in {} batches in {:.2}s",
+                total.rows, total.batches, secs
             )?;
         }
         Ok(())

@@ -76,7 +76,8 @@ pub enum SluiceError {
     /// Not enough shared memory for the topic.
     #[error(
         "topic '{topic}' needs {needed} bytes of shared memory but {path} has only {available} bytes free; \
-         lower sluice.max_subscribers, sluice.window or sluice.batch_rows, or enlarge {path} \
+         lower sluice.max_subscribers, sluice.window, sluice.max_held or sluice.batch_rows \
+         (sluice.publish: max_subscribers=, window=, max_held=), or enlarge {path} \
          (e.g. `mount -o remount,size=8G /dev/shm`)"
     )]
     ShmTooSmall {

@@ -83,7 +83,9 @@ pub fn plan(data: &[u8]) {
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread().build() else {
         return;
     };
-    let options = runtime.block_on(sluice_plan::Plan::declared_options(text));
+    let Some(options) = runtime.block_on(sluice_plan::Plan::declared_options(text)) else {
+        return;
+    };
     let _ = options.validate();
     let _ = options.topic_name();
     let _ = options.shard();

@@ -42,8 +42,9 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{LogicalPlan, Statement as PlanStatement};
 use datafusion::physical_plan::{ExecutionPlan, displayable, execute_stream_partitioned};
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion::sql::parser::DFParser;
+use datafusion::sql::parser::DFParserBuilder;
 use std::panic::AssertUnwindSafe;
+use std::task::Poll;
 
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
@@ -100,13 +101,14 @@ impl Plan {
     }
 
     /// The `sluice.*` options that `sql` sets, read without planning its tables or its
-    /// query (statements that do not parse are skipped). A producer whose plan failed to
-    /// load uses them to find its topic and tell waiting subscribers why.
-    pub async fn declared_options(sql: &str) -> SluiceOptions {
+    /// query: statements that do not parse are skipped (to the next `;`), so a plan with
+    /// a syntax error still names its topic. `None` where `sql` is not even made of SQL
+    /// tokens (an unterminated string, a binary file): it says nothing, not even that it
+    /// keeps the default topic. A producer whose plan failed to load uses them to find its
+    /// topic and tell waiting subscribers why.
+    pub async fn declared_options(sql: &str) -> Option<SluiceOptions> {
+        let statements = lenient_statements(sql)?;
         let mut options = SluiceOptions::default();
-        let Ok(statements) = DFParser::parse_sql(sql) else {
-            return options;
-        };
         let ctx = SessionContext::new_with_config(
             SessionConfig::new().with_option_extension(SluiceOptions::default()),
         );
@@ -122,7 +124,7 @@ impl Plan {
                 let _ = options.set_checked(key, &set.value);
             }
         }
-        options
+        Some(options)
     }
 
     /// Plans `sql`, reporting errors against the name `file`.
@@ -672,16 +674,50 @@ fn round_robin(streams: Vec<SendableRecordBatchStream>) -> BatchStream {
     .boxed()
 }
 
+/// The statements of `sql` that parse, each one that does not skipped up to its `;`;
+/// `None` where `sql` cannot be split into SQL tokens.
+fn lenient_statements(sql: &str) -> Option<Vec<datafusion::sql::parser::Statement>> {
+    use datafusion::sql::sqlparser::tokenizer::Token;
+    let mut parser = DFParserBuilder::new(sql).build().ok()?;
+    let mut statements = Vec::new();
+    loop {
+        while parser.parser.consume_token(&Token::SemiColon) {}
+        if parser.parser.peek_token().token == Token::EOF {
+            return Some(statements);
+        }
+        if let Ok(statement) = parser.parse_statement() {
+            statements.push(statement);
+        }
+        // What is left of the statement (all of it, where it did not parse) up to its
+        // `;`: every turn consumes a token at least, so this ends.
+        while !matches!(
+            parser.parser.peek_token().token,
+            Token::SemiColon | Token::EOF
+        ) {
+            parser.parser.next_token();
+        }
+    }
+}
+
 /// Runs a DataFusion future, turning both its errors and its panics (bugs in a reader
 /// faced with a corrupt file, say) into messages.
+///
+/// Each poll runs inside [`sluice_core::panics::catch`], so that the quiet hook keeps
+/// the panic off stderr whichever thread polls (planning runs on the caller's thread,
+/// which is not a Sluice runtime's): the error reports it, once.
 async fn guarded<T>(fut: impl Future<Output = datafusion::error::Result<T>>) -> Result<T, String> {
-    match AssertUnwindSafe(fut).catch_unwind().await {
-        Ok(result) => result.map_err(df_message),
-        Err(panic) => Err(format!(
-            "DataFusion failed unexpectedly (the input may be corrupt): {}",
-            panic_message(&panic)
-        )),
-    }
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(
+        |cx| match sluice_core::panics::catch(|| fut.as_mut().poll(cx)) {
+            Ok(Poll::Ready(result)) => Poll::Ready(result.map_err(df_message)),
+            Ok(Poll::Pending) => Poll::Pending,
+            // Never polled again: a future that panicked is done.
+            Err(panic) => Poll::Ready(Err(format!(
+                "DataFusion failed unexpectedly (the input may be corrupt): {panic}"
+            ))),
+        },
+    )
+    .await
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {

@@ -297,14 +297,13 @@ impl<'a> Planner<'a> {
         let message = self.secrets.redact(&message);
         if parquet {
             for location in &locations {
-                if let Some(bad) = store::find_corrupt_parquet(&self.planned.ctx, location).await {
+                if let Some((bad, why)) =
+                    store::find_corrupt_parquet(&self.planned.ctx, location).await
+                {
                     return Err(SluiceError::Storage {
                         location: here.clone(),
                         url: self.secrets.redact(&bad),
-                        message: format!(
-                            "not a Parquet file (no PAR1 footer); replace or remove the object \
-                             ({message})"
-                        ),
+                        message: format!("{why}; replace or remove the object ({message})"),
                     });
                 }
             }

@@ -501,13 +501,14 @@ fn classify(e: &object_store::Error) -> Kind {
     }
 }
 
-/// Looks for the first object under a Parquet location whose footer is not Parquet,
-/// to name it when DataFusion could not read the table. Costs one `LIST` and one small
-/// ranged `GET` per object, only after a failure.
+/// Looks for the first object under a Parquet location whose footer is not Parquet (no
+/// `PAR1`, a metadata length beyond the object, metadata that does not decode), to name
+/// it and say what is wrong when DataFusion could not read the table. Costs one `LIST`
+/// and two ranged `GET`s per object, only after a failure.
 pub(crate) async fn find_corrupt_parquet(
     ctx: &datafusion::prelude::SessionContext,
     location: &str,
-) -> Option<String> {
+) -> Option<(String, String)> {
     let table_url = datafusion::datasource::listing::ListingTableUrl::parse(location).ok()?;
     let store = ctx
         .runtime_env()
@@ -519,21 +520,52 @@ pub(crate) async fn find_corrupt_parquet(
         if !meta.location.as_ref().ends_with(".parquet") && !location.ends_with(".parquet") {
             continue;
         }
-        let size = meta.size;
-        let bad = if size < 12 {
-            true
-        } else {
-            match store.get_range(&meta.location, size - 8..size).await {
-                Ok(tail) => &tail[4..8] != b"PAR1",
-                Err(_) => false,
-            }
-        };
-        if bad {
+        if let Some(why) = parquet_footer_fault(store.as_ref(), &meta).await {
             let base = table_url.object_store();
-            return Some(format!("{}{}", base.as_str(), meta.location.as_ref()));
+            return Some((format!("{}{}", base.as_str(), meta.location.as_ref()), why));
         }
     }
     None
+}
+
+/// What is wrong with the footer of the Parquet object `meta`, if anything (an object
+/// that cannot be fetched is not judged).
+async fn parquet_footer_fault(
+    store: &dyn ObjectStore,
+    meta: &object_store::ObjectMeta,
+) -> Option<String> {
+    const FOOTER: u64 = 8;
+    let size = meta.size;
+    if size < 12 {
+        return Some(format!("not a Parquet file ({size} bytes, too short)"));
+    }
+    let tail = store
+        .get_range(&meta.location, size - FOOTER..size)
+        .await
+        .ok()?;
+    if &tail[4..8] != b"PAR1" {
+        return Some("not a Parquet file (no PAR1 footer)".into());
+    }
+    let length = u64::from(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]));
+    let Some(start) = size.checked_sub(FOOTER + length).filter(|&s| s >= 4) else {
+        return Some(format!(
+            "a corrupt Parquet file (its footer gives {length} bytes of metadata; the file has \
+             {size})"
+        ));
+    };
+    let metadata = store
+        .get_range(&meta.location, start..size - FOOTER)
+        .await
+        .ok()?;
+    // The decoder may panic on hostile metadata: that too says the file is corrupt.
+    let decoded = sluice_core::panics::catch(|| {
+        parquet::file::metadata::ParquetMetaDataReader::decode_metadata(&metadata)
+    });
+    match decoded {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(format!("a corrupt Parquet file (its metadata: {e})")),
+        Err(panic) => Some(format!("a corrupt Parquet file (its metadata: {panic})")),
+    }
 }
 
 /// Requests and bytes read through the object stores of one plan.

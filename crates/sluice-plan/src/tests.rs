@@ -598,3 +598,56 @@ async fn a_large_limit_sorts_whole_and_a_small_one_keeps_the_heap() {
         assert_eq!(order(&plan).await, all[..k], "k = {k}");
     }
 }
+
+/// A plan with a syntax error still declares its options, those of every statement that
+/// parses; text that is not SQL tokens declares nothing, not even the default topic.
+#[tokio::test]
+async fn declared_options_survive_a_statement_that_does_not_parse() {
+    let sql = "SET sluice.topic = 'mine';\nSELEKT * FROM t;\nSET sluice.epochs = 3;\n\
+               CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION 'x/' garbage here;\n\
+               SET sluice.batch_rows = 7";
+    let declared = Plan::declared_options(sql).await.unwrap();
+    assert_eq!(
+        (
+            declared.topic.as_str(),
+            declared.epochs,
+            declared.batch_rows
+        ),
+        ("mine", 3, 7)
+    );
+    assert!(
+        Plan::declared_options("SET sluice.topic = 'a")
+            .await
+            .is_none()
+    );
+    let none = Plan::declared_options(";;").await.unwrap();
+    assert_eq!(none.topic, SluiceOptions::default().topic);
+}
+
+/// A Parquet file whose footer says it has more metadata than the file holds (the
+/// reader panicked computing where it starts) fails its table with the file named and
+/// what is wrong with it, not a crash.
+#[tokio::test]
+async fn a_parquet_footer_longer_than_its_file_is_named() {
+    let dir = dataset();
+    let evil = dir.path().join("pq").join("part-1.parquet");
+    let mut bytes = std::fs::read(&evil).unwrap();
+    let n = bytes.len();
+    bytes[n - 8..n - 4].copy_from_slice(&0x7fff_ffffu32.to_le_bytes());
+    std::fs::write(&evil, bytes).unwrap();
+    let sql = format!(
+        "CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION '{}/pq/';\nSELECT * FROM t",
+        dir.path().display()
+    );
+    match Plan::from_sql("p.sql", &sql).await {
+        Err(SluiceError::Storage { url, message, .. }) => {
+            assert!(url.ends_with("part-1.parquet"), "{url}");
+            assert!(
+                message.contains("2147483647 bytes of metadata"),
+                "{message}"
+            );
+        }
+        Err(other) => panic!("expected a storage error naming the file, got {other}"),
+        Ok(_) => panic!("a corrupt footer planned"),
+    }
+}

@@ -613,8 +613,8 @@ impl TopicPublisher {
             // the end of the stream) only when the publisher looks at its connections,
             // which it otherwise does only when it sends.
             let _ = self.publisher.update_connections();
-            // Subscribers say on `released` that they took messages (at least every
-            // quarter queue, and when theirs runs empty).
+            // Subscribers say on `released` that they took messages (every quarter queue
+            // or 250 ms, whichever comes first, and when theirs runs empty).
             let mut progress = false;
             let _ = self
                 .released

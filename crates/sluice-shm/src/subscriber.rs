@@ -41,6 +41,12 @@ const HISTORY_POLL: Duration = Duration::from_millis(2);
 /// is free (see [`TopicSubscriber::recv`]).
 const RELEASES_PER_QUEUE: usize = 4;
 
+/// The longest a subscriber that takes messages goes without saying so on `released`,
+/// however slowly it takes them: a finished producer waits for subscribers that still
+/// take messages, and gives up on one it has not heard from for its linger
+/// ([`crate::TopicPublisher::drain`]).
+const RELEASE_AT_LEAST_EVERY: Duration = Duration::from_millis(250);
+
 /// What a subscriber was told about handing its batches over.
 pub(crate) struct Settings {
     columns: wire::Columns,
@@ -71,6 +77,8 @@ pub struct TopicSubscriber {
     held: Arc<AtomicUsize>,
     /// Messages taken from the queue since the last `released` notification.
     untold: usize,
+    /// When `released` was last notified.
+    told_at: Instant,
     /// How many messages are taken between two `released` notifications while the queue
     /// holds more (see [`TopicSubscriber::recv`]).
     tell_every: usize,
@@ -193,6 +201,7 @@ impl TopicSubscriber {
             ended: false,
             held: Arc::new(AtomicUsize::new(0)),
             untold: 0,
+            told_at: Instant::now(),
             tell_every,
             decoder: wire::Decoder::new(),
             form: BatchForm::Decoded,
@@ -323,17 +332,20 @@ impl TopicSubscriber {
             };
             // Taking a message frees a place in this subscriber's queue, which a producer
             // asleep on that full queue waits for (`released`). Telling it costs a
-            // system call, so it is told once every `tell_every` messages, and whenever
-            // the queue runs empty, before this subscriber sleeps. A producer waiting on
-            // this queue is then woken after at most a quarter of the queue was taken,
-            // while this subscriber is still busy with the rest: the two keep
-            // overlapping, and a subscriber that stops taking messages has told of all
-            // it took before it waits (or it is slow, and the producer's bounded sleep
-            // looks again; see `crate::backpressure`).
+            // system call, so it is told once every `tell_every` messages (or sooner
+            // where those come slowly: a finished producer draining the topic hears that
+            // this subscriber still reads), and whenever the queue runs empty, before this
+            // subscriber sleeps. A producer waiting on this queue is then woken after at
+            // most a quarter of the queue was taken, while this subscriber is still busy
+            // with the rest: the two keep overlapping, and a subscriber that stops taking
+            // messages has told of all it took before it waits (or it is slow, and the
+            // producer's bounded sleep looks again; see `crate::backpressure`).
             if let Some(sample) = received {
                 self.awaits_history = None;
                 self.untold += 1;
-                if self.untold >= self.tell_every {
+                if self.untold >= self.tell_every
+                    || self.told_at.elapsed() >= RELEASE_AT_LEAST_EVERY
+                {
                     self.tell_released();
                 }
                 return self.frame(sample);
@@ -397,6 +409,7 @@ impl TopicSubscriber {
     /// messages from it.
     fn tell_released(&mut self) {
         self.untold = 0;
+        self.told_at = Instant::now();
         let _ = self
             .released
             .notify_with_custom_event_id(EventId::new(events::RELEASED));

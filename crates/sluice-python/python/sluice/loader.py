@@ -34,12 +34,13 @@ exactly the loader's batches; one with a ``batch_size`` receives the same rows i
 from __future__ import annotations
 
 import collections
+import contextvars
 import functools
 import importlib
 import json
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluice._sluice import Feeder, RunStats
@@ -53,6 +54,11 @@ __all__ = ["flatten", "publish", "structured", "STRUCTURE_KEY"]
 STRUCTURE_KEY = b"sluice.structure"
 
 _SCALARS = (str, bytes, bool, int, float)
+
+# The column of each list of numbers or strings of the loader's first batch, and their
+# kind, while a later batch is read (:func:`_columns`): there a list all ``None``, or
+# empty, is that many missing values of that kind, not a structure of its own.
+_LIST_KINDS: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("_LIST_KINDS")
 
 
 def _pa() -> Any:
@@ -81,15 +87,24 @@ def _column(name: str, array: np.ndarray, lib: str) -> tuple[Any, dict[str, Any]
     pa = _pa()
     if array.ndim == 0:
         raise ValueError(f"'{name}' is a scalar, not a batch of rows (its first dimension)")
-    leaf = {"col": name, "lib": lib, "dtype": array.dtype.str, "shape": list(array.shape[1:])}
     if array.dtype.hasobject:
         raise TypeError(f"'{name}' holds Python objects ({array.dtype}); publish numbers or strings")
-    if array.dtype.kind not in "biuf":
+    if array.dtype.kind not in "biuf" or array.dtype.itemsize > 8:
         # Trainers read numbers (`_leaf`); strings go as a list of str, one per row.
         raise TypeError(
-            f"'{name}' is an array of {array.dtype}: publish arrays of numbers, and strings "
-            "as a list of str"
+            f"'{name}' is an array of {array.dtype}: publish arrays of numbers of at most 64 "
+            "bits, and strings as a list of str"
         )
+    if array.ndim > 1 and len(array) > 0 and array.size == 0:
+        raise ValueError(
+            f"'{name}' has rows of shape {list(array.shape[1:])}, which hold no values: "
+            "publish rows of at least one value"
+        )
+    if not array.dtype.isnative:
+        # Arrow holds numbers in this machine's byte order: a big-endian array (from a
+        # file) is copied once into it, and its leaf says the native dtype.
+        array = array.astype(array.dtype.newbyteorder("="))
+    leaf = {"col": name, "lib": lib, "dtype": array.dtype.str, "shape": list(array.shape[1:])}
     if array.dtype == np.bool_:
         # Arrow tensors and booleans hold bits, which no tensor views: one byte per
         # value, seen as bool again on receipt (the leaf's dtype).
@@ -143,6 +158,9 @@ def _flatten(
             "namedtuple": [cls.__module__, cls.__qualname__, fields],
             "tuple": [_flatten(v, name_of(f), columns, per_row, lists) for f, v in zip(fields, obj)],
         }
+    kind = _LIST_KINDS.get({}).get(path or "0")
+    if isinstance(obj, (list, tuple)) and kind is not None and all(v is None for v in obj):
+        return _scalar_column(path or "0", list(obj), columns, kind)
     if isinstance(obj, list) and _list_of_rows(obj, per_row, lists):
         return _ragged_column(path or "0", obj, columns)
     if isinstance(obj, (list, tuple)):
@@ -234,8 +252,9 @@ def _row_items(name: str, items: list[Any], columns: dict[str, Any]) -> dict[str
 def _row_values(name: str, values: list[Any], columns: dict[str, Any]) -> dict[str, Any]:
     """A value per row as one column: numbers or strings as they are, 0-d arrays stacked,
     arrays of any shape as rows of variable shape."""
-    if _scalars_only(values):
-        return _scalar_column(name, values, columns)
+    kind = _LIST_KINDS.get({}).get(name)
+    if _scalars_only(values) or (kind is not None and all(v is None for v in values)):
+        return _scalar_column(name, values, columns, kind)
     if (isinstance(values[0], Mapping) or _tuples(values)) and _one_kind(values):
         return _row_items(name, values, columns)  # a sample's dict or tuple, per row
     if not _arrays_of_one_kind(values):
@@ -294,11 +313,27 @@ def _as_numpy_dtype(array: Any, leaf: dict[str, Any]) -> Any:
     return array.view(getattr(ml_dtypes, name))
 
 
-def _scalar_column(name: str, values: list[Any], columns: dict[str, Any]) -> dict[str, Any]:
-    """Numbers or strings, one per row, as a column (:func:`_scalars`), and its leaf."""
+def _scalar_column(
+    name: str, values: list[Any], columns: dict[str, Any], kind: str | None = None
+) -> dict[str, Any]:
+    """Numbers or strings, one per row, as a column (:func:`_scalars`), and its leaf;
+    ``kind``: the first batch's, for values all ``None`` (or none)."""
+    present = next((type(v).__name__ for v in values if v is not None), None)
+    if present is None and kind in _ARROW_KINDS:
+        _add(columns, name, _pa().nulls(len(values), type=_ARROW_KINDS[kind]()))
+        return {"col": name, "lib": "list", "kind": kind}
     _add(columns, name, _scalars(values))
-    kind = next(type(v) for v in values if v is not None)
-    return {"col": name, "lib": "list", "kind": kind.__name__}
+    return {"col": name, "lib": "list", "kind": present}
+
+
+# The Arrow type of each kind of a list of numbers or strings (what `_scalars` makes).
+_ARROW_KINDS: dict[str, Callable[[], Any]] = {
+    "str": lambda: _pa().string(),
+    "bytes": lambda: _pa().binary(),
+    "bool": lambda: _pa().bool_(),
+    "int": lambda: _pa().int64(),
+    "float": lambda: _pa().float64(),
+}
 
 
 def _scalars_only(items: Any) -> bool:
@@ -483,6 +518,32 @@ def _columns(
     known = _READ_AS.get(id(like)) if like is not None else None
     if known is not None and known[0] is like and known[1] in order:
         readings = [known[1]] + [r for r in readings if r != known[1]]
+    token = _LIST_KINDS.set(_list_kinds(like))
+    try:
+        return _read(batch, like, rows, readings, order)
+    finally:
+        _LIST_KINDS.reset(token)
+
+
+def _list_kinds(node: Any) -> dict[str, str]:
+    """The columns of lists of numbers or strings in structure ``node``, and their kinds."""
+    if isinstance(node, dict):
+        if "col" in node:
+            return {node["col"]: node["kind"]} if node.get("lib") == "list" and "kind" in node else {}
+        return {k: v for child in node.values() for k, v in _list_kinds(child).items()}
+    if isinstance(node, list):
+        return {k: v for child in node for k, v in _list_kinds(child).items()}
+    return {}
+
+
+def _read(
+    batch: Any,
+    like: dict[str, Any] | None,
+    rows: int | None,
+    readings: list[tuple[bool, str]],
+    order: dict[tuple[bool, str], int],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The first of ``readings`` of ``batch`` that fits (see :func:`_columns`)."""
     errors: list[tuple[int, bool, Exception]] = []
     fits: list[tuple[int, dict[str, Any], dict[str, Any], tuple[bool, str]]] = []
     for per_row, lists in readings:
@@ -581,7 +642,7 @@ def flatten(
 def publish(
     loader: Iterable[Any],
     topic: str,
-    epochs: int = 1,
+    epochs: int | None = 1,
     *,
     min_subscribers: int | None = None,
     wait_timeout: float | None = None,
@@ -598,7 +659,8 @@ def publish(
     object whose ``__iter__`` starts over; a generator runs once, so pass a function
     that makes one: ``publish(lambda: gen(), ...)`` is not iterable, wrap it in a class
     with ``__iter__``). The other arguments are the topic settings of a plan
-    (``sluice.min_subscribers`` and so on). Returns the run's :class:`RunStats`. Before
+    (``sluice.min_subscribers`` and so on; ``epochs=None`` is one). Returns the run's
+    :class:`RunStats`. Before
     each epoch a loader with ``set_epoch`` (a streaming dataset's), or else its sampler
     (a ``DataLoader`` over a ``DistributedSampler``), is told the epoch.
 
@@ -615,6 +677,7 @@ def publish(
     nesting, names, dtypes or row ranks; row shapes may differ, as in batches padded to
     their own length) is a ``ValueError`` naming both, which the subscribers get too.
     """
+    epochs = 1 if epochs is None else epochs
     feeder, loader = _start(
         loader,
         topic,
@@ -633,6 +696,12 @@ def publish(
 
 def _start(loader: Any, topic: str, epochs: int, resumable: bool, **settings: Any) -> tuple[Feeder, Any]:
     """The producer ``publish`` feeds (its run started), and the loader it iterates."""
+    if isinstance(loader, Iterator) and isinstance(epochs, int) and epochs > 1:
+        raise ValueError(
+            f"{type(loader).__name__} is an iterator, which runs once: its second epoch "
+            f"would be empty. For epochs={epochs} pass something iterated again for each "
+            "epoch (a list, a DataLoader, a class whose __iter__ starts over)"
+        )
     factory = None
     if resumable:
         factory = _factory_name(loader)

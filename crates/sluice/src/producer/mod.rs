@@ -5,9 +5,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 
-use sluice_core::{Position, Result, SluiceError, wire};
+use sluice_core::{Position, Result, SluiceError, TopicName, wire};
 use sluice_plan::{Plan, SluiceOptions};
 use sluice_shm::{Namespace, TopicConfig, TopicPublisher, message_bytes};
 use tokio::runtime::Handle;
@@ -303,60 +304,23 @@ impl Producer {
         (mut source, position, checkpoint): (S, Position, Option<CheckpointWriter>),
         mut on_progress: impl FnMut(&Progress),
     ) -> Result<RunStats> {
-        let device = crate::gpu::open_device(opts.device()?)?;
-        let topic = opts.topic_name()?;
-        // The first message tells how large messages are, which sizes the shared memory.
-        let mut encoder = wire::Encoder::new();
-        let first = read_first(
-            &mut source,
-            handle,
-            opts,
-            position,
-            device.is_some(),
-            &mut encoder,
-        );
-        // Batches as fed are as large as they come: the first stands for the others,
-        // whatever `batch_rows` says.
-        let sized;
-        let opts = match &first {
-            Ok(Some(first)) if source.batches_as_fed() => {
-                let mut fed = opts.clone();
-                fed.batch_rows = first.message.rows.num_rows().max(1);
-                sized = fed;
-                &sized
+        let opened = match self.open(handle, options, opts, &mut source, position) {
+            Ok(opened) => opened,
+            Err(e) => {
+                self.tell_before_start(opts, options, &e);
+                return Err(e);
             }
-            _ => opts,
         };
-        let plan = TopicPlan::new(
-            &self.namespace,
-            &topic,
+        let Opened {
+            topic,
             opts,
-            first.as_ref().ok().and_then(Option::as_ref),
-            device.is_some(),
-        )?;
-        source.set_max_batches(plan.max_batches);
-        // The device ring is allocated before the topic exists: a ring over
-        // sluice.device_memory fails here, with nothing to clean up.
-        let sink = match (
-            device,
-            first.as_ref().ok().and_then(Option::as_ref),
-            plan.device,
-        ) {
-            (None, _, _) => Sink::Host,
-            (Some(device), Some(first), Some(sizing)) => {
-                Sink::Device(Some(Box::new(crate::gpu::stager(
-                    device,
-                    &first.message.rows,
-                    sizing,
-                    plan.config.chunks(),
-                    opts.device_memory()?.0,
-                )?)))
-            }
-            (Some(_), _, _) => Sink::Device(None),
-        };
-        let publisher = TopicPublisher::create(&self.namespace, plan.config, options.stop.clone())?;
+            first,
+            sink,
+            publisher,
+            header_batch_rows,
+        } = opened;
+        let opts = &*opts;
         let shm_bytes = publisher.config().shm_bytes();
-        tracing::info!(topic = %topic, shm_bytes, max_batches = plan.max_batches, "publishing");
         let mut run = Run {
             checkpoint,
             reporter: ProducerReporter::new(
@@ -374,11 +338,92 @@ impl Producer {
                 epoch: position.epoch,
                 ..Progress::default()
             },
-            header_batch_rows: plan.header_batch_rows,
+            header_batch_rows,
             messages: 0,
         };
         let result = run.publish(handle, options, opts, position, first, &mut on_progress);
         run.finish(result, options)
+    }
+
+    /// Opens what the run writes to: the device, if the plan names one, and the topic,
+    /// sized from the first message (read here; an error reading it is kept for the
+    /// subscribers to hear once the topic exists).
+    fn open<'o, S: Source>(
+        &self,
+        handle: &Handle,
+        options: &RunOptions,
+        opts: &'o SluiceOptions,
+        source: &mut S,
+        position: Position,
+    ) -> Result<Opened<'o>> {
+        let device = crate::gpu::open_device(opts.device()?)?;
+        let topic = opts.topic_name()?;
+        let mut encoder = wire::Encoder::new();
+        let first = read_first(
+            source,
+            handle,
+            opts,
+            position,
+            device.is_some(),
+            &mut encoder,
+        );
+        // Batches as fed are as large as they come: the first stands for the others,
+        // whatever `batch_rows` says.
+        let opts = match &first {
+            Ok(Some(first)) if source.batches_as_fed() => {
+                let mut fed = opts.clone();
+                fed.batch_rows = first.message.rows.num_rows().max(1);
+                Cow::Owned(fed)
+            }
+            _ => Cow::Borrowed(opts),
+        };
+        let sizing_batch = first.as_ref().ok().and_then(Option::as_ref);
+        let plan = TopicPlan::new(
+            &self.namespace,
+            &topic,
+            &opts,
+            sizing_batch,
+            device.is_some(),
+        )?;
+        source.set_max_batches(plan.max_batches);
+        // The device ring is allocated before the topic exists: a ring over
+        // sluice.device_memory fails here, with nothing to clean up.
+        let sink = match (device, sizing_batch, plan.device) {
+            (None, _, _) => Sink::Host,
+            (Some(device), Some(first), Some(sizing)) => {
+                Sink::Device(Some(Box::new(crate::gpu::stager(
+                    device,
+                    &first.message.rows,
+                    sizing,
+                    plan.config.chunks(),
+                    opts.device_memory()?.0,
+                )?)))
+            }
+            (Some(_), _, _) => Sink::Device(None),
+        };
+        let publisher = TopicPublisher::create(&self.namespace, plan.config, options.stop.clone())?;
+        let shm_bytes = publisher.config().shm_bytes();
+        tracing::info!(topic = %topic, shm_bytes, max_batches = plan.max_batches, "publishing");
+        Ok(Opened {
+            topic,
+            opts,
+            first,
+            sink,
+            publisher,
+            header_batch_rows: plan.header_batch_rows,
+        })
+    }
+
+    /// A run that failed before its topic existed (no GPU, a topic larger than the
+    /// shared memory): the subscribers waiting for the topic are told why, as those of a
+    /// plan that failed to load are, unless another producer has the topic.
+    fn tell_before_start(&self, opts: &SluiceOptions, options: &RunOptions, error: &SluiceError) {
+        if matches!(error, SluiceError::TopicBusy(_)) {
+            return;
+        }
+        if let Err(e) = Self::fail_before_start(&self.namespace, opts, options, error) {
+            tracing::warn!("could not tell subscribers about the failure: {e}");
+        }
     }
 
     /// What the fed loader says of its epochs' size (nothing, for a plan).
@@ -388,6 +433,18 @@ impl Producer {
             Feed::Plan(_) => EpochSize::default(),
         }
     }
+}
+
+/// What a run writes to, opened (see `Producer::open`).
+struct Opened<'o> {
+    topic: TopicName,
+    /// The run's options; a fed run's `batch_rows` is its first batch's.
+    opts: Cow<'o, SluiceOptions>,
+    /// The first message, or why it could not be read.
+    first: Result<Option<First>>,
+    sink: Sink,
+    publisher: TopicPublisher,
+    header_batch_rows: u32,
 }
 
 /// The first message of a run from `start` (`None`: no epoch left, or the first is
@@ -428,6 +485,12 @@ fn read_first(
     }))
 }
 
+/// The most subscribers a topic that carries only a failure takes, whatever the plan
+/// says.
+const ERROR_TOPIC_MAX_SUBSCRIBERS: usize = 1024;
+/// The most messages a subscriber of such a topic may hold.
+const ERROR_TOPIC_MAX_HELD: usize = 64;
+
 impl Producer {
     /// Loads the plan at `path` for a run on `topic` (else the plan's own). A plan that
     /// cannot be loaded (a syntax error, a bad option, a file DataFusion cannot read, a
@@ -450,7 +513,12 @@ impl Producer {
         let Ok(sql) = std::fs::read_to_string(path) else {
             return Err(error);
         };
-        let mut declared = handle.block_on(Plan::declared_options(&sql));
+        let mut declared = match (handle.block_on(Plan::declared_options(&sql)), topic) {
+            (Some(declared), _) => declared,
+            (None, Some(_)) => SluiceOptions::default(),
+            // A file not made of SQL tokens names no topic, not even the default one.
+            (None, None) => return Err(error),
+        };
         if let Some(t) = topic {
             declared.topic = t.to_string();
         }
@@ -480,8 +548,11 @@ impl Producer {
             topic,
             // Nothing but the error goes out: the shortest queue will do.
             window: SHORT_WINDOW,
-            max_subscribers: declared.max_subscribers.max(1),
-            max_held: declared.max_held.max(1),
+            // Bounded: the plan's own may be what failed (a topic too large to create).
+            max_subscribers: declared
+                .max_subscribers
+                .clamp(1, ERROR_TOPIC_MAX_SUBSCRIBERS),
+            max_held: declared.max_held.clamp(1, ERROR_TOPIC_MAX_HELD),
             lag_limit: None,
             max_message_bytes: message_bytes(message.len() + 256),
         };
