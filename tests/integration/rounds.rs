@@ -470,6 +470,14 @@ fn sluice_round_starts_a_manual_round() {
     std::fs::create_dir(h.path("data")).unwrap();
     write_ids(h.dir.path(), "a.parquet", 0..100);
     h.plan("p.sql", &plan("man", 2, 60).replace("rows:50", "manual"));
+    // Asked of nobody: said so, not a request that a producer starting later clears.
+    let early = h.run(&["round", "man"]);
+    assert_eq!(early.status.code(), Some(2), "{}", early.stderr);
+    assert!(
+        early.stderr.contains("no producer of topic 'man'"),
+        "{}",
+        early.stderr
+    );
     let producer = h.spawn(&["run", "p.sql", "--quiet", "--min-subscribers", "1"]);
     let mut sub = subscribe(&h.ns, "man");
     let (round0, _) = read_round(&mut sub);

@@ -442,6 +442,19 @@ def test_python_m_sluice_publish_refuses_bad_settings_with_an_error_not_a_traceb
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("made", "named"),
+    [("None", "NoneType, which cannot be iterated"), ("iter([[1, 2]])", "iterator, which runs once")],
+)
+def test_python_m_sluice_publish_refuses_what_cannot_be_a_loader_with_an_error(
+    made: str, named: str, tmp_path: Path, ns: str
+) -> None:
+    done = _publish_command(tmp_path, ns, f"def make():\n    return {made}\n", ["--topic", "t", "--epochs", "2"])
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: my_loaders:make() returned") and named in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_python_m_sluice_publish_shows_a_loaders_own_value_error_with_its_traceback(
     tmp_path: Path, ns: str
 ) -> None:
@@ -1263,3 +1276,14 @@ def test_a_plan_s_epoch_size_is_known_once_its_first_epoch_ended(plans: Any) -> 
         for _ in next(epochs):
             pass
     producer.wait(timeout=30)
+
+
+def test_a_batch_of_some_columns_is_refused_naming_what_it_lacks() -> None:
+    """A subscriber that named ``columns=`` gets batches without the loader's other
+    columns: rebuilding the loader's structure from one says which column is missing and
+    why, not a KeyError."""
+    record, _ = sluice.loader.flatten({"img": np.zeros((2, 3)), "label": np.arange(2)})
+    some = record.select(["label"])
+    assert sluice.loader.STRUCTURE_KEY in (some.schema.metadata or {})
+    with pytest.raises(ValueError, match="no column 'img' of its loader's structure: a subscriber that names columns="):
+        sluice.structured(some)

@@ -726,8 +726,12 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 
 /// DataFusion's message without its wrapper noise.
 fn df_message(e: DataFusionError) -> String {
-    let e = e.find_root().to_string();
-    e.trim().to_string()
+    match e.find_root() {
+        // Its display asks for a bug report on DataFusion's tracker; here it is mostly
+        // hostile or corrupt input (an Arrow file that does not parse), said as it is.
+        DataFusionError::Internal(message) => message.trim().to_string(),
+        root => root.to_string().trim().to_string(),
+    }
 }
 
 /// `e` with every secret of `secrets` blanked out of its text, of the same kind.

@@ -288,17 +288,17 @@ impl<'a> Planner<'a> {
             }
             remote |= is_remote;
         }
-        let parquet = create.file_type.eq_ignore_ascii_case("parquet");
+        let format = store::FileFormat::of(&create.file_type);
         let locations = create.locations.clone();
         let plan = LogicalPlan::Ddl(DdlStatement::CreateExternalTable(create));
         let Err(message) = guarded(self.planned.ctx.execute_logical_plan(plan)).await else {
             return Ok(());
         };
         let message = self.secrets.redact(&message);
-        if parquet {
+        if let Some(format) = format {
             for location in &locations {
                 if let Some((bad, why)) =
-                    store::find_corrupt_parquet(&self.planned.ctx, location).await
+                    store::find_corrupt(&self.planned.ctx, location, format).await
                 {
                     return Err(SluiceError::Storage {
                         location: here.clone(),

@@ -501,13 +501,41 @@ fn classify(e: &object_store::Error) -> Kind {
     }
 }
 
-/// Looks for the first object under a Parquet location whose footer is not Parquet (no
-/// `PAR1`, a metadata length beyond the object, metadata that does not decode), to name
-/// it and say what is wrong when DataFusion could not read the table. Costs one `LIST`
-/// and two ranged `GET`s per object, only after a failure.
-pub(crate) async fn find_corrupt_parquet(
+/// The file formats whose objects [`find_corrupt`] can judge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FileFormat {
+    Parquet,
+    Arrow,
+}
+
+impl FileFormat {
+    /// The format of a table `STORED AS` `file_type`, where it is one of these.
+    pub(crate) fn of(file_type: &str) -> Option<Self> {
+        match file_type.to_ascii_uppercase().as_str() {
+            "PARQUET" => Some(Self::Parquet),
+            "ARROW" => Some(Self::Arrow),
+            _ => None,
+        }
+    }
+
+    fn extension(self) -> &'static str {
+        match self {
+            Self::Parquet => ".parquet",
+            Self::Arrow => ".arrow",
+        }
+    }
+}
+
+/// Looks for the first object under a location whose framing is not its format's (a
+/// Parquet footer without `PAR1`, a metadata length beyond the object, metadata that
+/// does not decode; an Arrow IPC file without its `ARROW1` marks or a footer that does
+/// not decode), to name it and say what is wrong when DataFusion could not read the
+/// table. Costs one `LIST` and a few small ranged `GET`s per object, only after a
+/// failure.
+pub(crate) async fn find_corrupt(
     ctx: &datafusion::prelude::SessionContext,
     location: &str,
+    format: FileFormat,
 ) -> Option<(String, String)> {
     let table_url = datafusion::datasource::listing::ListingTableUrl::parse(location).ok()?;
     let store = ctx
@@ -516,16 +544,65 @@ pub(crate) async fn find_corrupt_parquet(
         .ok()?;
     let prefix = table_url.prefix().clone();
     let mut objects = store.list(Some(&prefix));
+    let extension = format.extension();
     while let Some(Ok(meta)) = objects.next().await {
-        if !meta.location.as_ref().ends_with(".parquet") && !location.ends_with(".parquet") {
+        if !meta.location.as_ref().ends_with(extension) && !location.ends_with(extension) {
             continue;
         }
-        if let Some(why) = parquet_footer_fault(store.as_ref(), &meta).await {
+        let fault = match format {
+            FileFormat::Parquet => parquet_footer_fault(store.as_ref(), &meta).await,
+            FileFormat::Arrow => arrow_file_fault(store.as_ref(), &meta).await,
+        };
+        if let Some(why) = fault {
             let base = table_url.object_store();
             return Some((format!("{}{}", base.as_str(), meta.location.as_ref()), why));
         }
     }
     None
+}
+
+/// What is wrong with the framing of the Arrow IPC object `meta`, if anything: a file
+/// starts and ends with `ARROW1`, and its footer, before the last 10 bytes, decodes (a
+/// stream, starting with a continuation mark, is left to its reader).
+async fn arrow_file_fault(
+    store: &dyn ObjectStore,
+    meta: &object_store::ObjectMeta,
+) -> Option<String> {
+    const MAGIC: &[u8] = b"ARROW1";
+    const TAIL: u64 = 10;
+    let size = meta.size;
+    let head = store.get_range(&meta.location, 0..size.min(8)).await.ok()?;
+    if head.starts_with(&[0xff; 4]) {
+        return None;
+    }
+    if size < 18 || !head.starts_with(MAGIC) {
+        return Some("not an Arrow IPC file (no ARROW1 at its start)".into());
+    }
+    let tail = store
+        .get_range(&meta.location, size - TAIL..size)
+        .await
+        .ok()?;
+    if &tail[4..] != MAGIC {
+        return Some("a truncated Arrow IPC file (no ARROW1 at its end)".into());
+    }
+    let length = u64::try_from(i32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]])).ok();
+    let Some(start) = length
+        .and_then(|l| size.checked_sub(TAIL + l))
+        .filter(|&s| s >= 8)
+    else {
+        return Some(format!(
+            "a corrupt Arrow IPC file (its footer length {} does not fit its {size} bytes)",
+            i32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]])
+        ));
+    };
+    let footer = store
+        .get_range(&meta.location, start..size - TAIL)
+        .await
+        .ok()?;
+    match arrow::ipc::root_as_footer(&footer) {
+        Ok(_) => None,
+        Err(e) => Some(format!("a corrupt Arrow IPC file (its footer: {e})")),
+    }
 }
 
 /// What is wrong with the footer of the Parquet object `meta`, if anything (an object

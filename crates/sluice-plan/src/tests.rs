@@ -651,3 +651,29 @@ async fn a_parquet_footer_longer_than_its_file_is_named() {
         Ok(_) => panic!("a corrupt footer planned"),
     }
 }
+
+/// An Arrow IPC file cut short fails its table with the file named and what is wrong,
+/// not DataFusion's internal error asking for a bug report.
+#[tokio::test]
+async fn a_truncated_arrow_file_is_named() {
+    let dir = dataset();
+    let cut = dir.path().join("ipc").join("part-1.arrow");
+    let bytes = std::fs::read(&cut).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let sql = format!(
+        "CREATE EXTERNAL TABLE t STORED AS ARROW LOCATION '{}/ipc/';\nSELECT * FROM t",
+        dir.path().display()
+    );
+    match Plan::from_sql("p.sql", &sql).await {
+        Err(SluiceError::Storage { url, message, .. }) => {
+            assert!(url.ends_with("part-1.arrow"), "{url}");
+            assert!(
+                message.starts_with("a truncated Arrow IPC file"),
+                "{message}"
+            );
+            assert!(!message.contains("issue tracker"), "{message}");
+        }
+        Err(other) => panic!("expected a storage error naming the file, got {other}"),
+        Ok(_) => panic!("a truncated file planned"),
+    }
+}

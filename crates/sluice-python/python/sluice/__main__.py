@@ -57,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
     loader = make()
+    try:
+        sluice.loader._check_loader(loader, args.epochs)
+    except (TypeError, ValueError) as e:
+        print(f"error: {args.loader}() returned what cannot be published: {e}", file=sys.stderr)
+        return 2
     batches, rows = sluice.loader._epoch_size(loader)
     # Bad settings are the command line's errors (exit 2); what the loader raises, a
     # ValueError too, propagates from its run below with its traceback.

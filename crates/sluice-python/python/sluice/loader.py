@@ -694,14 +694,26 @@ def publish(
     return _feed(feeder, loader, epochs)
 
 
-def _start(loader: Any, topic: str, epochs: int, resumable: bool, **settings: Any) -> tuple[Feeder, Any]:
-    """The producer ``publish`` feeds (its run started), and the loader it iterates."""
+def _check_loader(loader: Any, epochs: Any) -> None:
+    """Whether ``loader`` can be iterated for ``epochs`` epochs: a ``TypeError`` or a
+    ``ValueError`` saying why not, before anything starts."""
+    kind = type(loader)
+    if not (hasattr(kind, "__iter__") or hasattr(kind, "__getitem__")):
+        raise TypeError(
+            f"the loader is a {kind.__name__}, which cannot be iterated: pass a DataLoader, "
+            "a list, or an object whose __iter__ yields the batches"
+        )
     if isinstance(loader, Iterator) and isinstance(epochs, int) and epochs > 1:
         raise ValueError(
-            f"{type(loader).__name__} is an iterator, which runs once: its second epoch "
-            f"would be empty. For epochs={epochs} pass something iterated again for each "
-            "epoch (a list, a DataLoader, a class whose __iter__ starts over)"
+            f"{kind.__name__} is an iterator, which runs once: its second epoch would be "
+            f"empty. For epochs={epochs} pass something iterated again for each epoch (a "
+            "list, a DataLoader, a class whose __iter__ starts over)"
         )
+
+
+def _start(loader: Any, topic: str, epochs: int, resumable: bool, **settings: Any) -> tuple[Feeder, Any]:
+    """The producer ``publish`` feeds (its run started), and the loader it iterates."""
+    _check_loader(loader, epochs)
     factory = None
     if resumable:
         factory = _factory_name(loader)
@@ -982,6 +994,25 @@ def _build(batch: Any, record: Any, node: dict[str, Any], to_tensor: Any) -> Any
 
 
 @functools.lru_cache(maxsize=16)
+def _structure_columns(text: bytes) -> tuple[str, ...]:
+    """The columns a structure's leaves name (once per topic, as :func:`_structure`)."""
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("col"), str):
+                found.append(node["col"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(_structure(text))
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=16)
 def _structure(text: bytes) -> dict[str, Any]:
     """A structure's JSON, parsed once per topic rather than once per batch (read only)."""
     return json.loads(text)
@@ -1005,6 +1036,13 @@ def structured(batch: Any, to_tensor: Any = None) -> Any:
         if structure.get("arrow"):
             rest = {k: v for k, v in metadata.items() if k != STRUCTURE_KEY}
             return record.replace_schema_metadata(rest or None)
+        missing = [c for c in _structure_columns(metadata[STRUCTURE_KEY]) if c not in record.schema.names]
+        if missing:
+            raise ValueError(
+                f"this batch has no column {missing[0]!r} of its loader's structure: a "
+                "subscriber that names columns= gets those alone, and only batches of every "
+                "column rebuild the loader's (subscribe without columns=)"
+            )
         return _build(batch, record, structure, to_tensor)
     except (KeyError, IndexError, AttributeError, TypeError, RecursionError) as e:
         # The structure is the topic's metadata: one that does not fit is an error of

@@ -40,10 +40,21 @@ pub fn round_of(batch: &arrow::record_batch::RecordBatch) -> Option<u64> {
 const CHEAP_POLL: Duration = Duration::from_millis(5);
 const PLANNED_POLL: Duration = Duration::from_millis(500);
 
-/// Asks the producer of `topic` to start its next round (`sluice.trigger = 'manual'`).
+/// Asks the producer of `topic` to start its next round (`sluice.trigger = 'manual'`);
+/// a `Config` error where none runs in `namespace`.
 pub fn request_round(namespace: &Namespace, topic: &str) -> Result<()> {
-    namespace.prepare_state_dir()?;
-    let path = request_path(namespace, &TopicName::new(topic)?);
+    let topic = TopicName::new(topic)?;
+    // A producer clears requests when it starts: one made with no producer running
+    // would be lost without a word.
+    if crate::status::producer_report(namespace, &topic)?.is_none() {
+        return Err(SluiceError::Config(format!(
+            "no producer of topic '{topic}' runs in namespace '{}': a round is asked of a \
+             running producer of rounds (sluice.trigger = 'manual'); start it first, or \
+             check SLUICE_NAMESPACE",
+            namespace.name()
+        )));
+    }
+    let path = request_path(namespace, &topic);
     crate::checkpoint::write_state(&path, b"round\n")
 }
 
