@@ -1232,3 +1232,52 @@ fn a_run_whose_stderr_was_closed_still_ends_with_its_exit_code() {
     // 4: it timed out waiting for a subscriber, as it should.
     assert_eq!(status.code(), Some(4), "{status:?}");
 }
+
+/// A cursor past the end of the producer's run (a hand-made or foreign one) is refused at
+/// once, saying so, rather than dropping every epoch of the run on its way there.
+#[test]
+fn a_cursor_past_the_end_of_the_run_is_refused_at_once() {
+    let mut h = Harness::new();
+    h.dataset(2_000);
+    h.plan(
+        "p.sql",
+        &plan_sql(
+            "ahead",
+            "SET sluice.epochs = 3; SET sluice.batch_rows = 100;",
+            QUERY,
+        ),
+    );
+    let paced = h.spawn(&["subscribe", "ahead", "--timeout", "60", "--delay-ms", "20"]);
+    h.wait_for_interest("ahead", 1, LIMIT);
+    let producer = h.spawn_producer(1, &[]);
+    std::fs::write(
+        h.path("ahead.json"),
+        r#"{"version":1,"topic":"ahead","plan":null,"epoch":4,"batch":0,"row":0}"#,
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = loop {
+        // Until the producer has reported (it does once its topic is up).
+        let out = h.run(&[
+            "subscribe",
+            "ahead",
+            "--cursor",
+            "ahead.json",
+            "--timeout",
+            "60",
+        ]);
+        if out.status.code() == Some(2) || started.elapsed() > Duration::from_secs(30) {
+            break out;
+        }
+    };
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(
+            "the cursor is at epoch 4 of topic 'ahead', whose producer runs epochs 0 to 2"
+        ),
+        "{}",
+        out.stderr
+    );
+    assert!(paced.wait(LIMIT).status.success());
+    assert!(producer.wait(LIMIT).status.success());
+}

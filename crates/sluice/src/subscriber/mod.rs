@@ -334,6 +334,9 @@ impl Subscriber {
             on_max_held: options.on_max_held,
         };
         let mut live = attach.replaying(wait, interest)?;
+        if let Some(cursor) = &options.cursor {
+            within_run(&namespace, &topic, cursor.position())?;
+        }
         let max_held = live.inner.as_ref().map_or(1, TopicSubscriber::max_held);
         let first = match &options.cursor {
             // The history comes when the producer sends again, which a trainer that
@@ -700,4 +703,24 @@ pub fn lies_within(batch: &RecordBatch, range: &Range<usize>) -> bool {
             && data.child_data().iter().all(|c| check(c, range))
     }
     batch.columns().iter().all(|c| check(&c.to_data(), range))
+}
+
+/// A cursor past the end of the producer's run (as its report says, where it has written
+/// one yet) has nothing to receive: said at once, rather than after every epoch of the
+/// run has gone by. One just at its end (a trainer that had every epoch) is not refused.
+fn within_run(namespace: &Namespace, topic: &TopicName, at: RowPosition) -> Result<()> {
+    let Ok(Some(report)) = crate::status::producer_report(namespace, topic) else {
+        return Ok(());
+    };
+    let end = RowPosition::new(report.epochs, 0, 0);
+    if report.epochs > 0 && (at.epoch, at.index, at.row) > (end.epoch, end.index, end.row) {
+        return Err(SluiceError::Config(format!(
+            "the cursor is at epoch {} of topic '{topic}', whose producer runs epochs 0 to {}: \
+             nothing of the run is left for it; start the trainer without its saved state, \
+             or run the producer for more epochs",
+            at.epoch,
+            report.epochs - 1
+        )));
+    }
+    Ok(())
 }
