@@ -1287,3 +1287,25 @@ def test_a_batch_of_some_columns_is_refused_naming_what_it_lacks() -> None:
     assert sluice.loader.STRUCTURE_KEY in (some.schema.metadata or {})
     with pytest.raises(ValueError, match="no column 'img' of its loader's structure: a subscriber that names columns="):
         sluice.structured(some)
+
+
+def test_the_size_of_an_epoch_of_a_loader_that_failed_in_this_process_is_its_failure(topic: str) -> None:
+    """A loader that fails at its first batch reports no size: ``epoch_size`` (and with it
+    a ``SharedLoader``'s ``len()``) raises the failure as a subscription would, rather than
+    waiting for a report that never comes."""
+
+    class Failing:
+        def __len__(self) -> int:
+            return 2
+
+        def __iter__(self) -> Any:
+            raise RuntimeError("no such shard")
+            yield  # a generator function
+
+    producer = sluice.Producer(Failing(), topic=topic, min_subscribers=0)
+    started = time.monotonic()
+    with pytest.raises(sluice.ProducerFailed, match="no such shard"):
+        sluice.epoch_size(topic, timeout=60)
+    assert time.monotonic() - started < 30
+    with pytest.raises(RuntimeError):
+        producer.close()

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from types import TracebackType
 from typing import Any
 
 from sluice._sluice import Producer as _PlanProducer
-from sluice._sluice import RunStats, Timeout
+from sluice._sluice import ProducerFailed, RunStats, Timeout
 from sluice._sluice import epoch_size as _epoch_size
 from sluice.loader import LoaderRun
+
+
+# The producers of this process, for `epoch_size`, which must not wait for the report of
+# one that failed here.
+_MINE: weakref.WeakSet[Producer] = weakref.WeakSet()
 
 
 class Producer:
@@ -46,6 +52,7 @@ class Producer:
             if loader_settings:
                 raise TypeError(f"{sorted(loader_settings)}: settings of a loader's run, not of a plan file's")
             self._run: Any = _PlanProducer(source, topic=topic, epochs=epochs, batch_rows=batch_rows, **common)
+            _MINE.add(self)
             return
         if not hasattr(source, "__iter__") and not (callable(source) and loader_settings.get("resumable")):
             raise TypeError(
@@ -57,6 +64,7 @@ class Producer:
         if batch_rows is not None:
             raise TypeError("batch_rows is a plan's setting: a loader's batches are published as it yields them")
         self._run = LoaderRun(source, topic, 1 if epochs is None else epochs, **common, **loader_settings)
+        _MINE.add(self)
 
     @property
     def topic(self) -> str:
@@ -120,8 +128,10 @@ def epoch_size(topic: str, timeout: float | None = None) -> tuple[int | None, in
     reports it: those of its last whole epoch, or before the first ended what the loader
     it publishes says of itself (``len(loader)``, and a ``DataLoader``'s rows); either is
     ``None`` where not known. Waits for a producer up to ``timeout`` seconds (``None``:
-    as long as it takes), then raises :class:`sluice.Timeout`. Remote (``flight://``)
-    topics are a ``ValueError``: their producer's reports are on another machine."""
+    as long as it takes), then raises :class:`sluice.Timeout`; a producer of the topic in
+    this process that failed meanwhile raises :class:`sluice.ProducerFailed`, as a
+    subscription would. Remote (``flight://``) topics are a ``ValueError``: their
+    producer's reports are on another machine."""
     if "://" in topic:
         raise ValueError(f"the size of an epoch of the remote topic '{topic}' is not known here")
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -129,7 +139,22 @@ def epoch_size(topic: str, timeout: float | None = None) -> tuple[int | None, in
         size = _epoch_size(topic)
         if size is not None:
             return size
+        _raise_if_failed_here(topic)
         if deadline is not None and time.monotonic() >= deadline:
             raise Timeout(f"no producer of topic '{topic}' is running (waited {timeout} s)")
         # Reports are rewritten every 250 ms: a shorter poll finds nothing sooner.
         time.sleep(0.1)
+
+
+def _raise_if_failed_here(topic: str) -> None:
+    """``ProducerFailed`` where a producer of ``topic`` in this process has ended with an
+    error (it reports nothing once it failed)."""
+    for producer in list(_MINE):
+        if producer.topic != topic or producer.running:
+            continue
+        try:
+            producer.wait(0)
+        except Timeout:
+            continue
+        except Exception as error:  # noqa: BLE001 - any error of the run is its failure
+            raise ProducerFailed(f"the producer of topic '{topic}' in this process failed: {error}") from error
