@@ -1247,29 +1247,25 @@ fn a_cursor_past_the_end_of_the_run_is_refused_at_once() {
             QUERY,
         ),
     );
-    let paced = h.spawn(&["subscribe", "ahead", "--timeout", "60", "--delay-ms", "20"]);
-    h.wait_for_interest("ahead", 1, LIMIT);
-    let producer = h.spawn_producer(1, &[]);
     std::fs::write(
         h.path("ahead.json"),
         r#"{"version":1,"topic":"ahead","plan":null,"epoch":4,"batch":0,"row":0}"#,
     )
     .unwrap();
-    let started = Instant::now();
-    let out = loop {
-        // Until the producer has reported (it does once its topic is up).
-        let out = h.run(&[
-            "subscribe",
-            "ahead",
-            "--cursor",
-            "ahead.json",
-            "--timeout",
-            "60",
-        ]);
-        if out.status.code() == Some(2) || started.elapsed() > Duration::from_secs(30) {
-            break out;
-        }
-    };
+    // Both wait for the producer, as trainers usually do: the one with the cursor attaches
+    // before the producer has reported anything.
+    let paced = h.spawn(&["subscribe", "ahead", "--timeout", "60", "--delay-ms", "20"]);
+    let resumed = h.spawn(&[
+        "subscribe",
+        "ahead",
+        "--cursor",
+        "ahead.json",
+        "--timeout",
+        "60",
+    ]);
+    h.wait_for_interest("ahead", 2, LIMIT);
+    let producer = h.spawn_producer(2, &[]);
+    let out = resumed.wait(LIMIT);
     assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
     assert!(
         out.stderr.contains(

@@ -444,7 +444,7 @@ def test_python_m_sluice_publish_refuses_bad_settings_with_an_error_not_a_traceb
 
 @pytest.mark.parametrize(
     ("made", "named"),
-    [("None", "NoneType, which cannot be iterated"), ("iter([[1, 2]])", "iterator, which runs once")],
+    [("None", "NoneType, which cannot be iterated"), ("(b for b in [[1, 2]])", "iterator, which runs once")],
 )
 def test_python_m_sluice_publish_refuses_what_cannot_be_a_loader_with_an_error(
     made: str, named: str, tmp_path: Path, ns: str
@@ -873,11 +873,21 @@ def test_big_endian_arrays_arrive_as_their_values_and_unreadable_ones_are_named(
     assert back["x"].dtype.isnative and back["y"].dtype.isnative
     np.testing.assert_array_equal(back["x"], big)
     np.testing.assert_array_equal(back["y"], np.arange(3))
+    rows = [np.arange(3, dtype=">f4"), np.arange(5, dtype=">f4")]
+    record, _ = sluice.loader.flatten({"x": rows})
+    for got, want in zip(sluice.structured(record)["x"], rows):
+        assert got.dtype.isnative
+        np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="'x' has rows of shape \\[0\\]"):
         sluice.loader.flatten({"x": np.zeros((3, 0))})
     if hasattr(np, "float128"):
         with pytest.raises(TypeError, match="'x' is an array of float128"):
             sluice.loader.flatten({"x": np.zeros(3, dtype=np.float128)})
+
+
+def one_batch_loader() -> Any:
+    """A loader's factory, importable by trainers (``resumable=True``)."""
+    return [np.arange(3)]
 
 
 def test_an_iterator_cannot_be_published_for_more_than_one_epoch(topic: str) -> None:
@@ -887,6 +897,27 @@ def test_an_iterator_cannot_be_published_for_more_than_one_epoch(topic: str) -> 
         sluice.publish((np.arange(3) for _ in range(2)), topic, epochs=2)
     stats = sluice.publish((np.arange(3) for _ in range(2)), topic, epochs=None, linger=0)
     assert stats.batches == 2
+    # Another iterator is found out when its second epoch comes empty: the run fails.
+    with pytest.raises(ValueError, match="list_iterator is an iterator, which runs once"):
+        sluice.publish(iter([np.arange(3)]), topic, epochs=2, linger=0)
+
+    class Restarting:
+        """An iterator whose ``__iter__`` starts over: one batch an epoch."""
+
+        def __iter__(self) -> Any:
+            self.left = 1
+            return self
+
+        def __next__(self) -> Any:
+            if not self.left:
+                raise StopIteration
+            self.left -= 1
+            return np.arange(3)
+
+    assert sluice.publish(Restarting(), topic, epochs=3, linger=0).batches == 3
+
+    # A factory (resumable) is checked once made: the function itself is no loader.
+    assert sluice.publish(one_batch_loader, topic, epochs=2, linger=0, resumable=True).batches == 2
 
 
 def test_a_loader_whose_topic_cannot_be_created_tells_its_waiting_trainer(
@@ -1303,9 +1334,7 @@ def test_the_size_of_an_epoch_of_a_loader_that_failed_in_this_process_is_its_fai
             yield  # a generator function
 
     producer = sluice.Producer(Failing(), topic=topic, min_subscribers=0)
-    started = time.monotonic()
     with pytest.raises(sluice.ProducerFailed, match="no such shard"):
         sluice.epoch_size(topic, timeout=60)
-    assert time.monotonic() - started < 30
     with pytest.raises(RuntimeError):
         producer.close()

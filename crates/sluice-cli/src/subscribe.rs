@@ -72,6 +72,7 @@ fn save_cursor(sub: &Subscriber, path: &std::path::Path) -> anyhow::Result<()> {
     let Some(cursor) = sub.cursor() else {
         return Ok(());
     };
+    sluice::checkpoint::refuse_non_file(path)?;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let written = std::fs::write(&tmp, cursor.to_json()).and_then(|()| std::fs::rename(&tmp, path));

@@ -8,7 +8,7 @@
 //! token, reads it from there. Another user cannot read the directory, and is refused.
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use sluice_core::{Result, SluiceError};
 
@@ -17,11 +17,14 @@ fn file_name(port: u16) -> String {
     format!("flight-{port}.token")
 }
 
-/// A token made for a loopback server, removed with it.
+/// A token made for a loopback server, removed with it. The server holds a lock on its
+/// file for as long as it runs (the kernel lets go of it however the process ends), so
+/// the next server to start can tell a killed server's file from a live one's.
 #[derive(Debug)]
 pub(crate) struct LoopbackToken {
     path: PathBuf,
     value: String,
+    _locked: std::fs::File,
 }
 
 impl LoopbackToken {
@@ -34,12 +37,16 @@ impl LoopbackToken {
             .map_err(|e| SluiceError::io("cannot read /dev/urandom for a token", e))?;
         let value: String = random.iter().map(|b| format!("{b:02x}")).collect();
         let dir = sluice_shm::user_dir()?;
-        sweep_stale(&dir, port);
+        sweep_stale(&dir);
         let path = dir.join(file_name(port));
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        sluice_shm::write_private(&tmp, &path, value.as_bytes())
+        let locked = sluice_shm::write_private_locked(&tmp, &path, value.as_bytes())
             .map_err(|e| SluiceError::io(format!("cannot write {}", path.display()), e))?;
-        Ok(Self { path, value })
+        Ok(Self {
+            path,
+            value,
+            _locked: locked,
+        })
     }
 
     pub(crate) fn value(&self) -> &str {
@@ -60,47 +67,46 @@ impl Drop for LoopbackToken {
     }
 }
 
-/// Removes the token files in `dir` of servers that died without removing theirs
-/// (killed): those of ports, other than `port`, where nothing listens on loopback. A
-/// live server listens from before it writes its token; a port some other program took
-/// since keeps its stale file until that program lets go of it.
-fn sweep_stale(dir: &std::path::Path, port: u16) {
+/// Removes the token files in `dir` that no live server holds locked: those of servers
+/// that were killed (or of builds before the lock).
+fn sweep_stale(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(other) = name
+        let is_token = name
             .to_str()
             .and_then(|n| n.strip_prefix("flight-")?.strip_suffix(".token"))
-            .and_then(|p| p.parse::<u16>().ok())
-        else {
-            continue;
-        };
-        if other != port && !listened_on(other) {
-            let _ = std::fs::remove_file(entry.path());
+            .is_some_and(|p| p.parse::<u16>().is_ok());
+        if is_token {
+            remove_if_unlocked(&entry.path());
         }
     }
 }
 
-/// Whether a server may listen on loopback `port`: anything but a refused connection
-/// (on IPv4 and IPv6 both) counts as one.
-fn listened_on(port: u16) -> bool {
-    let wait = std::time::Duration::from_millis(200);
-    [
-        std::net::IpAddr::from(std::net::Ipv4Addr::LOCALHOST),
-        std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
-    ]
-    .into_iter()
-    .any(|ip| {
-        match std::net::TcpStream::connect_timeout(&std::net::SocketAddr::new(ip, port), wait) {
-            Ok(_) => true,
-            Err(e) => !matches!(
-                e.kind(),
-                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::AddrNotAvailable
-            ),
-        }
-    })
+/// Removes `path` if nobody holds its lock, while holding it: a server that is writing
+/// its token holds the lock from before the file has that name.
+fn remove_if_unlocked(path: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    // A regular file (the directory is this user's alone: nobody swaps it for a link).
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file()) {
+        return;
+    }
+    let Ok(file) = std::fs::File::open(path) else {
+        return;
+    };
+    if file.try_lock().is_err() {
+        return;
+    }
+    // Still the file at the path (a server may have put its own there meanwhile).
+    let same = match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    };
+    if same {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// The token a loopback server on `server` (`HOST:PORT`) left for this user, if `HOST`
@@ -159,30 +165,18 @@ mod tests {
         assert!(!path.exists());
     }
 
-    /// A killed server's token file goes when the next server starts: its port has no
-    /// listener; a listening one's stays.
+    /// A killed server's token file (or one of an older build) goes when the next
+    /// server starts; a live one's, locked by its server, stays.
     #[test]
     fn a_dead_servers_token_file_is_swept_and_a_live_ones_kept() {
-        let dir = sluice_shm::user_dir().unwrap();
-        let live = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let dead_port = {
-            let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            gone.local_addr().unwrap().port()
-        };
-        let live_port = live.local_addr().unwrap().port();
-        for p in [dead_port, live_port] {
-            std::fs::write(dir.join(file_name(p)), "stale").unwrap();
-        }
-        let token = LoopbackToken::create(3).unwrap();
-        assert!(
-            !dir.join(file_name(dead_port)).exists(),
-            "a dead server's token stayed"
-        );
-        assert!(
-            dir.join(file_name(live_port)).exists(),
-            "a live server's token went"
-        );
-        let _ = std::fs::remove_file(dir.join(file_name(live_port)));
-        drop(token);
+        let live = LoopbackToken::create(4).unwrap();
+        let dir = live.path().parent().unwrap().to_path_buf();
+        let dead = dir.join(file_name(5));
+        std::fs::write(&dead, "left by a killed server").unwrap();
+        let next = LoopbackToken::create(6).unwrap();
+        assert!(!dead.exists(), "a dead server's token stayed");
+        assert!(live.path().exists(), "a live server's token went");
+        assert_eq!(find("127.0.0.1:4").as_deref(), Some(live.value()));
+        drop((live, next));
     }
 }

@@ -571,7 +571,10 @@ async fn arrow_file_fault(
     const MAGIC: &[u8] = b"ARROW1";
     const TAIL: u64 = 10;
     let size = meta.size;
-    let head = store.get_range(&meta.location, 0..size.min(8)).await.ok()?;
+    if size < 8 {
+        return Some(format!("not an Arrow IPC file ({size} bytes, too short)"));
+    }
+    let head = store.get_range(&meta.location, 0..8).await.ok()?;
     if head.starts_with(&[0xff; 4]) {
         return None;
     }

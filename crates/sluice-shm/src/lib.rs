@@ -62,6 +62,7 @@ pub use header::{FrameHeader, monotonic_ns};
 pub use interest::{Interest, pending_interest};
 pub use namespace::{
     Namespace, existing_user_dir, private_dir, shm_available, user_dir, write_private,
+    write_private_locked,
 };
 pub use pacing::{Pacing, pacing};
 pub use publisher::TopicPublisher;

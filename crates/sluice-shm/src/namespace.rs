@@ -1,5 +1,6 @@
 //! Where a topic's shared memory and service files live, and who may touch them.
 
+use std::fs::File;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -918,6 +919,18 @@ fn user_dir_path() -> PathBuf {
 /// Writes `bytes` to `path` (in a private directory) as a new file of this user's, then
 /// renames it to `to`: never through a link someone left at `path`.
 pub fn write_private(path: &Path, to: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_private_file(path, to, bytes, false).map(drop)
+}
+
+/// [`write_private`], the file locked (`flock`, exclusive) before anything is written
+/// in it: the lock is the returned file's, and the kernel lets go of it when the file
+/// is closed, however the process ends, so that others can tell a live writer's file
+/// from one a killed process left.
+pub fn write_private_locked(path: &Path, to: &Path, bytes: &[u8]) -> std::io::Result<File> {
+    write_private_file(path, to, bytes, true)
+}
+
+fn write_private_file(path: &Path, to: &Path, bytes: &[u8], lock: bool) -> std::io::Result<File> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     // A leftover (or a link) goes; removing a link removes the link, not its target.
@@ -928,8 +941,12 @@ pub fn write_private(path: &Path, to: &Path, bytes: &[u8]) -> std::io::Result<()
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)?;
+    if lock {
+        file.try_lock().map_err(std::io::Error::from)?;
+    }
     file.write_all(bytes)?;
-    std::fs::rename(path, to)
+    std::fs::rename(path, to)?;
+    Ok(file)
 }
 
 /// Reclaims the namespace's dead processes when dropped, if `due`: the last field of a

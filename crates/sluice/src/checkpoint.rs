@@ -80,10 +80,25 @@ pub(crate) fn read_state(path: &Path, what: &str) -> Result<Option<String>> {
 /// Writes a state file owner-only and atomically (under `PATH.tmp`, then renamed):
 /// readers see the old file or the new one, never half of one.
 pub(crate) fn write_state(path: &Path, bytes: &[u8]) -> Result<()> {
+    refuse_non_file(path)?;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     sluice_shm::write_private(Path::new(&tmp), path, bytes)
         .map_err(|e| SluiceError::io(format!("cannot write {}", path.display()), e))
+}
+
+/// A state file is written by renaming a new file over it, which would replace what is
+/// not a file: a device (`--checkpoint /dev/null`, run as root), a link, a directory's
+/// name. Those are refused.
+pub fn refuse_non_file(path: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_file() => Err(SluiceError::Config(format!(
+            "{} is not a regular file: Sluice saves its state by renaming a new file over \
+             the one named, which would replace it; name a file",
+            path.display()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 impl DataListing {
@@ -534,5 +549,28 @@ mod tests {
         let loaded = Checkpoint::load(&path);
         let _ = std::fs::remove_file(&path);
         assert_eq!(loaded.unwrap().and_then(|c| c.data), None);
+    }
+
+    /// A state file is never renamed over what is not a file (a device, a directory, a
+    /// link): refused, and what was there stays.
+    #[test]
+    fn state_is_never_written_over_what_is_not_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("a-directory");
+        std::fs::create_dir(&sub).unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, "kept").unwrap();
+        let link = dir.path().join("a-link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        for path in [&sub, &link] {
+            let err = write_state(path, b"{}").unwrap_err().to_string();
+            assert!(err.contains("is not a regular file"), "{err}");
+        }
+        assert!(sub.is_dir() && std::fs::symlink_metadata(&link).unwrap().is_symlink());
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "kept");
+        let file = dir.path().join("state.json");
+        write_state(&file, b"{}").unwrap();
+        write_state(&file, b"[]").unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "[]");
     }
 }

@@ -37,6 +37,7 @@ import collections
 import contextvars
 import functools
 import importlib
+import inspect
 import json
 import sys
 import threading
@@ -160,7 +161,10 @@ def _flatten(
         }
     kind = _LIST_KINDS.get({}).get(path or "0")
     if isinstance(obj, (list, tuple)) and kind is not None and all(v is None for v in obj):
-        return _scalar_column(path or "0", list(obj), columns, kind)
+        leaf = _scalar_column(path or "0", list(obj), columns, kind)
+        if isinstance(obj, tuple):
+            leaf["seq"] = "tuple"
+        return leaf
     if isinstance(obj, list) and _list_of_rows(obj, per_row, lists):
         return _ragged_column(path or "0", obj, columns)
     if isinstance(obj, (list, tuple)):
@@ -427,7 +431,8 @@ def _ragged_column(name: str, rows: list[Any], columns: dict[str, Any]) -> dict[
     np, pa = _np(), _pa()
     lib = "torch" if _is_torch(rows[0]) else "numpy"
     converted = [_torch_numpy(r) if lib == "torch" else (r, None) for r in rows]
-    arrays = [a for a, _ in converted]
+    # In this machine's byte order, as `_column` makes a column's (one copy each).
+    arrays = [a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("=")) for a, _ in converted]
     if arrays[0].dtype.hasobject:
         raise TypeError(f"'{name}' holds Python objects; publish numbers")
     values = np.concatenate([a.reshape(-1) for a in arrays])
@@ -703,23 +708,32 @@ def _check_loader(loader: Any, epochs: Any) -> None:
             f"the loader is a {kind.__name__}, which cannot be iterated: pass a DataLoader, "
             "a list, or an object whose __iter__ yields the batches"
         )
-    if isinstance(loader, Iterator) and isinstance(epochs, int) and epochs > 1:
-        raise ValueError(
-            f"{kind.__name__} is an iterator, which runs once: its second epoch would be "
-            f"empty. For epochs={epochs} pass something iterated again for each epoch (a "
-            "list, a DataLoader, a class whose __iter__ starts over)"
-        )
+    if inspect.isgenerator(loader) and isinstance(epochs, int) and epochs > 1:
+        raise ValueError(_runs_once(kind.__name__, epochs))
+
+
+def _runs_once(kind: str, epochs: int) -> str:
+    return (
+        f"{kind} is an iterator, which runs once: its second epoch would be empty. For "
+        f"epochs={epochs} pass something iterated again for each epoch (a list, a "
+        "DataLoader, a class whose __iter__ starts over)"
+    )
 
 
 def _start(loader: Any, topic: str, epochs: int, resumable: bool, **settings: Any) -> tuple[Feeder, Any]:
     """The producer ``publish`` feeds (its run started), and the loader it iterates."""
-    _check_loader(loader, epochs)
     factory = None
     if resumable:
         factory = _factory_name(loader)
         loader = loader()
     batches, rows = _epoch_size(loader)
     feeder = Feeder(topic, factory=factory, epochs=epochs, epoch_batches=batches, epoch_rows=rows, **settings)
+    try:
+        _check_loader(loader, epochs)
+    except (TypeError, ValueError) as e:
+        # The trainers waiting for the topic hear it too.
+        feeder.fail(f"{type(e).__name__}: {e}")
+        raise
     return feeder, loader
 
 
@@ -730,6 +744,7 @@ def _feed(feeder: Feeder, loader: Any, epochs: int, stop: threading.Event | None
     try:
         for epoch in range(epochs):
             _set_epoch(loader, epoch)
+            sent = 0
             for batch in loader:
                 if stop is not None and stop.is_set():
                     feeder.close()
@@ -737,6 +752,10 @@ def _feed(feeder: Feeder, loader: Any, epochs: int, stop: threading.Event | None
                 arrow, structure = flatten(batch, like=first, rows=rows)
                 first = first or structure
                 feeder.send(arrow)
+                sent += 1
+            if sent == 0 and first is not None and isinstance(loader, Iterator):
+                # Exhausted in an earlier epoch: not an empty epoch of the loader's.
+                raise ValueError(_runs_once(type(loader).__name__, epochs))
             feeder.end_epoch()
     except KeyboardInterrupt:
         feeder.close()

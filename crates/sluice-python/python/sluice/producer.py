@@ -3,6 +3,7 @@ background thread of this process."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import weakref
@@ -16,8 +17,9 @@ from sluice.loader import LoaderRun
 
 
 # The producers of this process, for `epoch_size`, which must not wait for the report of
-# one that failed here.
+# one that failed here; numbered, so that the newest of a topic's counts.
 _MINE: weakref.WeakSet[Producer] = weakref.WeakSet()
+_SERIAL = itertools.count()
 
 
 class Producer:
@@ -52,6 +54,7 @@ class Producer:
             if loader_settings:
                 raise TypeError(f"{sorted(loader_settings)}: settings of a loader's run, not of a plan file's")
             self._run: Any = _PlanProducer(source, topic=topic, epochs=epochs, batch_rows=batch_rows, **common)
+            self._serial = next(_SERIAL)
             _MINE.add(self)
             return
         if not hasattr(source, "__iter__") and not (callable(source) and loader_settings.get("resumable")):
@@ -64,6 +67,7 @@ class Producer:
         if batch_rows is not None:
             raise TypeError("batch_rows is a plan's setting: a loader's batches are published as it yields them")
         self._run = LoaderRun(source, topic, 1 if epochs is None else epochs, **common, **loader_settings)
+        self._serial = next(_SERIAL)
         _MINE.add(self)
 
     @property
@@ -147,14 +151,17 @@ def epoch_size(topic: str, timeout: float | None = None) -> tuple[int | None, in
 
 
 def _raise_if_failed_here(topic: str) -> None:
-    """``ProducerFailed`` where a producer of ``topic`` in this process has ended with an
-    error (it reports nothing once it failed)."""
-    for producer in list(_MINE):
-        if producer.topic != topic or producer.running:
-            continue
-        try:
-            producer.wait(0)
-        except Timeout:
-            continue
-        except Exception as error:  # noqa: BLE001 - any error of the run is its failure
-            raise ProducerFailed(f"the producer of topic '{topic}' in this process failed: {error}") from error
+    """``ProducerFailed`` where the newest producer of ``topic`` in this process has ended
+    with an error (it reports nothing once it failed); not one that was closed."""
+    mine = [p for p in list(_MINE) if p.topic == topic]
+    if not mine:
+        return
+    newest = max(mine, key=lambda p: p._serial)
+    if newest.running or getattr(newest._run, "closed", False):
+        return
+    try:
+        newest.wait(0)
+    except Timeout:
+        return
+    except Exception as error:  # noqa: BLE001 - any error of the run is its failure
+        raise ProducerFailed(f"the producer of topic '{topic}' in this process failed: {error}") from error

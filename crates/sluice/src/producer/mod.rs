@@ -224,6 +224,34 @@ impl Producer {
         options: &RunOptions,
         on_progress: impl FnMut(&Progress),
     ) -> Result<RunStats> {
+        let opened = std::cell::Cell::new(false);
+        let result = self.run_feed(handle, options, on_progress, &opened);
+        // Failed before its topic existed (a listing, the device, the topic's size): the
+        // subscribers waiting for it are told why. Not those of a run resumed: they wait
+        // to reconnect to the crashed run's successor, which a refused resume (a plan
+        // changed since the checkpoint) is not yet.
+        if let Err(e) = &result
+            && !opened.get()
+            && !options.resume
+        {
+            let declared = match &self.feed {
+                Feed::Plan(plan) => plan.options(),
+                Feed::Fed { options, .. } => options,
+            };
+            self.tell_before_start(declared, options, e);
+        }
+        result
+    }
+
+    /// [`Producer::run`]'s run of the plan or the fed batches; `opened` is set once the
+    /// topic exists (a failure after that is published on it).
+    fn run_feed(
+        &self,
+        handle: &Handle,
+        options: &RunOptions,
+        on_progress: impl FnMut(&Progress),
+        opened: &std::cell::Cell<bool>,
+    ) -> Result<RunStats> {
         match &self.feed {
             Feed::Plan(plan) => {
                 let opts = plan.options().clone();
@@ -245,7 +273,7 @@ impl Producer {
                         .prefetching_until(opts.total_epochs().saturating_sub(1));
                     let checkpoint = start.writer(plan, &self.namespace, &topic)?;
                     let run = (source, position, Some(checkpoint));
-                    return self.publish(handle, options, &opts, run, on_progress);
+                    return self.publish(handle, options, &opts, run, on_progress, opened);
                 }
                 let source = RoundSource::new(
                     plan,
@@ -258,7 +286,7 @@ impl Producer {
                 )?;
                 let checkpoint = start.writer(plan, &self.namespace, &topic)?;
                 let run = (source, position, Some(checkpoint));
-                self.publish(handle, options, &opts, run, on_progress)
+                self.publish(handle, options, &opts, run, on_progress, opened)
             }
             Feed::Fed {
                 options: opts,
@@ -289,7 +317,7 @@ impl Producer {
                     }
                 };
                 let run = (source, Position::default(), None);
-                self.publish(handle, options, opts, run, on_progress)
+                self.publish(handle, options, opts, run, on_progress, opened)
             }
         }
     }
@@ -303,14 +331,10 @@ impl Producer {
         opts: &SluiceOptions,
         (mut source, position, checkpoint): (S, Position, Option<CheckpointWriter>),
         mut on_progress: impl FnMut(&Progress),
+        topic_exists: &std::cell::Cell<bool>,
     ) -> Result<RunStats> {
-        let opened = match self.open(handle, options, opts, &mut source, position) {
-            Ok(opened) => opened,
-            Err(e) => {
-                self.tell_before_start(opts, options, &e);
-                return Err(e);
-            }
-        };
+        let opened = self.open(handle, options, opts, &mut source, position)?;
+        topic_exists.set(true);
         let Opened {
             topic,
             opts,
@@ -421,8 +445,11 @@ impl Producer {
         if matches!(error, SluiceError::TopicBusy(_)) {
             return;
         }
-        if let Err(e) = Self::fail_before_start(&self.namespace, opts, options, error) {
-            tracing::warn!("could not tell subscribers about the failure: {e}");
+        match Self::fail_before_start(&self.namespace, opts, options, error) {
+            // Another producer serves the topic (this run was refused for it): its
+            // subscribers are its own.
+            Ok(()) | Err(SluiceError::TopicBusy(_)) => {}
+            Err(e) => tracing::warn!("could not tell subscribers about the failure: {e}"),
         }
     }
 
@@ -486,10 +513,9 @@ fn read_first(
 }
 
 /// The most subscribers a topic that carries only a failure takes, whatever the plan
-/// says.
-const ERROR_TOPIC_MAX_SUBSCRIBERS: usize = 1024;
-/// The most messages a subscriber of such a topic may hold.
-const ERROR_TOPIC_MAX_HELD: usize = 64;
+/// says (one sized by the plan may be what failed): small, so that it fits where the
+/// plan's topic did not. Subscribers beyond it are refused when they attach.
+const ERROR_TOPIC_MAX_SUBSCRIBERS: usize = 64;
 
 impl Producer {
     /// Loads the plan at `path` for a run on `topic` (else the plan's own). A plan that
@@ -548,11 +574,11 @@ impl Producer {
             topic,
             // Nothing but the error goes out: the shortest queue will do.
             window: SHORT_WINDOW,
-            // Bounded: the plan's own may be what failed (a topic too large to create).
             max_subscribers: declared
                 .max_subscribers
                 .clamp(1, ERROR_TOPIC_MAX_SUBSCRIBERS),
-            max_held: declared.max_held.clamp(1, ERROR_TOPIC_MAX_HELD),
+            // Nobody holds the one message, the error.
+            max_held: 1,
             lag_limit: None,
             max_message_bytes: message_bytes(message.len() + 256),
         };
@@ -561,7 +587,10 @@ impl Producer {
         // told to wait for, within the subscriber timeout (else the linger). Nobody
         // attached in time: nobody to tell.
         let _ = wait_for_interested(&publisher, declared, &options.stop);
-        let min = options.min_subscribers.unwrap_or(declared.min_subscribers);
+        let min = options
+            .min_subscribers
+            .unwrap_or(declared.min_subscribers)
+            .min(ERROR_TOPIC_MAX_SUBSCRIBERS);
         if min > 0 {
             let wait = options.subscriber_timeout.unwrap_or(options.linger);
             let _ = publisher.wait_for_subscribers(min, Some(wait), &options.stop);

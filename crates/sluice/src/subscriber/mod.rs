@@ -334,9 +334,6 @@ impl Subscriber {
             on_max_held: options.on_max_held,
         };
         let mut live = attach.replaying(wait, interest)?;
-        if let Some(cursor) = &options.cursor {
-            within_run(&namespace, &topic, cursor.position())?;
-        }
         let max_held = live.inner.as_ref().map_or(1, TopicSubscriber::max_held);
         let first = match &options.cursor {
             // The history comes when the producer sends again, which a trainer that
@@ -348,6 +345,11 @@ impl Subscriber {
             },
             None => Some(live.recv(options.timeout)?),
         };
+        // After the first message (or the wait for it): the producer reports before it
+        // publishes, and a subscriber that waited for the topic attached before that.
+        if let Some(cursor) = &options.cursor {
+            within_run(&namespace, &topic, cursor.position())?;
+        }
         let start = match (&options.cursor, &first) {
             (Some(cursor), _) => Some(cursor.position()),
             (None, Some(Inbound::Batch { epoch, .. })) => Some(RowPosition::new(*epoch, 0, 0)),
