@@ -1277,3 +1277,28 @@ fn a_cursor_past_the_end_of_the_run_is_refused_at_once() {
     assert!(paced.wait(LIMIT).status.success());
     assert!(producer.wait(LIMIT).status.success());
 }
+
+/// `--checkpoint PATH` naming a file that is not a checkpoint (notes, the plan itself)
+/// is refused: the run would write over it and remove it when it ends.
+#[test]
+fn a_checkpoint_path_that_holds_another_file_is_refused_and_the_file_kept() {
+    let mut h = Harness::new();
+    h.dataset(1_000);
+    h.plan("p.sql", &plan_sql("notes", "", QUERY));
+    std::fs::write(h.path("notes.txt"), "my notes").unwrap();
+    for path in ["notes.txt", "p.sql"] {
+        let before = std::fs::read(h.path(path)).unwrap();
+        let out = h.run(&["run", "p.sql", "--quiet", "--checkpoint", path]);
+        assert_eq!(out.status.code(), Some(2), "{path}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("is not a Sluice checkpoint"),
+            "{}",
+            out.stderr
+        );
+        assert_eq!(
+            std::fs::read(h.path(path)).unwrap(),
+            before,
+            "{path} changed"
+        );
+    }
+}

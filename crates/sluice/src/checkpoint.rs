@@ -22,7 +22,7 @@ pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Version 2 added `settings`, and the settings to the plan's fingerprint; version 3
 /// the listing of the data (`data`). Version 2 is still read: its data is not checked.
-const VERSION: u32 = 3;
+pub(crate) const VERSION: u32 = 3;
 const OLDEST_READ: u32 = 2;
 
 /// The files a run read ([`sluice_plan::Listing`]), as a checkpoint keeps them.
@@ -85,6 +85,27 @@ pub(crate) fn write_state(path: &Path, bytes: &[u8]) -> Result<()> {
     tmp.push(".tmp");
     sluice_shm::write_private(Path::new(&tmp), path, bytes)
         .map_err(|e| SluiceError::io(format!("cannot write {}", path.display()), e))
+}
+
+/// The file at a run's checkpoint path, if any, must be a checkpoint (a crashed run's):
+/// the run writes over it and removes it when it ends, which must never happen to
+/// anything else (`--checkpoint notes.txt`, a plan file).
+fn only_a_checkpoint_there(path: &Path) -> Result<()> {
+    refuse_non_file(path)?;
+    let Ok(text) = std::fs::read(path) else {
+        return Ok(());
+    };
+    let parsed = std::str::from_utf8(&text)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Checkpoint>(t).ok());
+    if parsed.is_none() {
+        return Err(SluiceError::Config(format!(
+            "{} is there and is not a Sluice checkpoint: a run writes its checkpoint over \
+             that file and removes it when it ends; name a new file, or remove it",
+            path.display()
+        )));
+    }
+    Ok(())
 }
 
 /// A state file is written by renaming a new file over it, which would replace what is
@@ -328,6 +349,7 @@ impl CheckpointWriter {
                     )
                 })?;
         }
+        only_a_checkpoint_there(&path)?;
         let mut tmp = path.clone().into_os_string();
         tmp.push(".tmp");
         Ok(Self {
