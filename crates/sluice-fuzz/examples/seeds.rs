@@ -140,6 +140,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             batches: Some(50),
             rows: Some(51200),
         },
+        error: None,
         updated: 1.7e9,
     };
     write(

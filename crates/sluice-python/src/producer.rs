@@ -375,7 +375,19 @@ pub fn epoch_size(py: Python<'_>, topic: &str) -> PyResult<Option<(Option<u64>, 
     let report = py
         .detach(|| sluice::status::producer_report(&namespace, &topic))
         .map_err(|e| to_py(&e))?;
-    Ok(report.map(|r| (r.epoch_size.batches, r.epoch_size.rows)))
+    match report {
+        // A run that failed reports so while it tells its subscribers why: no size.
+        Some(r) if r.state == "failed" => Err(to_py(&SluiceError::ProducerFailed(
+            r.error.unwrap_or_else(|| {
+                format!(
+                    "the producer of topic '{topic}' (process {}) failed; its subscribers \
+                     are told why",
+                    r.pid
+                )
+            }),
+        ))),
+        report => Ok(report.map(|r| (r.epoch_size.batches, r.epoch_size.rows))),
+    }
 }
 
 /// Stops every producer of this process that is still running and waits (up to a few

@@ -65,16 +65,20 @@ pub(crate) fn read_state(path: &Path, what: &str) -> Result<Option<String>> {
         Err(e) => return Err(cannot(e)),
     };
     let meta = file.metadata().map_err(cannot)?;
-    if !meta.is_file() || meta.len() > MAX {
-        return Err(SluiceError::Corrupt(format!(
-            "{what} {} is not a state file of Sluice's (not a plain file, or over {MAX} bytes): \
-             remove it",
+    let not_state = |why: &str| {
+        SluiceError::Config(format!(
+            "{what} {} is not a state file of Sluice's ({why}): remove it",
             path.display()
-        )));
+        ))
+    };
+    if !meta.is_file() || meta.len() > MAX {
+        return Err(not_state(&format!("not a plain file, or over {MAX} bytes")));
     }
-    let mut text = String::new();
-    file.take(MAX).read_to_string(&mut text).map_err(cannot)?;
-    Ok(Some(text))
+    let mut bytes = Vec::new();
+    file.take(MAX).read_to_end(&mut bytes).map_err(cannot)?;
+    String::from_utf8(bytes)
+        .map(Some)
+        .map_err(|_| not_state("not text"))
 }
 
 /// Writes a state file owner-only and atomically (under `PATH.tmp`, then renamed):

@@ -55,6 +55,9 @@ pub struct ProducerReport {
     /// ([`EpochSize`]).
     #[serde(default)]
     pub epoch_size: EpochSize,
+    /// Why the run failed (`state` `failed`), as its subscribers are told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     /// When the report was written, in seconds since the Unix epoch.
     pub updated: f64,
 }

@@ -140,10 +140,11 @@ def epoch_size(topic: str, timeout: float | None = None) -> tuple[int | None, in
         raise ValueError(f"the size of an epoch of the remote topic '{topic}' is not known here")
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
+        # Before the report too: a failed run's report may still be there for a moment.
+        _raise_if_failed_here(topic)
         size = _epoch_size(topic)
         if size is not None:
             return size
-        _raise_if_failed_here(topic)
         if deadline is not None and time.monotonic() >= deadline:
             raise Timeout(f"no producer of topic '{topic}' is running (waited {timeout} s)")
         # Reports are rewritten every 250 ms: a shorter poll finds nothing sooner.

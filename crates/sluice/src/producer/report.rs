@@ -15,6 +15,8 @@ pub(crate) struct ProducerReporter {
     lag_limit: usize,
     shm_bytes: u64,
     epoch_size: EpochSize,
+    /// Why the run failed, once it did.
+    error: Option<String>,
 }
 
 impl ProducerReporter {
@@ -33,7 +35,13 @@ impl ProducerReporter {
             lag_limit,
             shm_bytes,
             epoch_size,
+            error: None,
         }
+    }
+
+    /// The run failed with `error`: reported from now on.
+    pub(crate) fn failed(&mut self, error: String) {
+        self.error = Some(error);
     }
 
     /// An epoch of `batches` and `rows` ended: the size reported from now on.
@@ -73,6 +81,7 @@ impl ProducerReporter {
                 window: publisher.config().queue_depth(),
                 lag_limit: self.lag_limit,
                 epoch_size: self.epoch_size,
+                error: self.error.clone(),
                 updated: unix_now(),
             });
     }

@@ -230,6 +230,9 @@ impl<S: Source> Run<S> {
         }
         let batch = self.source.produced().0;
         let state = if result.is_ok() { "draining" } else { "failed" };
+        if let Err(e) = &result {
+            self.reporter.failed(e.to_string());
+        }
         self.reporter
             .report(state, &self.publisher, &self.progress, batch, true);
         match &result {
