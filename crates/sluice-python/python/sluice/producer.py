@@ -132,9 +132,9 @@ def epoch_size(topic: str, timeout: float | None = None) -> tuple[int | None, in
     reports it: those of its last whole epoch, or before the first ended what the loader
     it publishes says of itself (``len(loader)``, and a ``DataLoader``'s rows); either is
     ``None`` where not known. Waits for a producer up to ``timeout`` seconds (``None``:
-    as long as it takes), then raises :class:`sluice.Timeout`; a producer of the topic in
-    this process that failed meanwhile raises :class:`sluice.ProducerFailed`, as a
-    subscription would. Remote (``flight://``) topics are a ``ValueError``: their
+    as long as it takes), then raises :class:`sluice.Timeout`; a producer of the topic
+    that failed (one of this process's, or one still telling its subscribers why) raises
+    :class:`sluice.ProducerFailed` with its error, as a subscription would. Remote (``flight://``) topics are a ``ValueError``: their
     producer's reports are on another machine."""
     if "://" in topic:
         raise ValueError(f"the size of an epoch of the remote topic '{topic}' is not known here")
