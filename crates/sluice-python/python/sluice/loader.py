@@ -532,13 +532,20 @@ def _columns(
 
 def _list_kinds(node: Any) -> dict[str, str]:
     """The columns of lists of numbers or strings in structure ``node``, and their kinds."""
+    return {leaf["col"]: leaf["kind"] for leaf in _leaves(node) if leaf.get("lib") == "list" and "kind" in leaf}
+
+
+def _leaves(node: Any) -> Iterator[dict[str, Any]]:
+    """The leaves of a structure (the dicts that name a column), depth first."""
     if isinstance(node, dict):
-        if "col" in node:
-            return {node["col"]: node["kind"]} if node.get("lib") == "list" and "kind" in node else {}
-        return {k: v for child in node.values() for k, v in _list_kinds(child).items()}
-    if isinstance(node, list):
-        return {k: v for child in node for k, v in _list_kinds(child).items()}
-    return {}
+        if isinstance(node.get("col"), str):
+            yield node
+            return
+        for value in node.values():
+            yield from _leaves(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _leaves(value)
 
 
 def _read(
@@ -1015,20 +1022,7 @@ def _build(batch: Any, record: Any, node: dict[str, Any], to_tensor: Any) -> Any
 @functools.lru_cache(maxsize=16)
 def _structure_columns(text: bytes) -> tuple[str, ...]:
     """The columns a structure's leaves name (once per topic, as :func:`_structure`)."""
-    found: list[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if isinstance(node.get("col"), str):
-                found.append(node["col"])
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(_structure(text))
-    return tuple(found)
+    return tuple(leaf["col"] for leaf in _leaves(_structure(text)))
 
 
 @functools.lru_cache(maxsize=16)
