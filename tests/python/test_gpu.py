@@ -18,6 +18,7 @@ import ctypes
 import hashlib
 import json
 import os
+import pickle
 import queue
 import signal
 import subprocess
@@ -1021,3 +1022,106 @@ def test_the_torch_dataset_on_a_cuda_topic_makes_writing_a_choice(plans):
     assert len(batches) == 1
     del batches
     producer.wait(timeout=60)
+
+
+# Issue 51: a Python loader published to the GPU. Each trainer process takes every epoch
+# through sluice.torch.SharedLoader (CUDA tensors of its own: writable=True) or, for
+# "numpy", through sluice.structured (the loader's structure copied to the host), and
+# pickles what it got for the test to check against the loader.
+GPU_LOADER = r"""
+import sys, torch
+
+def batch(i, n, device):
+    g = torch.Generator().manual_seed(i)
+    return {
+        "pixels": torch.rand((n, 3, 8, 8), generator=g).to(device),
+        "label": torch.randint(0, 10, (n,), generator=g),
+        "caption": [f"image {i}.{j}" for j in range(n)],
+        "meta": {"id": torch.arange(n, dtype=torch.int64) + 100 * i},
+    }
+
+class Loader:
+    def __init__(self, device="cpu"):
+        self.device = device
+    def __iter__(self):
+        for i in range(6):
+            yield batch(i, 5 if i == 5 else 16, self.device)
+"""
+
+GPU_TRAINER = GPU_LOADER + r"""
+import pickle, numpy as np, sluice, sluice.torch as st
+
+def host(obj):
+    if isinstance(obj, dict):
+        return {k: host(v) for k, v in obj.items()}
+    if isinstance(obj, torch.Tensor):
+        return ("cuda" if obj.is_cuda else "cpu", obj.cpu().numpy().copy())
+    if isinstance(obj, np.ndarray):
+        return ("numpy", obj.copy())
+    return obj
+
+topic, size, out = sys.argv[1], sys.argv[2], sys.argv[3]
+epochs = []
+if size == "numpy":
+    with sluice.subscribe(topic, timeout=120) as sub:
+        print("subscribed", flush=True)
+        for epoch in sub.epochs():
+            epochs.append([host(sluice.structured(b)) for b in epoch])
+else:
+    loader = st.SharedLoader(topic, None if size == "none" else int(size), timeout=120, writable=True)
+    for _ in range(2):
+        got = []
+        for b in loader:
+            b["pixels"].mul_(-1)  # the trainer's own copy: nobody else sees this
+            got.append(host(b))
+        epochs.append(got)
+with open(out, "wb") as f:
+    pickle.dump(epochs, f)
+"""
+
+
+@pytest.mark.parametrize("tensors", ["cpu", "cuda"])
+def test_a_python_loader_published_to_the_gpu_reaches_trainers_in_its_structure(
+    plans, run_python, tmp_path, tensors
+):
+    """``publish(loader, device='cuda:0')``: the loader's batches (CPU tensors, or CUDA
+    ones copied to the host first) go once into the producer's device slots; trainers of
+    three batch sizes get CUDA tensors of the loader's structure and values (their
+    in-place writes stay their own), a numpy consumer the structure on the host."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    namespace: dict = {}
+    exec(GPU_LOADER, namespace)
+    want = list(namespace["Loader"]())
+    sizes = ["none", "5", "64", "numpy"]
+    outs = [tmp_path / f"{s}.pickle" for s in sizes]
+    trainers = [run_python(GPU_TRAINER, plans.topic, s, str(o)) for s, o in zip(sizes, outs)]
+    stats = sluice.publish(namespace["Loader"](f"{tensors}:0" if tensors == "cuda" else "cpu"),
+                           plans.topic, epochs=2, min_subscribers=4, wait_timeout=120,
+                           device="cuda:0")
+    assert (stats.epochs, stats.rows) == (2, 2 * (5 * 16 + 5))
+    for t in trainers:
+        _, err = t.communicate(timeout=180)
+        assert t.returncode == 0, err
+
+    def rows(batches, key):
+        return np.concatenate([b[key][1] if key != "meta" else b["meta"]["id"][1] for b in batches])
+
+    whole = {"pixels": torch.cat([b["pixels"] for b in want]).numpy(),
+             "label": torch.cat([b["label"] for b in want]).numpy(),
+             "meta": torch.cat([b["meta"]["id"] for b in want]).numpy()}
+    captions = sum((b["caption"] for b in want), [])
+    for size, out in zip(sizes, outs):
+        got = pickle.loads(out.read_bytes())
+        assert len(got) == 2, size
+        for epoch in got:
+            kind = "numpy" if size == "numpy" else "cuda"
+            assert {b["pixels"][0] for b in epoch} == {kind}, size
+            sign = 1 if size == "numpy" else -1
+            np.testing.assert_array_equal(rows(epoch, "pixels"), sign * whole["pixels"], err_msg=size)
+            np.testing.assert_array_equal(rows(epoch, "label"), whole["label"], err_msg=size)
+            np.testing.assert_array_equal(rows(epoch, "meta"), whole["meta"], err_msg=size)
+            assert sum((b["caption"] for b in epoch), []) == captions, size
+            if size == "none":
+                assert [len(b["caption"]) for b in epoch] == [16] * 5 + [5]

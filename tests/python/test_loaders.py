@@ -1338,3 +1338,49 @@ def test_the_size_of_an_epoch_of_a_loader_that_failed_in_this_process_is_its_fai
         sluice.epoch_size(topic, timeout=60)
     with pytest.raises(RuntimeError, match="no such shard"):
         producer.wait(timeout=60)
+
+
+def _cuda_driver_present() -> bool:
+    import ctypes
+
+    for name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def test_a_loaders_device_is_checked_and_a_gpu_topic_without_a_gpu_tells_its_trainer(
+    topic: str, run_python: Any
+) -> None:
+    """``publish(device=…)`` takes a plan's device names (and a ``torch.device``); on a
+    machine without a GPU a ``cuda:N`` run fails before its topic exists, saying so, and
+    the trainer waiting for it is told the same (test_gpu.py runs the topic on a GPU)."""
+    batches = [np.zeros((4, 3), np.float32)]
+    with pytest.raises(ValueError, match="'cpu', 'cuda:N' or 'cuda_host:N'"):
+        sluice.publish(batches, topic, device="gpu")
+    with pytest.raises(TypeError, match="torch.device"):
+        sluice.publish(batches, topic, device=0)
+    with pytest.raises(ValueError, match="'cuda:N'"):
+        sluice.Producer(batches, topic=topic, device="cuda")
+    if _cuda_driver_present():
+        pytest.skip("this machine has a CUDA driver: test_gpu.py publishes to its GPU")
+    trainer = run_python(
+        "import sys, sluice\n"
+        "try:\n"
+        "    list(sluice.subscribe(sys.argv[1], timeout=120))\n"
+        "except sluice.ProducerFailed as e:\n"
+        "    print('told:', e)\n",
+        topic,
+    )
+    deadline = time.monotonic() + 60
+    while waiting_subscribers(os.environ["SLUICE_NAMESPACE"], topic) < 1:
+        assert time.monotonic() < deadline, "the trainer did not start waiting"
+        time.sleep(0.01)
+    for device in ("cuda:0", "cuda_host:0"):
+        with pytest.raises(sluice.SluiceError, match="no CUDA driver found"):
+            sluice.publish(batches, topic, device=device)
+    out, err = trainer.communicate(timeout=60)
+    assert "told:" in out and "no CUDA driver found" in out, (out, err)

@@ -13,7 +13,7 @@ use arrow::record_batch::RecordBatch;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3_arrow::PyRecordBatch;
-use sluice::core::TopicName;
+use sluice::core::{DeviceSpec, TopicName};
 use sluice::shm::process::Owner;
 use sluice::status::EpochSize;
 use sluice::{Feeder, Namespace, Producer, ProducerHandle, RunOptions, SluiceError, SluiceOptions};
@@ -125,7 +125,7 @@ impl PyFeeder {
 #[pymethods]
 impl PyFeeder {
     #[new]
-    #[pyo3(signature = (topic, *, epochs=None, window=None, max_subscribers=None, min_subscribers=None, max_held=None, lag_limit=None, wait_timeout=None, linger=10.0, factory=None, epoch_batches=None, epoch_rows=None))]
+    #[pyo3(signature = (topic, *, epochs=None, window=None, max_subscribers=None, min_subscribers=None, max_held=None, lag_limit=None, wait_timeout=None, linger=10.0, factory=None, epoch_batches=None, epoch_rows=None, device=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         topic: String,
@@ -140,6 +140,7 @@ impl PyFeeder {
         factory: Option<String>,
         epoch_batches: Option<u64>,
         epoch_rows: Option<u64>,
+        device: Option<String>,
     ) -> PyResult<Self> {
         TopicName::new(topic.as_str()).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let mut options = SluiceOptions::default();
@@ -162,6 +163,13 @@ impl PyFeeder {
         }
         if let Some(n) = parse_count("lag_limit", lag_limit, 0)? {
             options.lag_limit = n;
+        }
+        if let Some(device) = device {
+            // Checked here, as a plan's setting is: a bad name is the caller's ValueError.
+            device
+                .parse::<DeviceSpec>()
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            options.device = device;
         }
         options.validate().map_err(|e| to_py(&e))?;
         let run_options = RunOptions {

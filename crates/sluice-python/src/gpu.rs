@@ -121,6 +121,15 @@ impl PyDeviceBatch {
         self.batch.schema().index_of(name).is_ok()
     }
 
+    /// Exports the schema, with its metadata (Arrow PyCapsule protocol): what
+    /// `pyarrow.schema(batch)` reads, as of a host batch.
+    fn __arrow_c_schema__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
+        let schema = self.batch.schema();
+        let field = Field::new_struct("", schema.fields().clone(), false)
+            .with_metadata(schema.metadata().clone());
+        Ok(pyo3_arrow::ffi::to_schema_pycapsule(py, &field)?)
+    }
+
     /// Exports the batch through the Arrow C Device interface as a struct array of its
     /// columns on `ARROW_DEVICE_CUDA`, with `sync_event` recorded on the subscriber's
     /// stream once every column is ready. Every column must be a tensor column (see

@@ -41,6 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     publish.add_argument("--wait-timeout", type=float, default=None)
     publish.add_argument("--linger", type=float, default=10.0)
     publish.add_argument("--window", type=int, default=None)
+    publish.add_argument("--max-subscribers", type=int, default=None)
+    publish.add_argument("--max-held", type=int, default=None)
+    publish.add_argument("--lag-limit", type=int, default=None)
+    publish.add_argument(
+        "--device",
+        default=None,
+        help="cpu (the default), cuda:N (the producer's device slots on GPU N) or cuda_host:N",
+    )
     publish.add_argument(
         "--resumable",
         action="store_true",
@@ -73,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
             epoch_rows=rows,
             epochs=args.epochs,
             window=args.window,
+            max_subscribers=args.max_subscribers,
+            max_held=args.max_held,
+            lag_limit=args.lag_limit,
+            device=args.device,
             min_subscribers=args.min_subscribers,
             wait_timeout=args.wait_timeout,
             linger=args.linger,

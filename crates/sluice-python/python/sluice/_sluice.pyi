@@ -208,6 +208,8 @@ class DeviceBatch:
         self, requested_schema: object | None = None, **kwargs: Any
     ) -> tuple[object, object]:
         """A struct array of the (tensor) columns on ``ARROW_DEVICE_CUDA`` with a ``sync_event``."""
+    def __arrow_c_schema__(self) -> object:
+        """The schema with its metadata (``pyarrow.schema(batch)``)."""
     def to_host(self) -> Batch:
         """The rows copied to host memory."""
 
@@ -489,8 +491,10 @@ class Feeder:
         factory: str | None = None,
         epoch_batches: int | None = None,
         epoch_rows: int | None = None,
+        device: str | None = None,
     ) -> None:
-        """``factory``: ``package.module:function`` that makes the loader again, which
+        """``device``: ``cpu``, ``cuda:N`` or ``cuda_host:N``, as a plan's
+        ``sluice.device``. ``factory``: ``package.module:function`` that makes the loader again, which
         yields the same batches for an epoch in any process: trainers whose state the
         topic no longer holds make it again to catch up. ``epoch_batches``,
         ``epoch_rows``: what the loader says an epoch holds, reported for trainers'

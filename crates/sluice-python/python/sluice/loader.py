@@ -44,7 +44,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from sluice._sluice import Feeder, RunStats
+from sluice._sluice import DeviceBatch, Feeder, RunStats
 
 if TYPE_CHECKING:
     import numpy as np
@@ -664,6 +664,7 @@ def publish(
     max_held: int | None = None,
     lag_limit: int | None = None,
     resumable: bool = False,
+    device: Any = None,
 ) -> RunStats:
     """Publishes what ``loader`` yields on ``topic``, iterating it once per epoch.
 
@@ -682,6 +683,12 @@ def publish(
     in any process (seeded, shuffled per ``set_epoch``). A trainer restarted from a state
     the topic no longer holds then makes it again in its own process to catch up
     (docs/python.md, "Resuming a trainer"); without it such a state is refused.
+
+    ``device`` is where the topic's batches are, as a plan's ``sluice.device``: ``"cpu"``
+    (the default: shared memory), ``"cuda:N"`` (copied once into the producer's device
+    slots on GPU ``N``, which every trainer reads over CUDA IPC), ``"cuda_host:N"``
+    (pinned shared memory each trainer copies to its GPU), or a ``torch.device`` with
+    an index. CUDA tensors the loader yields are copied to the host first.
 
     An exception the loader raises reaches every subscriber as ``ProducerFailed`` with
     its type and message, then propagates here; Ctrl-C stops the run (subscribers are
@@ -702,6 +709,7 @@ def publish(
         max_subscribers=max_subscribers,
         max_held=max_held,
         lag_limit=lag_limit,
+        device=device,
     )
     return _feed(feeder, loader, epochs)
 
@@ -727,8 +735,19 @@ def _runs_once(kind: str, epochs: int) -> str:
     )
 
 
+def _device_name(device: Any) -> str | None:
+    """``device=`` as a plan names it: a name, or a ``torch.device``'s (``cuda:1``)."""
+    if device is None or isinstance(device, str):
+        return device
+    if type(device).__module__ == "torch" and type(device).__name__ == "device":
+        return str(device)
+    raise TypeError(f"device must be a name ('cpu', 'cuda:N', 'cuda_host:N') or a torch.device, not {device!r}")
+
+
 def _start(loader: Any, topic: str, epochs: int, resumable: bool, **settings: Any) -> tuple[Feeder, Any]:
     """The producer ``publish`` feeds (its run started), and the loader it iterates."""
+    if "device" in settings:
+        settings["device"] = _device_name(settings["device"])
     factory = None
     if resumable:
         factory = _factory_name(loader)
@@ -1031,14 +1050,42 @@ def _structure(text: bytes) -> dict[str, Any]:
     return json.loads(text)
 
 
+class _HostRows:
+    """The host side of a batch of a GPU topic, as :func:`structured` reads a record
+    batch: its schema at once, its columns from one copy to the host, made only if a leaf
+    needs one (lists, numpy arrays, rows of variable shape; not the tensors
+    ``to_tensor`` takes from the GPU)."""
+
+    def __init__(self, batch: DeviceBatch) -> None:
+        self._batch = batch
+        self.schema = _pa().schema(batch)
+        self._copy: Any = None
+
+    def _host(self) -> Any:
+        if self._copy is None:
+            self._copy = _pa().record_batch(self._batch.to_host())
+        return self._copy
+
+    def column(self, name: str) -> Any:
+        return self._host().column(name)
+
+    def replace_schema_metadata(self, metadata: Any) -> Any:
+        return self._host().replace_schema_metadata(metadata)
+
+
 def structured(batch: Any, to_tensor: Any = None) -> Any:
     """A Sluice batch of a topic :func:`publish` feeds, in the loader's own structure:
     numpy arrays (viewing shared memory: read-only), Python lists for lists of strings or
     numbers, a pyarrow RecordBatch for a loader that yielded Arrow data. ``to_tensor``
     makes the leaves the loader yielded as torch tensors from their Sluice columns and
-    numpy dtypes (``sluice.torch.SharedLoader`` passes DLPack to torch)."""
+    numpy dtypes (``sluice.torch.SharedLoader`` passes DLPack to torch). A batch of a GPU
+    topic (a :class:`DeviceBatch`) gives ``to_tensor`` its device columns; what is not a
+    torch tensor of the loader's comes from one copy of the batch to the host."""
     pa = _pa()
-    record = batch if isinstance(batch, pa.RecordBatch) else pa.record_batch(batch)
+    if isinstance(batch, DeviceBatch):
+        record: Any = _HostRows(batch)
+    else:
+        record = batch if isinstance(batch, pa.RecordBatch) else pa.record_batch(batch)
     metadata = record.schema.metadata or {}
     if STRUCTURE_KEY not in metadata:
         raise ValueError(

@@ -540,13 +540,26 @@ def _wait_for_epoch_size(topic: str) -> tuple[int | None, int | None]:
         return sluice.epoch_size(topic)
 
 
-def _structured_tensors(batch: sluice.Batch, device: Any = None) -> Any:
+def _structured_tensors(
+    batch: sluice.Batch | sluice.DeviceBatch, device: Any = None, writable: bool | None = None
+) -> Any:
     """``batch`` in its loader's structure (:func:`sluice.structured`), the loader's
-    tensors as torch tensors (DLPack views of shared memory), moved to ``device``."""
+    tensors as torch tensors (DLPack views of shared memory, or of the producer's device
+    slot on a GPU topic: copies of their own with ``writable=True``), moved to
+    ``device``."""
     torch = _require_torch()
 
     def tensor(column: Any, dtype: Any) -> Any:
-        out = torch.from_dlpack(column.__dlpack__())
+        if isinstance(column, sluice.DeviceColumn):
+            # As batch_to_tensors: torch passes its current stream, which waits for the
+            # producer's copy; the clone is queued on it before the slot is retired.
+            out = torch.from_dlpack(column)
+            if writable:
+                out = out.clone()
+            elif writable is None:
+                _warn_shared_once()
+        else:
+            out = torch.from_dlpack(column.__dlpack__())
         # Bool tensors travel as bytes (Arrow tensors hold no bits).
         return out.view(torch.bool) if dtype.kind == "b" and out.dtype != torch.bool else out
 
@@ -581,7 +594,11 @@ class SharedLoader(IterableDataset):
     lists as lists. ``batch_size`` re-batches to this trainer's own size; ``join``,
     ``timeout`` and ``on_lag`` are :func:`sluice.subscribe`'s; ``device`` moves every
     tensor there (``"cuda"``: a host-to-device copy per tensor, on torch's current
-    stream).
+    stream). On a GPU topic (``publish(..., device="cuda:N")``) the loader's tensors
+    arrive as CUDA tensors viewing the producer's device memory, shared by every trainer
+    on that GPU: ``writable`` is as for :class:`IterableDataset` (``True``: a device copy
+    of their own; ``False``: the shared views; ``None``: the views, with a
+    :class:`SharedTensorWarning` once).
     """
 
     def __init__(
@@ -593,12 +610,15 @@ class SharedLoader(IterableDataset):
         timeout: float | None = None,
         on_lag: str = "error",
         device: Any = None,
+        writable: bool | None = None,
     ) -> None:
+        if writable not in (None, True, False):
+            raise TypeError(f"writable must be True, False or None, not {writable!r}")
         super().__init__(
             topic,
             batch_size=batch_size,
             join=join,
             timeout=timeout,
             on_lag=on_lag,
-            transform=functools.partial(_structured_tensors, device=_parse_device(device)),
+            transform=functools.partial(_structured_tensors, device=_parse_device(device), writable=writable),
         )
