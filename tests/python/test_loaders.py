@@ -431,6 +431,8 @@ def _publish_command(tmp_path: Path, ns: str, loaders: str, flags: list[str]) ->
         (["--topic", "no/slashes"], "topic"),
         (["--topic", "ok", "--linger", "-1"], "linger"),
         (["--topic", "ok", "--epochs", "-2"], "epochs"),
+        (["--topic", "ok", "--device", "gpu"], "cuda:N"),
+        (["--topic", "ok", "--max-held", "0"], "max_held"),
     ],
 )
 def test_python_m_sluice_publish_refuses_bad_settings_with_an_error_not_a_traceback(
