@@ -9,7 +9,7 @@ in the publishing process; TensorSocket 0.0.5 is measured where `tensorsocket` a
 are installed, else skipped with the reason):
 
     .venv/bin/python benches/shared_loader.py [--images 3000] [--epochs 1] [--trainers 1 2 4]
-        [--json OUT] [--tensorsocket-budget 60]
+        [--json OUT] [--tensorsocket-budget 60] [--device cuda:0]
 
 The loader decodes JPEGs (160 px, made once in memory) with Pillow, takes a random crop,
 resizes it to 112 px, flips it at random, normalises it and yields batches of 64
@@ -25,6 +25,13 @@ a long training run.
 * Sluice: one process runs `sluice.publish(loader, ...)`, N processes read the topic
   through `sluice.structured` (the loader's own tuples, viewing shared memory), or with
   torch `sluice.torch.SharedLoader` (the loader's tensors);
+* ``--device cuda:N`` (torch and a GPU): every trainer's tensors on that GPU. Each
+  independent loader copies its batches there itself (N host-to-device copies of each
+  batch); the Sluice publisher publishes with ``device="cuda:N"`` (one copy into its
+  device slots, which the trainers' ``SharedLoader(writable=False)`` views over CUDA
+  IPC); TensorSocket's producer moves every batch to the GPU itself where CUDA is
+  available. The host-to-device bytes of each set-up are reported (TensorSocket's: not
+  counted).
 * TensorSocket: one process runs `TensorProducer(loader)` as its README does, N
   processes iterate `TensorConsumer()`; each stops after `--tensorsocket-budget`
   seconds if the epoch has not ended by then (it pickles every batch through ZMQ), and
@@ -107,8 +114,9 @@ def step(images, labels):
     return float(images.sum()) + float(labels.sum())
 
 # Steps through (images, labels) batches; prints the rows and seconds from the first
-# batch on (its rows not counted), as every set-up here is timed.
-def timed(batches):
+# batch on (its rows not counted), as every set-up here is timed, and the bytes this
+# process copied to a GPU.
+def timed(batches, copied=lambda: 0):
     rows, t0 = 0, None
     for images, labels in batches:
         step(images, labels)
@@ -117,7 +125,17 @@ def timed(batches):
         else:
             rows += len(labels)
         del images, labels
-    print(rows, time.perf_counter() - t0)
+    print(rows, time.perf_counter() - t0, copied())
+
+# A loader's batches on `device` (each batch copied there by this process), counting
+# the bytes.
+def on_device(batches, device):
+    moved = [0]
+    def each():
+        for images, labels in batches:
+            moved[0] += images.nbytes + labels.nbytes
+            yield images.to(device), labels.to(device)
+    return each(), lambda: moved[0]
 
 if "torch" in sys.argv:
     import torch
@@ -127,19 +145,24 @@ if "torch" in sys.argv:
 """
 
 INDEPENDENT = COMMON + r"""
-count, use_torch, epochs = int(sys.argv[1]), sys.argv[2] == "torch", int(sys.argv[3])
+count, use_torch, epochs, device = int(sys.argv[1]), sys.argv[2] == "torch", int(sys.argv[3]), sys.argv[4]
 data = loader(count, use_torch)
-timed(batch for _ in range(epochs) for batch in data)
+batches = (batch for _ in range(epochs) for batch in data)
+if device == "cpu":
+    timed(batches)
+else:
+    timed(*on_device(batches, device))
 """
 
 PUBLISHER = COMMON + r"""
 import sluice
 count, use_torch, topic, trainers = int(sys.argv[1]), sys.argv[2] == "torch", sys.argv[3], int(sys.argv[4])
-epochs = int(sys.argv[5])
+epochs, device = int(sys.argv[5]), sys.argv[6]
 # Room for these trainers (the topic's shared memory is taken when it is created).
 stats = sluice.publish(loader(count, use_torch), topic, epochs=epochs, min_subscribers=trainers,
-                       max_subscribers=trainers, wait_timeout=300, linger=60)
-print(stats.rows, stats.elapsed)
+                       max_subscribers=trainers, wait_timeout=300, linger=60, device=device)
+# On a GPU topic every published byte was copied to the device once.
+print(stats.rows, stats.elapsed, 0 if device == "cpu" else stats.bytes)
 """
 
 TRAINER = COMMON + r"""
@@ -147,8 +170,9 @@ import sluice
 topic, use_torch, epochs = sys.argv[1], sys.argv[2] == "torch", int(sys.argv[3])
 if use_torch:
     import sluice.torch
-    # The loader's tensors, as a training script that swapped its DataLoader gets them.
-    shared = sluice.torch.SharedLoader(topic, timeout=300)
+    # The loader's tensors, as a training script that swapped its DataLoader gets them
+    # (on a GPU topic: views of the producer's device slots, which nothing here writes).
+    shared = sluice.torch.SharedLoader(topic, timeout=300, writable=False)
     timed(batch for _ in range(epochs) for batch in shared)
 else:
     with sluice.subscribe(topic, timeout=300) as sub:
@@ -247,6 +271,7 @@ def main() -> int:
                         help="epochs every loader and trainer runs (TensorSocket: measured with 1 only)")
     parser.add_argument("--json")
     parser.add_argument("--tensorsocket-budget", type=float, default=60.0)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda:N: the trainers' tensors on that GPU")
     args = parser.parse_args()
     try:
         import torch  # noqa: F401
@@ -254,9 +279,11 @@ def main() -> int:
         kind = "torch"
     except ImportError:
         kind = "plain"
+    if args.device != "cpu" and kind != "torch":
+        parser.error(f"--device {args.device} needs torch")
     env = dict(os.environ, PYTHONUNBUFFERED="1", SLUICE_NAMESPACE=f"bench{os.getpid()}")
     py = sys.executable
-    count, epochs = str(args.images), str(args.epochs)
+    count, epochs, device = str(args.images), str(args.epochs), args.device
     cpu_before = 0.0
 
     def measured(cmds: list[list[str]]) -> tuple[list[str], float]:
@@ -266,26 +293,32 @@ def main() -> int:
         return outs, spent
 
     def rate(line: str) -> float:
-        rows, seconds = line.split()
+        rows, seconds = line.split()[:2]
         return int(rows) / float(seconds)
 
-    alone_out, _ = measured([[py, "-c", INDEPENDENT, count, kind, epochs]])
+    def copied(lines: list[str]) -> int:
+        """Bytes the processes that printed ``lines`` copied to a GPU."""
+        return sum(int(line.split()[2]) for line in lines)
+
+    alone_out, _ = measured([[py, "-c", INDEPENDENT, count, kind, epochs, device]])
     alone = rate(alone_out[0])
     ts_missing = tensorsocket_missing() if args.epochs == 1 else "not measured with --epochs above 1"
     results = {"images": args.images, "epochs": args.epochs, "loader": kind, "alone": alone, "runs": [],
+               "device": device,
                "tensorsocket": ts_missing or "0.0.5", "tensorsocket_budget_s": args.tensorsocket_budget}
     print(f"one loader alone ({kind}): {alone:.0f} samples/s; TensorSocket: {ts_missing or 'measured'}")
     print("| N | independent: samples/s each | CPU-s | Sluice: samples/s each | vs alone | CPU-s | CPU Sluice / independent | TensorSocket: samples/s each | CPU-s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n in args.trainers:
-        outs, ind_cpu = measured([[py, "-c", INDEPENDENT, count, kind, epochs] for _ in range(n)])
-        ind = min(rate(o) for o in outs)
+        outs, ind_cpu = measured([[py, "-c", INDEPENDENT, count, kind, epochs, device] for _ in range(n)])
+        ind, ind_h2d = min(rate(o) for o in outs), copied(outs)
         topic = f"shared{n}"
         cmds = [[py, "-c", TRAINER, topic, kind, epochs] for _ in range(n)]
-        cmds.append([py, "-c", PUBLISHER, count, kind, topic, str(n), epochs])
+        cmds.append([py, "-c", PUBLISHER, count, kind, topic, str(n), epochs, device])
         outs, sl_cpu = measured(cmds)
-        shared = min(rate(o) for o in outs[:n])
-        run = {"n": n, "independent": ind, "independent_cpu": ind_cpu, "sluice": shared, "sluice_cpu": sl_cpu}
+        shared, sl_h2d = min(rate(o) for o in outs[:n]), copied(outs)
+        run = {"n": n, "independent": ind, "independent_cpu": ind_cpu, "sluice": shared, "sluice_cpu": sl_cpu,
+               "independent_h2d_bytes": ind_h2d, "sluice_h2d_bytes": sl_h2d}
         ts = "—"
         if ts_missing is None:
             budget = str(args.tensorsocket_budget)
@@ -304,6 +337,9 @@ def main() -> int:
                            tensorsocket_samples=min(got))
                 ts = f"{run['tensorsocket']:.0f} ({min(got)} samples) | {ts_cpu:.1f}"
         results["runs"].append(run)
+        if device != "cpu":
+            print(f"|   | host-to-device: {ind_h2d / 1e6:.0f} MB | | {sl_h2d / 1e6:.0f} MB "
+                  f"({sl_h2d / max(ind_h2d, 1):.2f}×) | | | | | |")
         print(
             f"| {n} | {ind:.0f} | {ind_cpu:.1f} | {shared:.0f} | {shared / alone:.2f}× | {sl_cpu:.1f} | {sl_cpu / ind_cpu:.2f} | {ts} |"
         )

@@ -15,6 +15,7 @@
 #   python/          tests/python (test_gpu.py and its fixtures)
 #   stage_rate       sluice-cuda's staging-rate example (the wheel's profile), stripped
 #   gpu.py           the benchmark (benches/gpu.py), and images.sql (its input-bound plan)
+#   shared_loader.py issue 51's loader benchmark, run with SLUICE_GPU_LOADER_BENCH=1
 #   gpu-probe.py     the CUDA IPC probe (ctypes on libcuda)
 #   gpu-check.sh     this script
 #
@@ -84,6 +85,7 @@ for line in sys.stdin:
     strip "$BUNDLE/stage_rate"
     cp benches/gpu.py pipelines/images.sql "$BUNDLE/"
   fi
+  cp benches/shared_loader.py "$BUNDLE/"
   cp -r tests/python "$BUNDLE/python"
   rm -rf "$BUNDLE/python/__pycache__"
   cp scripts/gpu-probe.py scripts/gpu-check.sh "$BUNDLE/"
@@ -149,6 +151,11 @@ step python_gpu_tests 200 "$PY" -m pytest python/test_gpu.py -v -rs -p no:cachep
 # The torch adapter's tests (tests/python/test_torch.py), which CI skips: it has no torch.
 step python_torch_tests 150 "$PY" -m pytest python/test_torch.py -v -rs -p no:cacheprovider \
   -n 4 --timeout 120 --junitxml="$RESULTS/python_torch_tests.xml"
+# Issue 51 on the GPU (SLUICE_GPU_LOADER_BENCH=1: about 3 minutes; needs Pillow): a
+# Python image loader shared with publish(device="cuda:0") against N loaders each
+# copying its batches to the GPU (and TensorSocket where installed).
+[ -n "${SLUICE_GPU_LOADER_BENCH:-}" ] && step loader_bench 200 "$PY" shared_loader.py --device cuda:0 \
+  --images 1500 --trainers 1 2 4 --json "$RESULTS/loader-bench.json"
 [ -x stage_rate ] && step bench 230 "$PY" gpu.py --out "$RESULTS/gpu-bench.json" --budget 215 --run-timeout 60 \
   --stage-rate ./stage_rate
 
@@ -162,7 +169,7 @@ for line in sys.stdin:
     steps[name] = {"exit": int(rc), "seconds": int(took), "timed_out": rc in ("124", "137"),
                    "log_tail": log[-4000:]}
 out = {"steps": steps}
-for name in ("probe.json", "gpu-bench.json"):
+for name in ("probe.json", "gpu-bench.json", "loader-bench.json"):
     path = os.path.join(results, name)
     if os.path.exists(path):
         out[name] = json.load(open(path))
