@@ -744,6 +744,11 @@ fn a_remote_subscriber_resumes_from_its_cursor() {
     let (rows, sum) = h.source_checksum(&h.path("p.sql"));
     let (server, addr) = serve(&mut h);
     let url = format!("flight://{addr}/back");
+    // A link at the cursor's temporary name (in a shared directory, another user's) is
+    // not written through: the cursor is written as a file of its own, owner-only.
+    let victim = h.path("victim.txt");
+    std::fs::write(&victim, "not a cursor").unwrap();
+    std::os::unix::fs::symlink(&victim, h.path("cursor.json.tmp")).unwrap();
     // A local trainer paces the stream, so the producer is still there for the restart.
     let pace = h.spawn(&[
         "subscribe",
@@ -784,6 +789,13 @@ fn a_remote_subscriber_resumes_from_its_cursor() {
         (Some(true), Some(5), Some(5 * 333)),
         "{end}"
     );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "not a cursor");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(h.path("cursor.json"))
+            .unwrap()
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
     let cursor: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(h.path("cursor.json")).unwrap()).unwrap();
     assert_eq!(

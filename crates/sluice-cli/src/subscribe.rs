@@ -72,16 +72,13 @@ fn save_cursor(sub: &Subscriber, path: &std::path::Path) -> anyhow::Result<()> {
     let Some(cursor) = sub.cursor() else {
         return Ok(());
     };
-    sluice::checkpoint::refuse_non_file(path)?;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let written = std::fs::write(&tmp, cursor.to_json()).and_then(|()| std::fs::rename(&tmp, path));
-    written.map_err(|e| {
+    // Owner-only, never through a link left at PATH.tmp (another user's, in a shared
+    // directory), as a checkpoint is written.
+    sluice::checkpoint::write_state(path, cursor.to_json().as_bytes()).map_err(|e| {
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
         let _ = std::fs::remove_file(&tmp);
-        anyhow::anyhow!(
-            "cannot save the cursor to {} (--save-cursor): {e}",
-            path.display()
-        )
+        anyhow::anyhow!("cannot save the cursor (--save-cursor): {e}")
     })
 }
 

@@ -258,7 +258,17 @@ pub(crate) async fn connect(
     Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 )> {
     let scheme = if target.tls { "https" } else { "http" };
-    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", target.server))
+    let given = options.token.clone().filter(|t| !t.is_empty());
+    // This user's loopback server's token goes only to the address that server listens
+    // on (`token.rs`): for `localhost`, that address rather than what it resolves to.
+    let found = match given {
+        Some(_) => None,
+        None => crate::token::find(&target.server),
+    };
+    let address = found
+        .as_ref()
+        .map_or_else(|| target.server.clone(), |f| f.addr.to_string());
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
         .map_err(|e| SluiceError::Config(format!("{target}: {e}")))?
         .connect_timeout(Duration::from_secs(10))
         .initial_stream_window_size(WINDOW)
@@ -290,13 +300,7 @@ pub(crate) async fn connect(
             error_chain(&e)
         ))
     })?;
-    let found = || crate::token::find(&target.server);
-    let authorization = match options
-        .token
-        .clone()
-        .filter(|t| !t.is_empty())
-        .or_else(found)
-    {
+    let authorization = match given.or(found.map(|f| f.token)) {
         Some(token) => Some(
             format!("Bearer {token}")
                 .parse()

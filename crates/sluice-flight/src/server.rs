@@ -196,7 +196,7 @@ impl FlightServer {
         // one that only this user can read (`token.rs`).
         let made = match given {
             Some(_) => None,
-            None => Some(LoopbackToken::create(addr.port())?),
+            None => Some(LoopbackToken::create(addr)?),
         };
         let token = given.or_else(|| made.as_ref().map(|t| t.value().to_string()));
         let service = FlightServiceServer::new(TopicService {

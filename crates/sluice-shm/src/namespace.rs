@@ -310,17 +310,12 @@ impl Namespace {
     /// iceoryx2 makes its node counter world-writable so that any user's nodes can share
     /// it; a namespace belongs to one user, so take write access away from the others.
     fn narrow_global_segment(&self) {
-        // SAFETY: getuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::getuid() };
         for path in self.files_in(Path::new(SHM_DIR)) {
             let is_global = path
                 .file_name()
                 .is_some_and(|n| n.to_string_lossy().ends_with("global_mgmt"));
-            if let (true, Ok(meta)) = (is_global, std::fs::metadata(&path))
-                && meta.uid() == uid
-                && meta.mode() & 0o077 != 0
-            {
-                let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+            if is_global {
+                narrow_own_file(&path);
             }
         }
     }
@@ -331,7 +326,7 @@ impl Namespace {
             .into_iter()
             .flatten()
             .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .filter(|e| is_file_of(&e.file_name().to_string_lossy(), &prefix))
             .map(|e| e.path())
             .collect()
     }
@@ -812,6 +807,50 @@ pub(crate) fn default_name(
     Ok(private)
 }
 
+/// Whether `file` is one of iceoryx2's files under `prefix` (`iox2_sluice_<name>_`), and
+/// not another namespace's whose name only starts with this one's and an underscore
+/// (`u1001` and `u1001_x`): after the prefix comes a service's hash (40 hex digits and
+/// `_`: the segments in /dev/shm) or a node's or listener's id (digits and `.`: the
+/// files of the service directory), which no namespace name of the other's can be (at
+/// most 16 characters, no dot).
+fn is_file_of(file: &str, prefix: &str) -> bool {
+    let Some(rest) = file.strip_prefix(prefix) else {
+        return false;
+    };
+    let hashed = rest.len() > 40
+        && rest.as_bytes()[40] == b'_'
+        && rest.as_bytes()[..40]
+            .iter()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
+    let id = rest.split_once('.').is_some_and(|(digits, _)| {
+        !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+    });
+    hashed || id
+}
+
+/// Makes `path` owner-only if it is a plain file of this user's: through a descriptor
+/// opened without following a link, so that a link another user left under a
+/// namespace's prefix never has its target's mode changed.
+fn narrow_own_file(path: &Path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    else {
+        return;
+    };
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if let Ok(meta) = file.metadata()
+        && meta.is_file()
+        && meta.uid() == uid
+        && meta.mode() & 0o077 != 0
+    {
+        let _ = file.set_permissions(std::fs::Permissions::from_mode(0o600));
+    }
+}
+
 /// What of namespace `name` another user made (its service directory in `base`, or a
 /// shared-memory file of its prefix in `shm`), and that user's uid.
 fn taken_by_another(base: &Path, shm: &Path, name: &str, uid: u32) -> Option<(PathBuf, u32)> {
@@ -826,7 +865,7 @@ fn taken_by_another(base: &Path, shm: &Path, name: &str, uid: u32) -> Option<(Pa
         .into_iter()
         .flatten()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .filter(|e| is_file_of(&e.file_name().to_string_lossy(), &prefix))
         .find_map(|e| {
             let owner = e.metadata().ok()?.uid();
             (owner != uid).then(|| (e.path(), owner))

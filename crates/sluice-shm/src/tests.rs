@@ -627,8 +627,8 @@ fn service_directory_in_dev_shm_and_owner_only() {
     std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700)).unwrap();
 
     let inside = root.join("inside");
-    let outside =
-        std::path::Path::new(crate::namespace::SHM_DIR).join(format!("{}loose", ns.shm_prefix()));
+    let outside = std::path::Path::new(crate::namespace::SHM_DIR)
+        .join(format!("{}{HASH}_loose", ns.shm_prefix()));
     for path in [&inside, &outside] {
         std::fs::write(path, b"").unwrap();
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).unwrap();
@@ -1329,7 +1329,14 @@ fn a_default_namespace_another_user_took_first_falls_back_to_a_private_name() {
     assert_eq!(name, format!("u{uid}"));
     // Ours: still the default.
     std::fs::create_dir(base.join(format!("sluice-u{uid}"))).unwrap();
-    std::fs::write(shm.join(format!("iox2_sluice_u{uid}_x_global_mgmt")), b"").unwrap();
+    std::fs::write(
+        shm.join(format!("iox2_sluice_u{uid}_{HASH}_node.global_mgmt")),
+        b"",
+    )
+    .unwrap();
+    // Another namespace whose name starts with this one's and `_` (anyone's) is not it.
+    let longer = shm.join(format!("iox2_sluice_u{uid}_x_{HASH}_node.global_mgmt"));
+    std::fs::write(&longer, b"").unwrap();
     assert_eq!(
         crate::namespace::default_name(&base, &shm, uid, kept).unwrap(),
         name
@@ -1343,7 +1350,7 @@ fn a_default_namespace_another_user_took_first_falls_back_to_a_private_name() {
     }
     for taken in [
         base.join(format!("sluice-u{uid}")),
-        shm.join(format!("iox2_sluice_u{uid}_x_global_mgmt")),
+        shm.join(format!("iox2_sluice_u{uid}_{HASH}_node.global_mgmt")),
     ] {
         std::os::unix::fs::chown(&taken, Some(65534), Some(65534)).unwrap();
         let first = crate::namespace::default_name(&base, &shm, uid, kept).unwrap();
@@ -1359,7 +1366,47 @@ fn a_default_namespace_another_user_took_first_falls_back_to_a_private_name() {
         );
         std::os::unix::fs::chown(&taken, Some(uid), Some(uid)).unwrap();
     }
+    std::os::unix::fs::chown(&longer, Some(65534), Some(65534)).unwrap();
+    assert_eq!(
+        crate::namespace::default_name(&base, &shm, uid, kept).unwrap(),
+        name,
+        "namespace u{uid}_x of another user's split u{uid}"
+    );
     std::fs::remove_dir_all(&scratch).unwrap();
+}
+
+/// A service's hash, as iceoryx2 names the segments of a namespace in /dev/shm.
+const HASH: &str = "9204dd183d1c4d8e1ff592a30766ffa6765aa8b5";
+
+/// Narrowing the namespace's node counter never changes the mode of a file a link
+/// under the namespace's prefix points to (a link another user may have left, with
+/// the target anyone's), nor touches another namespace's files that share the prefix.
+#[test]
+fn narrowing_a_namespace_follows_no_link_and_stays_in_its_namespace() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let ns = namespace("nw");
+    ns.prepare_root().unwrap();
+    let shm = std::path::Path::new(crate::namespace::SHM_DIR);
+    let target = std::env::temp_dir().join(format!("sluice-narrow-{}", std::process::id()));
+    std::fs::write(&target, b"someone's").unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let link = shm.join(format!("{}{HASH}_planted.global_mgmt", ns.shm_prefix()));
+    let own = shm.join(format!("{}{HASH}_node.global_mgmt", ns.shm_prefix()));
+    let other = shm.join(format!("{}x_{HASH}_node.global_mgmt", ns.shm_prefix()));
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    for path in [&own, &other] {
+        std::fs::write(path, b"").unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    ns.reclaim_dead();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+    assert_eq!(mode(&target), 0o644, "a link's target was narrowed");
+    assert_eq!(mode(&own), 0o600);
+    assert_eq!(mode(&other), 0o644, "another namespace's file was narrowed");
+    for path in [&link, &own, &other, &target] {
+        std::fs::remove_file(path).unwrap();
+    }
+    ns.purge();
 }
 
 /// iceoryx2's errors reach the caller as their own types (SluiceError::SharedMemory),

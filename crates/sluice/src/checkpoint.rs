@@ -83,7 +83,7 @@ pub(crate) fn read_state(path: &Path, what: &str) -> Result<Option<String>> {
 
 /// Writes a state file owner-only and atomically (under `PATH.tmp`, then renamed):
 /// readers see the old file or the new one, never half of one.
-pub(crate) fn write_state(path: &Path, bytes: &[u8]) -> Result<()> {
+pub fn write_state(path: &Path, bytes: &[u8]) -> Result<()> {
     refuse_non_file(path)?;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
