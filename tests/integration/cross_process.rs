@@ -1309,3 +1309,72 @@ fn a_checkpoint_path_that_holds_another_file_is_refused_and_the_file_kept() {
         );
     }
 }
+
+/// A full `/dev/shm` (here a private one of 1 MiB, filled, in a mount namespace of the
+/// test's own) stops a producer and a subscriber with an error that says so, where
+/// iceoryx2 would kill the producer with SIGBUS writing its node counter. Needs root and
+/// `unshare`; skipped with a message otherwise.
+#[test]
+fn a_full_dev_shm_is_named_not_a_bus_error() {
+    let mut h = Harness::new();
+    h.dataset(1_000);
+    let plan = h.plan(
+        "full.sql",
+        "SET sluice.topic = 'full';\n\
+         CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION 'data/';\n\
+         SELECT id FROM t;\n",
+    );
+    let private_shm = "mount -t tmpfs -o size=1M,mode=1777 tmpfs /dev/shm && \
+                       head -c 2000000 /dev/zero > /dev/shm/filler 2>/dev/null; exec \"$@\"";
+    let in_full_shm = |args: &[&str]| {
+        std::process::Command::new("unshare")
+            .args([
+                "-m",
+                "sh",
+                "-c",
+                private_shm,
+                "sh",
+                env!("CARGO_BIN_EXE_sluice"),
+            ])
+            .args(args)
+            .current_dir(h.path(""))
+            .env("SLUICE_NAMESPACE", h.ns.name())
+            .env("SLUICE_LOG", "warn")
+            .output()
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let probe = in_full_shm(&["--version"]);
+    if !root || !probe.as_ref().is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: a private /dev/shm needs root and unshare -m ({probe:?})");
+        return;
+    }
+    let plan = plan.to_str().unwrap();
+    for args in [
+        &[
+            "run",
+            plan,
+            "--min-subscribers",
+            "1",
+            "--wait-timeout",
+            "5",
+            "-q",
+        ][..],
+        &["subscribe", "full", "--timeout", "3"][..],
+    ] {
+        let out = in_full_shm(args).unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{args:?}: {:?} {stderr}",
+            out.status
+        );
+        assert!(stderr.contains("/dev/shm is full"), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.matches("/dev/shm is full").count(),
+            1,
+            "said more than once: {stderr}"
+        );
+    }
+}

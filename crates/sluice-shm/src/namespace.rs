@@ -288,6 +288,11 @@ impl Namespace {
     /// Creates an iceoryx2 node in this namespace, owner-only.
     pub(crate) fn node(&self, role: &str) -> Result<Node<Ipc>> {
         self.prepare_root()?;
+        // iceoryx2 sizes its node counter's segment and then writes into it: on a full
+        // /dev/shm that write is a SIGBUS, so a full one is refused before.
+        if let Some(free) = shm_full() {
+            return Err(full_shm(role, free));
+        }
         // The role names the node, so that a reclaimer knows a dead producer's node.
         let name = NodeName::new(role)
             .map_err(|e| SluiceError::Internal(format!("bad node name '{role}': {e}")))?;
@@ -297,7 +302,10 @@ impl Namespace {
             // Sluice handles signals itself (Ctrl-C in Python, clean producer shutdown).
             .signal_handling_mode(SignalHandlingMode::Disabled)
             .create::<Ipc>()
-            .map_err(transport(format!("cannot create {role} node")))?;
+            .map_err(|e| match shm_full() {
+                Some(free) => full_shm(role, free),
+                None => transport(format!("cannot create {role} node"))(e),
+            })?;
         self.narrow_global_segment();
         Ok(node)
     }
@@ -723,6 +731,25 @@ pub(crate) fn monitor_state(
         Ok(Ok(State::Dead | State::DoesNotExist)) => Liveness::Gone,
         Ok(Err(_)) | Err(_) => Liveness::Unknown,
     }
+}
+
+/// The bytes free on `/dev/shm` if it is (all but) full: fewer than a node's own
+/// segments and files take, a few pages each.
+fn shm_full() -> Option<u64> {
+    const NODE_ROOM: u64 = 256 << 10;
+    shm_available().ok().filter(|free| *free < NODE_ROOM)
+}
+
+/// The error of a node that a full `/dev/shm` leaves no room for (iceoryx2 reports it as
+/// an internal error, or dies of it).
+fn full_shm(role: &str, free: u64) -> SluiceError {
+    SluiceError::io(
+        format!(
+            "cannot create {role} node: {SHM_DIR} is full ({free} bytes free); remove what \
+             fills it or enlarge it (e.g. `mount -o remount,size=8G {SHM_DIR}`)"
+        ),
+        std::io::Error::from(std::io::ErrorKind::StorageFull),
+    )
 }
 
 /// Free bytes on the shared-memory file system.

@@ -449,6 +449,10 @@ impl Producer {
             // Another producer serves the topic (this run was refused for it): its
             // subscribers are its own.
             Ok(()) | Err(SluiceError::TopicBusy(_)) => {}
+            // The same cause (a full /dev/shm) stopped the telling too: said once is enough.
+            Err(e) if std::mem::discriminant(&e) == std::mem::discriminant(error) => {
+                tracing::debug!("could not tell subscribers about the failure: {e}")
+            }
             Err(e) => tracing::warn!("could not tell subscribers about the failure: {e}"),
         }
     }
