@@ -295,6 +295,16 @@ fn store_failures_name_the_object_and_reach_subscribers() {
             b"PAR1 this is not parquet at all".to_vec(),
         )],
     );
+    // DataFusion reads every object under a remote prefix: the one that is not Parquet
+    // is named, not the empty one it passes over.
+    s3.upload_dir(&bucket, &h.path("data"), "notes");
+    s3.put(
+        &bucket,
+        &[
+            ("notes/README.txt".into(), b"what this dataset is".to_vec()),
+            ("notes/empty.parquet".into(), Vec::new()),
+        ],
+    );
     let missing_bucket = format!("{bucket}-missing");
     let cases = [
         (
@@ -324,6 +334,15 @@ fn store_failures_name_the_object_and_reach_subscribers() {
             s3.secret_key.clone(),
             vec![
                 format!("s3://{bucket}/mixed/part-99.parquet"),
+                "not a Parquet file".into(),
+            ],
+        ),
+        (
+            "other-files",
+            format!("s3://{bucket}/notes/"),
+            s3.secret_key.clone(),
+            vec![
+                format!("s3://{bucket}/notes/README.txt"),
                 "not a Parquet file".into(),
             ],
         ),
@@ -362,6 +381,16 @@ fn store_failures_name_the_object_and_reach_subscribers() {
             assert!(!got.stderr.contains(&secret), "{topic}: {}", got.stderr);
         }
     }
+    // A plain-HTTP endpoint without AWS_ALLOW_HTTP says which setting allows it.
+    h.env = s3.env(&s3.secret_key);
+    h.env.retain(|(k, _)| k != "AWS_ALLOW_HTTP");
+    h.plan(
+        "p.sql",
+        &plan_sql("http", "", &format!("s3://{bucket}/train/"), ""),
+    );
+    let out = h.spawn(&["checksum", "p.sql"]).wait(LIMIT);
+    assert_ne!(out.status.code(), Some(0), "{}", out.stderr);
+    assert!(out.stderr.contains("AWS_ALLOW_HTTP=true"), "{}", out.stderr);
 }
 
 /// An object that disappears while it is being streamed fails the run with an error

@@ -210,3 +210,52 @@ impl SluiceError {
         }
     }
 }
+
+/// `e`'s message followed by those of its sources that it does not already say
+/// (`HTTP error: request or response body error: connection reset by peer`): libraries
+/// such as object_store keep the cause (a timeout, a refused connection, a truncated
+/// body) in a source their own message leaves out.
+pub fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !part.is_empty() && !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{message}")]
+    struct Layer {
+        message: &'static str,
+        #[source]
+        source: Option<Box<Layer>>,
+    }
+
+    #[test]
+    fn causes_are_added_once() {
+        let e = Layer {
+            message: "HTTP error: body error",
+            source: Some(Box::new(Layer {
+                message: "body error",
+                source: Some(Box::new(Layer {
+                    message: "connection reset by peer",
+                    source: None,
+                })),
+            })),
+        };
+        assert_eq!(
+            with_causes(&e),
+            "HTTP error: body error: connection reset by peer"
+        );
+    }
+}

@@ -730,7 +730,9 @@ fn df_message(e: DataFusionError) -> String {
         // Its display asks for a bug report on DataFusion's tracker; here it is mostly
         // hostile or corrupt input (an Arrow file that does not parse), said as it is.
         DataFusionError::Internal(message) => message.trim().to_string(),
-        root => root.to_string().trim().to_string(),
+        // Its sources hold the cause a storage error's own text leaves out (a reset
+        // connection, a timeout, a truncated body).
+        root => sluice_core::error::with_causes(root).trim().to_string(),
     }
 }
 

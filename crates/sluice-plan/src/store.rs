@@ -342,6 +342,7 @@ fn build(
                 })?;
                 b = b.with_config(key, v);
             }
+            refuse_plain_http(&b)?;
             Arc::new(b.with_retry(retry).build().map_err(message)?)
         }
         Family::Gcp => {
@@ -426,6 +427,23 @@ async fn probe(store: &dyn ObjectStore, url: &Url, family: Family) -> Result<(),
     }
 }
 
+/// An `http://` endpoint is refused by object_store unless allowed, at the first
+/// request and as a bare "builder error": said here, with the setting that allows it.
+fn refuse_plain_http(b: &AmazonS3Builder) -> std::result::Result<(), String> {
+    let endpoint = b.get_config_value(&AmazonS3ConfigKey::Endpoint);
+    let allowed = b
+        .get_config_value(&AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp))
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    match endpoint {
+        Some(e) if e.to_ascii_lowercase().starts_with("http://") && !allowed => Err(format!(
+            "the endpoint {e} is plain HTTP, which is refused unless allowed: set \
+             AWS_ALLOW_HTTP=true or OPTIONS ('aws.allow_http' 'true') (a local test server), \
+             or use https"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A store failure against a URL, with what to check.
 #[derive(Debug)]
 pub(crate) struct StoreError {
@@ -442,15 +460,17 @@ impl StoreError {
     }
 
     fn from_store(url: &str, family: Family, e: object_store::Error) -> Self {
+        let why = sluice_core::error::with_causes(&e);
         let message = match classify(&e) {
             Kind::NotFound => {
-                format!("not found (check that the bucket and the object exist): {e}")
+                format!("not found (check that the bucket and the object exist): {why}")
             }
             Kind::Denied => format!(
                 "access denied (check the credentials: {}): {e}",
                 family.env_hint()
             ),
-            Kind::Other => format!("cannot read (retried transient errors before giving up): {e}"),
+            // object_store says when it retried (`after N retries`), and the cause.
+            Kind::Other => format!("cannot read: {why}"),
         };
         Self {
             url: url.to_string(),
@@ -545,8 +565,12 @@ pub(crate) async fn find_corrupt(
     let prefix = table_url.prefix().clone();
     let mut objects = store.list(Some(&prefix));
     let extension = format.extension();
+    // DataFusion reads every object under a remote prefix as the table's format, but
+    // only the files of its extension in a local directory; it passes over empty ones.
+    let every_object = table_url.scheme() != "file";
     while let Some(Ok(meta)) = objects.next().await {
-        if !meta.location.as_ref().ends_with(extension) && !location.ends_with(extension) {
+        let named = meta.location.as_ref().ends_with(extension) || location.ends_with(extension);
+        if meta.size == 0 || !(named || every_object) {
             continue;
         }
         let fault = match format {
@@ -575,6 +599,9 @@ async fn arrow_file_fault(
         return Some(format!("not an Arrow IPC file ({size} bytes, too short)"));
     }
     let head = store.get_range(&meta.location, 0..8).await.ok()?;
+    if head.len() != 8 {
+        return Some(shorter_than_listed(size, head.len()));
+    }
     if head.starts_with(&[0xff; 4]) {
         return None;
     }
@@ -585,6 +612,9 @@ async fn arrow_file_fault(
         .get_range(&meta.location, size - TAIL..size)
         .await
         .ok()?;
+    if tail.len() as u64 != TAIL {
+        return Some(shorter_than_listed(size, tail.len()));
+    }
     if &tail[4..] != MAGIC {
         return Some("a truncated Arrow IPC file (no ARROW1 at its end)".into());
     }
@@ -608,6 +638,15 @@ async fn arrow_file_fault(
     }
 }
 
+/// What an object whose ranged read came back short is: smaller than its listing said,
+/// so replaced or truncated since it was listed.
+fn shorter_than_listed(size: u64, got: usize) -> String {
+    format!(
+        "shorter than its listing's {size} bytes (a read of its last bytes returned {got}): it \
+         changed after it was listed; rerun once it is complete"
+    )
+}
+
 /// What is wrong with the footer of the Parquet object `meta`, if anything (an object
 /// that cannot be fetched is not judged).
 async fn parquet_footer_fault(
@@ -623,6 +662,9 @@ async fn parquet_footer_fault(
         .get_range(&meta.location, size - FOOTER..size)
         .await
         .ok()?;
+    if tail.len() as u64 != FOOTER {
+        return Some(shorter_than_listed(size, tail.len()));
+    }
     if &tail[4..8] != b"PAR1" {
         return Some("not a Parquet file (no PAR1 footer)".into());
     }
