@@ -420,6 +420,15 @@ impl Plan {
         &self,
         epoch: u64,
     ) -> Result<(Arc<dyn ExecutionPlan>, datafusion::execution::SessionState)> {
+        if self.options.listing()?.is_some() {
+            // A pinned listing is checked at every epoch (`check_listing`): against the
+            // files there now, not DataFusion's cached listing of the first epoch, which
+            // would hide a file added since (and a rewritten one until it failed to
+            // decode).
+            if let Some(cache) = self.ctx.runtime_env().cache_manager.get_list_files_cache() {
+                cache.clear();
+            }
+        }
         let mut state = self.ctx.state();
         state
             .config_mut()

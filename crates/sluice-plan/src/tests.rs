@@ -257,6 +257,45 @@ SELECT id FROM src",
     assert!(bad.to_string().contains("16 hex digits"), "{bad}");
 }
 
+/// A pinned listing is checked at every epoch against the files there then, with
+/// DataFusion's cache of listings on (its default): a file added while the run is in
+/// its first epoch fails the second, naming the listing.
+#[tokio::test]
+async fn a_file_added_during_a_pinned_run_fails_the_next_epoch() {
+    let dir = dataset();
+    let sql = |set: &str| {
+        format!(
+            "{set}CREATE EXTERNAL TABLE src STORED AS PARQUET LOCATION '{}/pq/';
+SELECT id FROM src",
+            dir.path().display()
+        )
+    };
+    let digest = Plan::from_sql("p.sql", &sql(""))
+        .await
+        .unwrap()
+        .listing()
+        .await
+        .unwrap()
+        .digest;
+    let pinned = Plan::from_sql(
+        "p.sql",
+        &sql(&format!("SET sluice.listing = '{digest}';\n")),
+    )
+    .await
+    .unwrap();
+    let mut first = pinned.execute_epoch(0).await.unwrap();
+    while let Some(b) = first.next().await {
+        b.unwrap();
+    }
+    let part = dir.path().join("pq/part-0.parquet");
+    std::fs::copy(&part, dir.path().join("pq/part-2.parquet")).unwrap();
+    let err = match pinned.execute_epoch(1).await {
+        Ok(_) => panic!("the second epoch ran over a file the listing does not have"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains(&digest) && err.contains("3 files"), "{err}");
+}
+
 /// The same query orders its rows differently with other partitions or another DataFusion
 /// batch size (batches are taken round-robin from the partitions), so both are part of
 /// the fingerprint that a resumed checkpoint must match, and are named among the
@@ -510,14 +549,14 @@ fn round_one_now() -> rounds::RoundInputs {
 }
 
 /// A round's plan lists the files it started with: one added since (even with an old
-/// modification time) is not read, and one removed fails the next epoch. DataFusion's
-/// cache of listings is off, as it is for a table too large for it: every epoch lists.
+/// modification time) is not read, and one removed fails the next epoch (DataFusion's
+/// cache of listings on, as by default: a pinned listing lists again at every epoch).
 #[tokio::test]
 async fn a_round_reads_the_files_it_started_with_or_fails() {
     let dir = dataset();
     let pq = dir.path().join("pq");
     let sql = format!(
-        "SET sluice.rounds = 2;\nSET datafusion.runtime.list_files_cache_limit = '0K';\n\
+        "SET sluice.rounds = 2;\n\
          CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION '{}/';\nSELECT id FROM t",
         pq.display()
     );
