@@ -338,6 +338,12 @@ fn store_failures_name_the_object_and_reach_subscribers() {
             ],
         ),
         (
+            "glob",
+            format!("s3://{bucket}/train/part-*.parquet"),
+            s3.secret_key.clone(),
+            vec!["a glob is read only in a local path".into()],
+        ),
+        (
             "other-files",
             format!("s3://{bucket}/notes/"),
             s3.secret_key.clone(),

@@ -420,11 +420,29 @@ async fn probe(store: &dyn ObjectStore, url: &Url, family: Family) -> Result<(),
         Some(Err(e)) => Err(StoreError::from_store(url.as_str(), family, e)),
         None => Err(StoreError {
             url: url.to_string(),
-            message: "no such object, and no objects under this prefix; check the bucket and \
-                      the path"
-                .into(),
+            message: missing_message(url),
         }),
     }
+}
+
+/// What a location that names nothing is told: a pattern, a query or a fragment is
+/// part of an object's name on object storage (DataFusion matches globs in local paths
+/// only), and `%xx` stands for the character it encodes.
+fn missing_message(url: &Url) -> String {
+    let mut message =
+        "no such object, and no objects under this prefix; check the bucket and the path"
+            .to_string();
+    let path = url.path();
+    if path.contains(['*', '[']) || path.contains("%5B") {
+        message.push_str(
+            "; a glob is read only in a local path: on object storage name the prefix \
+             (`s3://bucket/dir/`) or each object (several LOCATIONs)",
+        );
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        message.push_str("; `?` and `#` end the object's name in a URL: write them as %3F and %23");
+    }
+    message
 }
 
 /// An `http://` endpoint is refused by object_store unless allowed, at the first
