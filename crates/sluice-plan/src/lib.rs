@@ -587,6 +587,7 @@ impl Plan {
     /// by the producer's shuffle buffer).
     pub async fn execute_epoch(&self, epoch: u64) -> Result<BatchStream> {
         let (physical, task) = self.physical_plan_for_epoch(epoch).await?;
+        let files = listing::files(&physical);
         let mut streams = execute_stream_partitioned(physical, task)
             .map_err(|e| SluiceError::Execution(self.redact(&df_message(e))))?;
         if let Some(seed) = self.options.shuffle_seed {
@@ -595,24 +596,28 @@ impl Plan {
                 streams.swap(i, rng.below(i + 1));
             }
         }
-        let secrets = self.secrets.clone();
-        let engine = match &self.engine {
-            Engine::Local => None,
-            Engine::BallistaStandalone => Some(self.engine.to_string()),
-            Engine::BallistaRemote { .. } => Some(format!(
-                "{}; check that its scheduler and executors run and are reachable",
-                self.engine
-            )),
-        };
+        let failure = Arc::new(EpochFailure {
+            secrets: self.secrets.clone(),
+            engine: match &self.engine {
+                Engine::Local => None,
+                Engine::BallistaStandalone => Some(self.engine.to_string()),
+                Engine::BallistaRemote { .. } => Some(format!(
+                    "{}; check that its scheduler and executors run and are reachable",
+                    self.engine
+                )),
+            },
+            files,
+            env: self.ctx.runtime_env(),
+        });
         Ok(round_robin(streams)
-            .map(move |item| {
-                item.map_err(|e| match e {
-                    SluiceError::Execution(m) => SluiceError::Execution(match &engine {
-                        Some(engine) => format!("{} (query run on {engine})", secrets.redact(&m)),
-                        None => secrets.redact(&m),
-                    }),
-                    other => other,
-                })
+            .then(move |item| {
+                let failure = failure.clone();
+                async move {
+                    match item {
+                        Err(SluiceError::Execution(m)) => Err(failure.said(m).await),
+                        other => other,
+                    }
+                }
             })
             .boxed())
     }
@@ -631,6 +636,32 @@ impl Plan {
             checksum.update(&batch?)?;
         }
         Ok(checksum)
+    }
+}
+
+/// What an epoch's failure is said with: where the query ran, and whether a file it
+/// read changed after it was listed (then DataFusion decoded new bytes with the old
+/// footer, and says only that they do not decode).
+struct EpochFailure {
+    secrets: store::Secrets,
+    engine: Option<String>,
+    files: Vec<listing::ListedFile>,
+    env: Arc<datafusion::execution::runtime_env::RuntimeEnv>,
+}
+
+impl EpochFailure {
+    async fn said(&self, message: String) -> SluiceError {
+        let message = match listing::changed_since_listed(&self.env, &self.files).await {
+            Some(changed) => {
+                format!("{changed}: rerun once the data stays as it is ({message})")
+            }
+            None => message,
+        };
+        let message = self.secrets.redact(&message);
+        SluiceError::Execution(match &self.engine {
+            Some(engine) => format!("{message} (query run on {engine})"),
+            None => message,
+        })
     }
 }
 

@@ -11,7 +11,10 @@ use std::sync::Arc;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::DataSourceExec;
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::physical_plan::ExecutionPlan;
+use object_store::{ObjectMeta, ObjectStoreExt};
 
 /// What a plan's file scans list: counts and a digest of every file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,4 +76,69 @@ pub(crate) fn of(plan: &Arc<dyn ExecutionPlan>) -> Listing {
         digest: format!("{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes())),
         paths: entries.into_iter().map(|e| e.0).collect(),
     }
+}
+
+/// Files checked at most for [`changed_since_listed`]: a failed epoch over a very large
+/// dataset is not held up by as many `HEAD` requests.
+const MOST_CHECKED: usize = 1024;
+
+/// A file a scan reads, as listed when the epoch was planned.
+#[derive(Debug, Clone)]
+pub(crate) struct ListedFile {
+    store: ObjectStoreUrl,
+    meta: ObjectMeta,
+}
+
+/// The files `plan`'s scans read, each once.
+pub(crate) fn files(plan: &Arc<dyn ExecutionPlan>) -> Vec<ListedFile> {
+    let mut out: Vec<ListedFile> = Vec::new();
+    let _ = plan.apply(|node| {
+        let config = node
+            .as_ref()
+            .downcast_ref::<DataSourceExec>()
+            .and_then(|exec| exec.data_source().as_ref().downcast_ref::<FileScanConfig>());
+        if let Some(config) = config {
+            for file in config.file_groups.iter().flat_map(|g| g.iter()) {
+                out.push(ListedFile {
+                    store: config.object_store_url.clone(),
+                    meta: file.object_meta.clone(),
+                });
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    out.sort_by(|a, b| a.meta.location.cmp(&b.meta.location));
+    out.dedup_by(|a, b| a.meta.location == b.meta.location && a.store == b.store);
+    out
+}
+
+/// The first of `files` that is no longer as listed (removed, or another size, entity
+/// tag or modification time), said for a user: why an epoch that read it failed to
+/// decode (DataFusion read the new bytes with the old footer). `None` where all are as
+/// listed, or cannot be looked at.
+pub(crate) async fn changed_since_listed(env: &RuntimeEnv, files: &[ListedFile]) -> Option<String> {
+    for file in files.iter().take(MOST_CHECKED) {
+        let Ok(store) = env.object_store(&file.store) else {
+            continue;
+        };
+        let name = format!("{}{}", file.store.as_str(), file.meta.location);
+        let was = &file.meta;
+        match store.head(&was.location).await {
+            Err(object_store::Error::NotFound { .. }) => {
+                return Some(format!("{name} was removed after the run listed it"));
+            }
+            Ok(now)
+                if now.size != was.size
+                    || now.last_modified != was.last_modified
+                    || (now.e_tag.is_some() && now.e_tag != was.e_tag) =>
+            {
+                return Some(format!(
+                    "{name} changed after the run listed it ({} bytes then, {} now)",
+                    was.size, now.size
+                ));
+            }
+            _ => {}
+        }
+    }
+    None
 }

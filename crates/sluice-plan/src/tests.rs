@@ -257,6 +257,35 @@ SELECT id FROM src",
     assert!(bad.to_string().contains("16 hex digits"), "{bad}");
 }
 
+/// A file rewritten after the epoch was planned fails it with DataFusion's decoding
+/// error (new bytes read with the old footer), which the epoch's error explains by
+/// naming the file that changed.
+#[tokio::test]
+async fn an_epoch_over_a_file_rewritten_since_it_was_listed_names_the_file() {
+    let dir = dataset();
+    let sql = format!(
+        "CREATE EXTERNAL TABLE src STORED AS PARQUET LOCATION '{}/pq/';\nSELECT id FROM src",
+        dir.path().display()
+    );
+    let plan = Plan::from_sql("p.sql", &sql).await.unwrap();
+    let mut epoch = plan.execute_epoch(0).await.unwrap();
+    let part = dir.path().join("pq/part-1.parquet");
+    let len = std::fs::metadata(&part).unwrap().len() as usize;
+    std::fs::write(&part, vec![7u8; len + 100]).unwrap();
+    let mut failed = None;
+    while let Some(b) = epoch.next().await {
+        if let Err(e) = b {
+            failed = Some(e.to_string());
+            break;
+        }
+    }
+    let err = failed.expect("an epoch over a rewritten file read to its end");
+    assert!(
+        err.contains("part-1.parquet changed after the run listed it"),
+        "{err}"
+    );
+}
+
 /// A pinned listing is checked at every epoch against the files there then, with
 /// DataFusion's cache of listings on (its default): a file added while the run is in
 /// its first epoch fails the second, naming the listing.
