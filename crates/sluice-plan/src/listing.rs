@@ -117,6 +117,18 @@ pub(crate) fn files(plan: &Arc<dyn ExecutionPlan>) -> Vec<ListedFile> {
 /// decode (DataFusion read the new bytes with the old footer). `None` where all are as
 /// listed, or cannot be looked at.
 pub(crate) async fn changed_since_listed(env: &RuntimeEnv, files: &[ListedFile]) -> Option<String> {
+    // A store that fails (the likelier cause of the epoch's failure) is not asked again,
+    // and all of it takes a few seconds at most: the error must reach the subscribers.
+    tokio::time::timeout(LOOK_FOR, first_changed(env, files))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// How long [`changed_since_listed`] looks.
+const LOOK_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+
+async fn first_changed(env: &RuntimeEnv, files: &[ListedFile]) -> Option<String> {
     for file in files.iter().take(MOST_CHECKED) {
         let Ok(store) = env.object_store(&file.store) else {
             continue;
@@ -137,7 +149,8 @@ pub(crate) async fn changed_since_listed(env: &RuntimeEnv, files: &[ListedFile])
                     was.size, now.size
                 ));
             }
-            _ => {}
+            Ok(_) => {}
+            Err(_) => return None,
         }
     }
     None
