@@ -272,3 +272,87 @@ def test_len_of_a_shared_loader_without_a_producer_is_a_type_error_and_its_truth
     producer.wait(timeout=30)
     # The producer is gone: the size it told stands.
     assert len(shared) == 1
+
+
+WORKER_STATE = """
+import sys, torch, sluice.torch
+ds = sluice.torch.IterableDataset(sys.argv[1], timeout=60, columns=["id"])
+print("before:", ds.state_dict(), flush=True)
+loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1,
+                                     persistent_workers=True, multiprocessing_context="spawn")
+for i, batch in enumerate(loader):
+    if i == 2:
+        break
+try:
+    ds.state_dict()
+    print("no error", flush=True)
+except RuntimeError as e:
+    print("error:", e, flush=True)
+"""
+
+
+def test_the_state_of_a_dataset_a_dataloader_worker_iterates_is_refused_where_it_is_not(plans, run_python):
+    """A DataLoader worker iterates a copy of the dataset, ahead of the batches the
+    trainer received: the trainer's ``state_dict()`` would be empty (or the state it was
+    loaded with), and a resume from it would repeat or skip rows. It is a RuntimeError
+    that says what resumes (num_workers=0, StatefulDataLoader); before the loader runs,
+    the (empty) state is as ever."""
+    producer = sluice.Producer(plans.plan(rows=2000, batch_rows=100, epochs=1), min_subscribers=1)
+    child = run_python(WORKER_STATE, plans.topic)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "before: {}", out
+    assert lines[1].startswith("error:") and "num_workers=0" in lines[1], out + err
+    producer.close()
+
+
+ORPHANED_WORKER = """
+import sys, time, torch, sluice.torch
+ds = sluice.torch.IterableDataset(sys.argv[1], timeout=60, columns=["id"])
+loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1,
+                                     persistent_workers=True, multiprocessing_context="spawn")
+for batch in loader:
+    time.sleep(0.01)
+"""
+
+
+def test_a_dataloader_worker_whose_trainer_was_killed_as_it_started_lets_go(plans, run_python, ns):
+    """A trainer SIGKILLed while its spawned worker still starts: torch's own check then
+    takes pid 1 for the worker's parent and never stops it, and the worker's subscription
+    held the producer and every other trainer for good. The worker notices its parent's
+    death (the pipe multiprocessing gives it) and leaves: a trainer started afterwards
+    gets the rest of the stream."""
+    import os
+    import signal
+    import subprocess
+
+    producer = sluice.Producer(plans.plan(rows=2000, batch_rows=100, epochs=30), min_subscribers=1)
+    trainer = run_python(ORPHANED_WORKER, plans.topic)
+    worker = None
+    deadline = time.monotonic() + 60
+    while worker is None:
+        assert time.monotonic() < deadline, "no worker started"
+        children = subprocess.run(["pgrep", "-P", str(trainer.pid)], capture_output=True, text=True)
+        for pid in children.stdout.split():
+            try:
+                if b"spawn_main" in open(f"/proc/{pid}/cmdline", "rb").read():
+                    worker = int(pid)
+            except OSError:
+                pass
+        time.sleep(0.01)
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    try:
+        while os.path.exists(f"/proc/{worker}") and open(f"/proc/{worker}/stat").read().split()[2] != "Z":
+            assert time.monotonic() < deadline, "the orphaned worker is still there after 60 s"
+            time.sleep(0.1)
+    finally:
+        try:
+            os.kill(worker, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    with sluice.subscribe(plans.topic, timeout=60) as sub:
+        assert sum(len(b) for b in sub) > 0
+    producer.wait(timeout=60)

@@ -311,6 +311,75 @@ def _persistent_workers() -> bool | None:
 # The datasets of this process with an open subscription, closed on SIGTERM in a worker.
 _OPEN: weakref.WeakSet[IterableDataset] = weakref.WeakSet()
 _SIGTERM_PID: int | None = None
+_WATCHED_PID: int | None = None
+
+
+def _leave_with_parent() -> None:
+    """In a DataLoader worker: when the trainer process dies, close this process's
+    subscriptions and exit, at once.
+
+    torch's own check notices a dead parent only every 5 s, and never where the worker
+    started after its parent died (it then takes pid 1 for its parent): such a worker
+    holds its subscription, and with it the producer and every other trainer, for good.
+    ``multiprocessing`` hands each child a pipe from its parent, which the kernel closes
+    when the parent dies however it ends; a thread waits on it and then stops the worker
+    as torch's shutdown does (SIGTERM, which :func:`_close_on_sigterm` handles)."""
+    global _WATCHED_PID
+    import multiprocessing
+    import threading
+    from multiprocessing.connection import wait
+
+    parent = multiprocessing.parent_process()
+    if parent is None or _WATCHED_PID == os.getpid():
+        return
+    _WATCHED_PID = os.getpid()
+
+    def watch() -> None:
+        wait([parent.sentinel])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="sluice-parent-watch", daemon=True).start()
+
+
+def _worker_mark(creator: int, token: str) -> str:
+    """The file by which a dataset's creator learns that DataLoader workers iterate it
+    (``state_dict`` there would otherwise return a position it never had)."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"sluice-worker-{creator}-{token}")
+
+
+def _mark_iterated_in_worker(path: str) -> None:
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
+    except OSError:
+        pass  # there already, or nowhere to write it: state_dict() then cannot tell
+
+
+def _remove_mark(path: str, creator: int | None = None) -> None:
+    # A forked worker's copy of the dataset is collected in the worker: the mark is the
+    # creator's to remove.
+    if creator is not None and os.getpid() != creator:
+        return
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _sweep_marks() -> None:
+    """Removes the marks of trainers that ended without removing theirs (killed)."""
+    import glob
+    import tempfile
+
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "sluice-worker-*-*")):
+        try:
+            pid = int(os.path.basename(path).split("-")[2])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _remove_mark(path)
+        except (ValueError, IndexError, PermissionError):
+            continue
 
 
 def _close_on_sigterm() -> None:
@@ -396,15 +465,31 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         self._subscriber: sluice.Subscriber | None = None
         self._epochs: Iterator[sluice.Epoch] | None = None
         self._pid = os.getpid()
+        # Who made the dataset, and a name of its own: the workers that iterate a copy
+        # of it say so (`_worker_mark`), for state_dict() here.
+        self._creator, self._token = os.getpid(), os.urandom(8).hex()
+        _sweep_marks()
+        weakref.finalize(self, _remove_mark, _worker_mark(self._creator, self._token), self._creator)
         self._state: dict[str, Any] = {}
         self._known_size: tuple[int | None, int | None] | None = None
 
     def state_dict(self) -> dict[str, Any]:
         """Where this trainer is (``StatefulDataLoader``'s protocol): save it with the
         model; :meth:`load_state_dict` in a restarted trainer, before iterating, resumes
-        exactly after the last batch this dataset yielded."""
+        exactly after the last batch this dataset yielded. In the process that iterates
+        it: a ``DataLoader`` with a worker iterates a copy there (and reads ahead of what
+        this process received), so here it is a ``RuntimeError``; torchdata's
+        ``StatefulDataLoader`` asks the worker, batch by batch."""
         if self._subscriber is not None:
             return self._subscriber.state_dict()
+        if os.getpid() == self._creator and os.path.exists(_worker_mark(self._creator, self._token)):
+            raise RuntimeError(
+                "state_dict(): this dataset is iterated in a DataLoader worker process, whose "
+                "position this process does not see (the worker also reads ahead of the "
+                "batches this process received): resume with num_workers=0, or with "
+                "torchdata's StatefulDataLoader, which takes the state from the worker with "
+                "each batch"
+            )
         return dict(self._state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -437,6 +522,8 @@ class IterableDataset(_Base):  # type: ignore[misc,valid-type]
         if info is not None:
             _check_worker(info)
             _close_on_sigterm()
+            _leave_with_parent()
+            _mark_iterated_in_worker(_worker_mark(self._creator, self._token))
         epoch = next(self._connect(), None)
         if epoch is None:
             return
