@@ -109,6 +109,7 @@ pub(crate) fn files(plan: &Arc<dyn ExecutionPlan>) -> Vec<ListedFile> {
     });
     out.sort_by(|a, b| a.meta.location.cmp(&b.meta.location));
     out.dedup_by(|a, b| a.meta.location == b.meta.location && a.store == b.store);
+    out.truncate(MOST_CHECKED);
     out
 }
 
@@ -129,7 +130,7 @@ pub(crate) async fn changed_since_listed(env: &RuntimeEnv, files: &[ListedFile])
 const LOOK_FOR: std::time::Duration = std::time::Duration::from_secs(5);
 
 async fn first_changed(env: &RuntimeEnv, files: &[ListedFile]) -> Option<String> {
-    for file in files.iter().take(MOST_CHECKED) {
+    for file in files {
         let Ok(store) = env.object_store(&file.store) else {
             continue;
         };

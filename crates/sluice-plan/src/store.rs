@@ -448,10 +448,19 @@ fn missing_message(url: &Url) -> String {
 /// An `http://` endpoint is refused by object_store unless allowed, at the first
 /// request and as a bare "builder error": said here, with the setting that allows it.
 fn refuse_plain_http(b: &AmazonS3Builder) -> std::result::Result<(), String> {
-    let endpoint = b.get_config_value(&AmazonS3ConfigKey::Endpoint);
+    // The endpoint object_store connects to: the S3-specific one first.
+    let endpoint = b
+        .get_config_value(&AmazonS3ConfigKey::S3Endpoint)
+        .or_else(|| b.get_config_value(&AmazonS3ConfigKey::Endpoint));
+    // What object_store takes for true.
     let allowed = b
         .get_config_value(&AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp))
-        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        .is_some_and(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "on" | "yes" | "y"
+            )
+        });
     match endpoint {
         Some(e) if e.to_ascii_lowercase().starts_with("http://") && !allowed => Err(format!(
             "the endpoint {e} is plain HTTP, which is refused unless allowed: set \

@@ -288,9 +288,13 @@ impl Namespace {
     /// Creates an iceoryx2 node in this namespace, owner-only.
     pub(crate) fn node(&self, role: &str) -> Result<Node<Ipc>> {
         self.prepare_root()?;
-        // iceoryx2 sizes its node counter's segment and then writes into it: on a full
-        // /dev/shm that write is a SIGBUS, so a full one is refused before.
-        if let Some(free) = shm_full() {
+        // iceoryx2 sizes the namespace's node counter when it creates it and then writes
+        // into it: on a full /dev/shm that write is a SIGBUS, so a full one is refused
+        // before the counter exists (later nodes add a few small files, and say a
+        // failure as an error).
+        if !self.has_node_counter()
+            && let Some(free) = shm_full()
+        {
             return Err(full_shm(role, free));
         }
         // The role names the node, so that a reclaimer knows a dead producer's node.
@@ -317,6 +321,13 @@ impl Namespace {
 
     /// iceoryx2 makes its node counter world-writable so that any user's nodes can share
     /// it; a namespace belongs to one user, so take write access away from the others.
+    /// Whether the namespace's node counter (iceoryx2's `…global_mgmt` segment) exists.
+    fn has_node_counter(&self) -> bool {
+        self.files_in(Path::new(SHM_DIR))
+            .iter()
+            .any(|p| p.to_string_lossy().ends_with("global_mgmt"))
+    }
+
     fn narrow_global_segment(&self) {
         for path in self.files_in(Path::new(SHM_DIR)) {
             let is_global = path
