@@ -121,3 +121,14 @@ class EpochLoader:
 def make_epoch_loader() -> EpochLoader:
     """What ``python -m sluice publish helpers:make_epoch_loader --resumable`` runs."""
     return EpochLoader()
+
+
+def cuda_driver_present() -> bool:
+    """Whether this machine has an NVIDIA driver (``libcuda``) to load."""
+    for name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return False

@@ -8,6 +8,7 @@ import signal
 import time
 
 import pytest
+from helpers import cuda_driver_present
 
 import sluice
 
@@ -266,18 +267,6 @@ def test_a_plan_that_cannot_load_fails_the_subscribers_waiting_for_it(plans, ns)
     assert time.monotonic() - started < 30  # told, not timed out
 
 
-def _cuda_driver_present() -> bool:
-    import ctypes
-
-    for name in ("libcuda.so.1", "libcuda.so"):
-        try:
-            ctypes.CDLL(name)
-            return True
-        except OSError:
-            continue
-    return False
-
-
 def test_to_device_checks_its_arguments_and_says_when_there_is_no_gpu(plans):
     """``Batch.to_device`` (the cuda_host mode): a device that is not a GPU is a
     ValueError/TypeError naming the valid forms, a bad stream a ValueError, and without a
@@ -293,7 +282,7 @@ def test_to_device_checks_its_arguments_and_says_when_there_is_no_gpu(plans):
             batch.to_device(device=1.5)
         with pytest.raises(ValueError, match="stream"):
             batch.to_device(stream=-5)
-        if not _cuda_driver_present():
+        if not cuda_driver_present():
             with pytest.raises(sluice.SluiceError, match="no CUDA driver found"):
                 batch.to_device()
             with pytest.raises(sluice.SluiceError, match="no CUDA driver found"):

@@ -14,7 +14,6 @@ docs/gpu.md).
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
@@ -28,24 +27,15 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import cuda_driver_present
 
 # JAX takes 75 % of the GPU when it starts unless told otherwise; the other processes of
 # these tests need memory too.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
-def _driver_present() -> bool:
-    for name in ("libcuda.so.1", "libcuda.so"):
-        try:
-            ctypes.CDLL(name)
-            return True
-        except OSError:
-            continue
-    return False
-
-
 pytestmark = pytest.mark.skipif(
-    not _driver_present(),
+    not cuda_driver_present(),
     reason="no CUDA driver: libcuda.so not loadable; skipped the GPU tests (checksum vs CPU path, "
     "4 subscribers, subscriber killed mid-stream, torch consumers of different batch sizes, "
     "subscriber holding batches, release versus completion, CuPy/JAX, Arrow C Device, "

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 import sluice
-from helpers import waiting_subscribers
+from helpers import cuda_driver_present, waiting_subscribers
 
 EPOCHS = 2
 
@@ -922,12 +922,9 @@ def test_an_iterator_cannot_be_published_for_more_than_one_epoch(topic: str) -> 
     assert sluice.publish(one_batch_loader, topic, epochs=2, linger=0, resumable=True).batches == 2
 
 
-def test_a_loader_whose_topic_cannot_be_created_tells_its_waiting_trainer(
-    topic: str, run_python: Any
-) -> None:
-    """Batches too large for the shared memory (here: room for a hundred million
-    subscribers) fail the run before the topic exists; the trainer waiting for it hears
-    why, instead of waiting for a topic that never comes."""
+def _waiting_trainer(topic: str, run_python: Any) -> Any:
+    """A trainer process waiting for ``topic`` (its interest registered), which prints
+    ``told: …`` with the ``ProducerFailed`` it is told."""
     trainer = run_python(
         "import sys, sluice\n"
         "try:\n"
@@ -940,6 +937,16 @@ def test_a_loader_whose_topic_cannot_be_created_tells_its_waiting_trainer(
     while waiting_subscribers(os.environ["SLUICE_NAMESPACE"], topic) < 1:
         assert time.monotonic() < deadline, "the trainer did not start waiting"
         time.sleep(0.01)
+    return trainer
+
+
+def test_a_loader_whose_topic_cannot_be_created_tells_its_waiting_trainer(
+    topic: str, run_python: Any
+) -> None:
+    """Batches too large for the shared memory (here: room for a hundred million
+    subscribers) fail the run before the topic exists; the trainer waiting for it hears
+    why, instead of waiting for a topic that never comes."""
+    trainer = _waiting_trainer(topic, run_python)
     with pytest.raises(sluice.SluiceError, match="shared memory"):
         sluice.publish([np.zeros((4, 1024))], topic, max_subscribers=100_000_000)
     out, err = trainer.communicate(timeout=60)
@@ -1342,18 +1349,6 @@ def test_the_size_of_an_epoch_of_a_loader_that_failed_in_this_process_is_its_fai
         producer.wait(timeout=60)
 
 
-def _cuda_driver_present() -> bool:
-    import ctypes
-
-    for name in ("libcuda.so.1", "libcuda.so"):
-        try:
-            ctypes.CDLL(name)
-            return True
-        except OSError:
-            continue
-    return False
-
-
 def test_a_loaders_device_is_checked_and_a_gpu_topic_without_a_gpu_tells_its_trainer(
     topic: str, run_python: Any
 ) -> None:
@@ -1367,20 +1362,9 @@ def test_a_loaders_device_is_checked_and_a_gpu_topic_without_a_gpu_tells_its_tra
         sluice.publish(batches, topic, device=0)
     with pytest.raises(ValueError, match="'cuda:N'"):
         sluice.Producer(batches, topic=topic, device="cuda")
-    if _cuda_driver_present():
+    if cuda_driver_present():
         pytest.skip("this machine has a CUDA driver: test_gpu.py publishes to its GPU")
-    trainer = run_python(
-        "import sys, sluice\n"
-        "try:\n"
-        "    list(sluice.subscribe(sys.argv[1], timeout=120))\n"
-        "except sluice.ProducerFailed as e:\n"
-        "    print('told:', e)\n",
-        topic,
-    )
-    deadline = time.monotonic() + 60
-    while waiting_subscribers(os.environ["SLUICE_NAMESPACE"], topic) < 1:
-        assert time.monotonic() < deadline, "the trainer did not start waiting"
-        time.sleep(0.01)
+    trainer = _waiting_trainer(topic, run_python)
     for device in ("cuda:0", "cuda_host:0"):
         with pytest.raises(sluice.SluiceError, match="no CUDA driver found"):
             sluice.publish(batches, topic, device=device)

@@ -217,15 +217,7 @@ def batch_to_tensors(
     for name in names:
         column = batch[name]
         if isinstance(column, sluice.DeviceColumn):
-            # A GPU topic: torch passes its current stream, which waits for the data; the
-            # tensor views the producer's device slot (or this subscriber's assembled copy).
-            tensor = torch.from_dlpack(column)
-            if writable:
-                # Queued on the same stream: the slot is retired after the copy has read it.
-                tensor = tensor.clone()
-            elif writable is None:
-                _warn_shared_once()
-            out[name] = tensor
+            out[name] = _device_tensor(torch, column, writable)
         elif column.shape is not None:
             # The unversioned capsule: torch versions differ in how they treat read-only
             # DLPack tensors; the memory is shared either way.
@@ -235,6 +227,19 @@ def batch_to_tensors(
 
             out[name] = pa.array(column)
     return out
+
+
+def _device_tensor(torch: Any, column: sluice.DeviceColumn, writable: bool | None) -> Any:
+    """A GPU topic's column as a CUDA tensor: torch passes its current stream, which waits
+    for the data; the tensor views the producer's device slot (or this subscriber's
+    assembled copy), or with ``writable=True`` is a copy of this process's own."""
+    tensor = torch.from_dlpack(column)
+    if writable:
+        # Queued on the same stream: the slot is retired after the copy has read it.
+        return tensor.clone()
+    if writable is None:
+        _warn_shared_once()
+    return tensor
 
 
 def _check_same_gpu(batch: sluice.DeviceBatch, index: int) -> None:
@@ -638,13 +643,7 @@ def _structured_tensors(
 
     def tensor(column: Any, dtype: Any) -> Any:
         if isinstance(column, sluice.DeviceColumn):
-            # As batch_to_tensors: torch passes its current stream, which waits for the
-            # producer's copy; the clone is queued on it before the slot is retired.
-            out = torch.from_dlpack(column)
-            if writable:
-                out = out.clone()
-            elif writable is None:
-                _warn_shared_once()
+            out = _device_tensor(torch, column, writable)
         else:
             out = torch.from_dlpack(column.__dlpack__())
         # Bool tensors travel as bytes (Arrow tensors hold no bits).
