@@ -10,6 +10,7 @@
 #   gpu_ipc.xz       the Rust two-process CUDA IPC tests (sluice-cuda), stripped and
 #                    compressed (5.5 MB to 1.4: room for the larger wheel of the profiling
 #                    profile beside the working tree)
+#   gpu_decode.xz    nvJPEG against the CPU decoder (sluice-cuda), and jpeg/ its images
 #   sluice-*.whl     the stripped abi3 wheel of profile.dist (must stay under 40 MB), or
 #                    of profile.profiling with SLUICE_GPU_PROFILE=profiling (below)
 #   python/          tests/python (test_gpu.py and its fixtures)
@@ -48,14 +49,18 @@ if [ "${1:-}" != "--run" ]; then
   RUSTC_WORKSPACE_WRAPPER="$(rustup which clippy-driver 2>/dev/null || command -v clippy-driver)"
   export RUSTC_WORKSPACE_WRAPPER
   export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
-  binary=$(cargo test --locked -p sluice-cuda --test gpu_ipc --no-run --message-format=json 2>/dev/null |
-    .venv/bin/python -c 'import sys, json
+  for test in gpu_ipc gpu_decode; do
+    binary=$(cargo test --locked -p sluice-cuda --test "$test" --no-run --message-format=json 2>/dev/null |
+      .venv/bin/python -c 'import sys, json
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("executable"):
         print(m["executable"])')
-  strip -o "$BUNDLE/gpu_ipc" "$binary"
-  xz -9 "$BUNDLE/gpu_ipc"
+    strip -o "$BUNDLE/$test" "$binary"
+    xz -9 "$BUNDLE/$test"
+  done
+  # The JPEGs that gpu_decode decodes on the device (the `jpeg` fuzz target's seeds).
+  cp -r fuzz/corpus/jpeg "$BUNDLE/jpeg"
   # The wheel people carry (profile.dist: fat LTO, DataFusion optimised for size,
   # stripped), in a target directory of its own so that the test build's artifacts stay.
   # SLUICE_GPU_PROFILE=profiling builds the wheel and `stage_rate` with the profile of
@@ -129,8 +134,20 @@ step() {
 }
 
 # The machine may have no xz.
-"$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-  gpu_ipc.xz gpu_ipc && chmod +x gpu_ipc
+for test in gpu_ipc gpu_decode; do
+  "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    "$test.xz" "$test" && chmod +x "$test"
+done
+# nvJPEG is not part of the driver: the CUDA toolkit, or a wheel (nvidia-nvjpeg-cu12,
+# torchvision's bundled copy) may have it.
+if [ -z "${SLUICE_NVJPEG:-}" ]; then
+  SLUICE_NVJPEG=$( (ls /usr/local/cuda*/lib64/libnvjpeg.so* 2>/dev/null
+    "$PY" -c 'import site, glob
+for d in site.getsitepackages():
+    for p in ("nvidia/*/lib/libnvjpeg.so*", "torchvision.libs/libnvjpeg*.so*"):
+        print(*glob.glob(f"{d}/{p}"), sep="\n")' 2>/dev/null) | grep . | head -n 1)
+  [ -n "$SLUICE_NVJPEG" ] && export SLUICE_NVJPEG
+fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 SLUICE_PYTEST_INSTAFAIL=1
 step device 20 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv
   "$0" -c "import torch, cupy, jax; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"cupy\", cupy.__version__, \"jax\", jax.__version__)"
@@ -141,6 +158,8 @@ step rust_gpu_ipc 60 bash -c 'set -o pipefail
   rc=$?
   if grep -q SKIPPED gpu_ipc.out; then echo "the Rust GPU tests were skipped: no driver"; exit 3; fi
   exit $rc'
+step rust_gpu_decode 60 bash -c 'echo "SLUICE_NVJPEG=${SLUICE_NVJPEG:-}"
+  SLUICE_JPEG_FIXTURES="$PWD/jpeg" ./gpu_decode --nocapture --test-threads=1'
 step install 30 "$PY" -m pip install --no-index --no-deps --target "$BUNDLE/site" --upgrade sluice-*.whl
 export PYTHONPATH="$BUNDLE/site${PYTHONPATH:+:$PYTHONPATH}"
 export SLUICE_GPU_IPC_TEST="$BUNDLE/gpu_ipc"

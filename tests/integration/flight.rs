@@ -397,6 +397,47 @@ fn a_remote_subscriber_that_stops_reading_is_detached_after_max_stall() {
     server.kill9();
 }
 
+/// A remote subscriber detached for stalling gives its place back at once, though it has
+/// not taken its last status: it held one of `--max-streams` until it read again, so
+/// clients that never read shut every other one out.
+#[test]
+fn a_stalled_subscriber_gives_its_stream_back_before_it_reads_again() {
+    let mut h = Harness::new();
+    h.dataset(20_000);
+    plan(&h, "stall", 8);
+    let (server, addr) = serve_with(&mut h, &["--max-stall", "1", "--max-streams", "1"]);
+    let url = format!("flight://{addr}/stall");
+    // It reads its first batch, then nothing for 10 minutes.
+    let stuck = subscribe(
+        &mut h,
+        TOKEN,
+        &[
+            &url,
+            "--timeout",
+            "900",
+            "--batch-size",
+            "20000",
+            "--delay-ms",
+            "600000",
+        ],
+    );
+    let producer = h.spawn_producer(1, &[]);
+    let start = Instant::now();
+    while !server.stderr_so_far().contains("--max-stall") {
+        assert!(
+            start.elapsed() < LIMIT,
+            "not detached: {}",
+            server.stderr_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let next = subscribe(&mut h, TOKEN, &[&url, "--timeout", "2"]).wait(LIMIT);
+    assert!(!next.stderr.contains("--max-streams"), "{}", next.stderr);
+    stuck.kill9();
+    producer.kill9();
+    server.kill9();
+}
+
 /// The threads of a process named `name` (Linux's `comm`, as tokio names its workers).
 fn threads_named(pid: i32, name: &str) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task"))

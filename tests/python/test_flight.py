@@ -4,6 +4,7 @@ as a trainer on another machine would subscribe: the server is ``sluice serve --
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -25,16 +26,17 @@ needs_cli = pytest.mark.skipif(
 TOKEN = "py-test-token"
 
 
-@pytest.fixture
-def server(ns, tmp_path):
-    """``sluice serve --flight 127.0.0.1:0`` in this test's namespace; yields its address."""
+@contextlib.contextmanager
+def serving(ns, tmp_path, *extra):
+    """``sluice serve --flight 127.0.0.1:0 EXTRA`` in this test's namespace; yields its
+    address."""
     token = tmp_path / "token"
     token.write_text(TOKEN)
     log = tmp_path / "serve.log"
     level = os.environ.get("SLUICE_TEST_LOG", "warn")
     with open(log, "w") as stderr:
         proc = subprocess.Popen(
-            [CLI, "serve", "--flight", "127.0.0.1:0", "--token-file", str(token)],
+            [CLI, "serve", "--flight", "127.0.0.1:0", "--token-file", str(token), *extra],
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
@@ -49,6 +51,13 @@ def server(ns, tmp_path):
         proc.wait(10)
         # Shown by pytest only for a test that failed.
         print(f"--- sluice serve's log ({level}) ---\n{log.read_text()}")
+
+
+@pytest.fixture
+def server(ns, tmp_path):
+    """``sluice serve --flight 127.0.0.1:0`` in this test's namespace; yields its address."""
+    with serving(ns, tmp_path) as address:
+        yield address
 
 
 @needs_cli
@@ -209,3 +218,53 @@ def test_named_columns_bring_their_dictionaries_with_every_batch(plans, server, 
         values = table.column("d").cast(pa.string()).to_pylist()
         assert values == [f"row{i}" for i in ids]
     producer.wait(timeout=60)
+
+
+def _auth():
+    from pyarrow import flight
+
+    return flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+
+
+@needs_cli
+def test_a_request_of_reports_that_sends_nothing_takes_no_subscribers_place(
+    plans, ns, tmp_path, monkeypatch
+):
+    """An idle ``do_put`` (a client that opens one and sends nothing more) holds none of
+    the places of ``--max-streams``: with one place, a subscriber still gets its rows
+    (it was refused with RESOURCE_EXHAUSTED for as long as the client stayed)."""
+    from pyarrow import flight
+
+    monkeypatch.setenv("SLUICE_TOKEN", TOKEN)
+    with serving(ns, tmp_path, "--max-streams", "1") as address:
+        client = flight.FlightClient(f"grpc://{address}")
+        schema = pa.schema([("key", pa.int64())])
+        descriptor = flight.FlightDescriptor.for_path("feedback", plans.topic, "idle")
+        writer, _ = client.do_put(descriptor, schema, options=_auth())
+        time.sleep(0.5)  # the server has the request by now
+        producer = sluice.Producer(plans.plan(rows=200, batch_rows=50, epochs=1), min_subscribers=1)
+        with sluice.subscribe(f"flight://{address}/{plans.topic}", timeout=60) as sub:
+            rows = sum(len(b) for epoch in sub.epochs() for b in epoch)
+        assert rows == 200
+        producer.wait(timeout=60)
+        client.close()
+
+
+@needs_cli
+def test_compressed_reports_are_refused_before_they_are_decoded(plans, server):
+    """A compressed ``do_put`` is refused: a buffer's decompressed size is the sender's
+    word, which the decoder would allocate (a few MB of zstd decode to tens of GB)."""
+    from pyarrow import flight
+
+    client = flight.FlightClient(f"grpc://{server}")
+    batch = pa.record_batch({"key": pa.array(np.zeros(100_000, dtype=np.int64))})
+    options = flight.FlightCallOptions(
+        headers=[(b"authorization", f"Bearer {TOKEN}".encode())],
+        write_options=pa.ipc.IpcWriteOptions(compression="zstd"),
+    )
+    descriptor = flight.FlightDescriptor.for_path("feedback", plans.topic, "x")
+    writer, _ = client.do_put(descriptor, batch.schema, options=options)
+    with pytest.raises(pa.ArrowInvalid, match="without IPC compression"):
+        writer.write_batch(batch)
+        writer.close()
+    client.close()

@@ -402,8 +402,9 @@ impl<P: Rows> Receiver<P> {
                     missed: messages,
                 }),
                 OnLag::Skip => {
-                    self.state.missed += messages;
-                    self.total_missed += messages;
+                    // A count from a remote server: saturating, as it may be anything.
+                    self.state.missed = self.state.missed.saturating_add(messages);
+                    self.total_missed = self.total_missed.saturating_add(messages);
                     Ok(())
                 }
             },

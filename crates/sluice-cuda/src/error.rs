@@ -79,6 +79,22 @@ pub enum CudaError {
     /// The batch has a type the device layout does not carry.
     #[error("unsupported column for the GPU path: {0}")]
     Unsupported(String),
+    /// nvJPEG cannot be loaded.
+    #[error(
+        "nvJPEG not found: {tried}. Install CUDA's libnvjpeg (the CUDA toolkit, or `pip install nvidia-nvjpeg-cu12`) or set SLUICE_NVJPEG to the library's path"
+    )]
+    NoNvjpeg {
+        /// Each library tried and why it failed to load.
+        tried: String,
+    },
+    /// An nvJPEG call failed.
+    #[error("nvJPEG call {call} failed: {status}")]
+    Nvjpeg {
+        /// The nvJPEG function.
+        call: &'static str,
+        /// What it returned.
+        status: crate::nvjpeg::NvjpegStatus,
+    },
     /// An Arrow operation failed.
     #[error("arrow: {0}")]
     Arrow(#[from] arrow::error::ArrowError),

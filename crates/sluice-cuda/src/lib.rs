@@ -22,6 +22,7 @@
 //!   has completed (pure).
 //! * [`registry`]: slots exported by this process, used directly by subscribers in it
 //!   (`cuIpcOpenMemHandle` refuses a process's own handles).
+//! * [`nvjpeg`]: nvJPEG, loaded at run time, decoding JPEGs into device memory.
 //! * [`DeviceStager`] (producer) and [`DeviceImporter`] (subscriber) put them together.
 #![warn(missing_docs)]
 
@@ -32,6 +33,7 @@ pub mod identity;
 mod importer;
 pub mod layout;
 pub mod ledger;
+pub mod nvjpeg;
 pub mod registry;
 pub mod retire;
 pub mod ring;

@@ -142,8 +142,7 @@ fn on(
         Next::Go => Ok(Some(sub)),
         Next::End => {
             drop(sub);
-            outbox.revoke();
-            outbox.hand_all(&mut messages.pending);
+            outbox.finish(std::mem::take(&mut messages.pending), None);
             Ok(None)
         }
     }

@@ -15,7 +15,7 @@ use tonic::{Code, Status};
 
 use crate::TicketRequest;
 use crate::meta::Meta;
-use crate::server::WINDOW;
+use crate::server::{KEEPALIVE, WINDOW};
 
 /// Where a remote topic is: `flight://HOST:PORT/TOPIC`, or `flight+tls://…` for a
 /// server with TLS.
@@ -271,6 +271,12 @@ pub(crate) async fn connect(
     let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
         .map_err(|e| SluiceError::Config(format!("{target}: {e}")))?
         .connect_timeout(Duration::from_secs(10))
+        // A server whose machine or network vanished sends nothing, and closes nothing:
+        // pings find it, as the server's find a vanished client.
+        .http2_keep_alive_interval(KEEPALIVE)
+        .keep_alive_timeout(KEEPALIVE)
+        .keep_alive_while_idle(true)
+        .tcp_keepalive(Some(KEEPALIVE))
         .initial_stream_window_size(WINDOW)
         .initial_connection_window_size(2 * WINDOW);
     if target.tls {
@@ -407,13 +413,15 @@ fn from_flight(e: FlightError, target: &FlightTarget) -> SluiceError {
 
 impl Inlet<RecordBatch> for FlightInlet {
     fn recv(&mut self, timeout: Option<Duration>) -> Result<Inbound<RecordBatch>> {
+        // One deadline for the call, whatever comes before a batch or an end.
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         loop {
             if self.ended {
                 return Ok(Inbound::EndOfStream);
             }
             let next = self.rt.block_on(async {
-                match timeout {
-                    Some(t) => tokio::time::timeout(t, self.stream.next()).await.ok(),
+                match deadline {
+                    Some(d) => tokio::time::timeout_at(d, self.stream.next()).await.ok(),
                     None => Some(self.stream.next().await),
                 }
             });

@@ -80,22 +80,42 @@ fn put(
         if let Some(value) = authorization {
             request.metadata_mut().insert("authorization", value);
         }
-        let response = FlightServiceClient::new(channel)
-            .do_put(request)
+        let sent = async {
+            let response = FlightServiceClient::new(channel)
+                .do_put(request)
+                .await
+                .map_err(|status| from_status(&status, target))?;
+            let mut results = response.into_inner();
+            while let Some(result) = results.next().await {
+                result.map_err(|status| from_status(&status, target))?;
+            }
+            Ok(())
+        };
+        // A server that takes nothing must not hold a trainer's `report()` for good.
+        tokio::time::timeout(PUT_DEADLINE, sent)
             .await
-            .map_err(|status| from_status(&status, target))?;
-        let mut results = response.into_inner();
-        while let Some(result) = results.next().await {
-            result.map_err(|status| from_status(&status, target))?;
-        }
-        Ok(())
+            .unwrap_or_else(|_| {
+                Err(SluiceError::Transport(format!(
+                    "{target}: the server did not take the reports within {} s",
+                    PUT_DEADLINE.as_secs()
+                )))
+            })
     })
 }
 
+/// Longest a client waits for a server to take one request of reports.
+const PUT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Longest a `do_put` of reports may go without a message: a client that opens one and
+/// sends nothing holds a request slot of the server.
+pub const FEEDBACK_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The topic and trainer of a `do_put` of reports, and its batches, bounded by
-/// [`MAX_FEEDBACK_ROWS`] and [`MAX_FEEDBACK_BYTES`] (the bytes as they come on the wire:
-/// a decoded batch's buffers are slices of its message, and would count it once per
-/// buffer).
+/// [`MAX_FEEDBACK_ROWS`] and [`MAX_FEEDBACK_BYTES`] (the bytes as they come on the wire,
+/// counted as each message arrives: a decoded batch's buffers are slices of its message,
+/// and dictionary messages yield no batch at all), with at most [`FEEDBACK_IDLE`]
+/// between messages. Compressed messages are refused before they are decoded: a buffer's
+/// decompressed size is the sender's word, which Arrow allocates.
 pub(crate) async fn receive(
     stream: impl futures::Stream<Item = std::result::Result<FlightData, Status>>
     + Send
@@ -103,9 +123,9 @@ pub(crate) async fn receive(
     + 'static,
 ) -> std::result::Result<(String, String, Vec<RecordBatch>), Status> {
     let mut stream = stream.peekable();
-    let first = std::pin::Pin::new(&mut stream)
-        .peek()
+    let first = tokio::time::timeout(FEEDBACK_IDLE, std::pin::Pin::new(&mut stream).peek())
         .await
+        .map_err(|_| idle())?
         .and_then(|d| d.as_ref().ok())
         .and_then(|d| d.flight_descriptor.clone());
     let path = first.map(|d| d.path).unwrap_or_default();
@@ -119,21 +139,31 @@ pub(crate) async fn receive(
             "do_put takes reports only: a descriptor path [\"feedback\", TOPIC, TRAINER]",
         ));
     }
-    let bytes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = bytes.clone();
-    let stream = stream.inspect(move |d| {
-        if let Ok(d) = d {
-            let n = d.data_body.len().saturating_add(d.data_header.len());
-            counted.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    let mut bytes = 0usize;
+    let stream = stream.map(move |d| {
+        let d = d?;
+        bytes = bytes.saturating_add(d.data_body.len().saturating_add(d.data_header.len()));
+        if bytes > MAX_FEEDBACK_BYTES {
+            return Err(too_large());
         }
+        if compressed(&d.data_header) {
+            return Err(Status::invalid_argument(
+                "reports must be sent without IPC compression",
+            ));
+        }
+        Ok(d)
     });
     let mut decoder = FlightDataDecoder::new(stream.map_err(FlightError::from));
     let (mut rows, mut batches) = (0usize, Vec::new());
-    while let Some(data) = decoder.next().await {
-        if bytes.load(std::sync::atomic::Ordering::Relaxed) > MAX_FEEDBACK_BYTES {
-            return Err(too_large());
-        }
-        let data = data.map_err(|e| Status::invalid_argument(format!("reports: {e}")))?;
+    loop {
+        let next = tokio::time::timeout(FEEDBACK_IDLE, decoder.next())
+            .await
+            .map_err(|_| idle())?;
+        let Some(data) = next else { break };
+        let data = data.map_err(|e| match e {
+            FlightError::Tonic(status) => *status,
+            other => Status::invalid_argument(format!("reports: {other}")),
+        })?;
         if let DecodedPayload::RecordBatch(batch) = data.payload {
             rows = rows.saturating_add(batch.num_rows());
             if rows > MAX_FEEDBACK_ROWS {
@@ -143,6 +173,24 @@ pub(crate) async fn receive(
         }
     }
     Ok((topic, trainer, batches))
+}
+
+/// Whether an IPC message's body is compressed (a record batch's, or a dictionary's).
+fn compressed(header: &[u8]) -> bool {
+    let Ok(message) = arrow_ipc::root_as_message(header) else {
+        return false; // the decoder says what is wrong with it
+    };
+    let batch = message
+        .header_as_record_batch()
+        .or_else(|| message.header_as_dictionary_batch().and_then(|d| d.data()));
+    batch.is_some_and(|b| b.compression().is_some())
+}
+
+fn idle() -> Status {
+    Status::deadline_exceeded(format!(
+        "a do_put of reports sent nothing for {} s",
+        FEEDBACK_IDLE.as_secs()
+    ))
 }
 
 fn too_large() -> Status {

@@ -16,6 +16,8 @@ use tonic::Status;
 /// How often the server's subscriber looks whether its client is still there, and, while
 /// its client takes nothing, whether the topic's producer is.
 pub(crate) const POLL: Duration = Duration::from_millis(200);
+/// How many times the server's `max_stall` the end of a stream waits for its client.
+const LAST_WAIT_STALLS: u32 = 10;
 
 /// What the server hands gRPC: a Flight message of its own, or one whose bytes are
 /// still the producer's, in shared memory ([`Loan`]).
@@ -136,25 +138,37 @@ impl Outbox {
         }
     }
 
-    /// Hands gRPC every message of `pending`, waiting for as long as the client takes
-    /// nothing; `false` if the client went away.
-    pub(crate) fn hand_all(&self, pending: &mut VecDeque<Outgoing>) -> bool {
-        while let Some(mut message) = pending.pop_front() {
-            loop {
-                match self.hand(message) {
-                    Handed::Yes => break,
-                    Handed::ClientGone => return false,
-                    Handed::NotYet(again) => message = again,
-                }
-            }
-        }
-        true
-    }
-
-    /// Ends the stream with `status` (waiting for the client to take it).
-    pub(crate) fn fail(&mut self, status: Status) {
+    /// Ends the stream: `rest` (messages copied out of the topic, or none), then `end`
+    /// if the stream ends with an error, handed over by a task of the runtime. Nothing of
+    /// a topic is held by then, and this thread and the stream's place are free at once;
+    /// the task gives the client [`LAST_WAIT_STALLS`] times the server's `max_stall` to
+    /// take them (for as long as it stays connected without one), then drops them: a
+    /// client that reads then finds its stream cut, which it takes for a lost producer.
+    pub(crate) fn finish(&mut self, rest: VecDeque<Outgoing>, end: Option<Status>) {
         self.revoke();
-        let _ = self.tx.blocking_send(Err(status));
+        if rest.is_empty() && end.is_none() {
+            return;
+        }
+        let tx = self.tx.clone();
+        let limit = self.max_stall.map(|l| l.saturating_mul(LAST_WAIT_STALLS));
+        self.runtime.spawn(async move {
+            let send = async {
+                for message in rest {
+                    tx.send(Ok(message)).await.map_err(|_| ())?;
+                }
+                match end {
+                    Some(status) => tx.send(Err(status)).await.map_err(|_| ()),
+                    None => Ok(()),
+                }
+            };
+            let taken = match limit {
+                Some(limit) => tokio::time::timeout(limit, send).await.is_ok(),
+                None => send.await.is_ok(),
+            };
+            if !taken {
+                tracing::debug!("a remote subscriber did not take the end of its stream");
+            }
+        });
     }
 
     /// `bytes`, lent to the messages that point into them until [`Self::revoke`].
@@ -310,6 +324,28 @@ mod tests {
         assert!(matches!(outbox.hand(message()), Handed::NotYet(_)));
         drop(rx);
         assert!(matches!(outbox.hand(message()), Handed::ClientGone));
-        assert!(!outbox.hand_all(&mut VecDeque::from([message()])));
+    }
+
+    /// The end of a stream goes from a task: the client gets what was left, then the
+    /// error, once it reads, and nothing waits for it on the thread that served it.
+    #[test]
+    fn the_end_of_a_stream_waits_for_the_client_on_a_task() {
+        let (mut outbox, mut rx, runtime) = outbox(1);
+        let message = || Outgoing::Owned(FlightData::default());
+        assert!(matches!(outbox.hand(message()), Handed::Yes));
+        // The queue is full: `finish` returns at once all the same.
+        outbox.finish(
+            VecDeque::from([message()]),
+            Some(Status::aborted("stalled")),
+        );
+        drop(outbox);
+        let taken: Vec<bool> = runtime.block_on(async {
+            let mut taken = Vec::new();
+            while let Some(item) = rx.recv().await {
+                taken.push(item.is_ok());
+            }
+            taken
+        });
+        assert_eq!(taken, vec![true, true, false]);
     }
 }

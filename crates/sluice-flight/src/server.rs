@@ -35,7 +35,9 @@ use crate::token::LoopbackToken;
 /// sent in several HTTP/2 frames).
 pub(crate) const WINDOW: u32 = 1 << 20;
 /// How often an idle connection is pinged, and how long a ping may go unanswered.
-const KEEPALIVE: Duration = Duration::from_secs(20);
+pub(crate) const KEEPALIVE: Duration = Duration::from_secs(20);
+/// Streams one connection may have open at once.
+const STREAMS_PER_CONNECTION: u32 = 256;
 
 /// How to serve.
 #[derive(Clone)]
@@ -199,14 +201,20 @@ impl FlightServer {
             None => Some(LoopbackToken::create(addr)?),
         };
         let token = given.or_else(|| made.as_ref().map(|t| t.value().to_string()));
-        let service = FlightServiceServer::new(TopicService {
-            namespace: options.namespace.clone(),
-            token: token.map(Arc::new),
-            streams: Arc::new(Semaphore::new(options.max_streams.get())),
-            max_stall: options.max_stall,
-            feedback: options.feedback.clone(),
-            catch_up: options.catch_up.clone(),
-        });
+        let token = token.map(Arc::new);
+        // The token is checked on a request's headers, before its body is read: a client
+        // without it can make the server hold nothing.
+        let service = FlightServiceServer::with_interceptor(
+            TopicService {
+                namespace: options.namespace.clone(),
+                streams: Arc::new(Semaphore::new(options.max_streams.get())),
+                puts: Arc::new(Semaphore::new(options.max_streams.get())),
+                max_stall: options.max_stall,
+                feedback: options.feedback.clone(),
+                catch_up: options.catch_up.clone(),
+            },
+            move |request: Request<()>| authorize(token.as_deref(), request),
+        );
         let mut builder = Server::builder();
         if let Some(tls) = &options.tls {
             builder = builder
@@ -226,6 +234,8 @@ impl FlightServer {
                 .http2_keepalive_timeout(Some(KEEPALIVE))
                 .initial_stream_window_size(WINDOW)
                 .initial_connection_window_size(2 * WINDOW)
+                // tonic lifts hyper's bound (200) unless one is set.
+                .max_concurrent_streams(Some(STREAMS_PER_CONNECTION))
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, async {
                     let _ = rx.await;
@@ -295,9 +305,11 @@ impl Drop for FlightServer {
 #[derive(Clone)]
 struct TopicService {
     namespace: Namespace,
-    token: Option<Arc<String>>,
     /// A permit per stream served.
     streams: Arc<Semaphore>,
+    /// A permit per request of reports being received: apart from `streams`, so that
+    /// trainers' reports never take the places of subscribers, nor the reverse.
+    puts: Arc<Semaphore>,
     max_stall: Option<Duration>,
     feedback: Option<crate::FeedbackSink>,
     catch_up: Option<crate::CatchUpSource>,
@@ -305,33 +317,35 @@ struct TopicService {
 
 type Resp<T> = BoxStream<'static, std::result::Result<T, Status>>;
 
-impl TopicService {
-    fn authorize<T>(&self, request: &Request<T>) -> std::result::Result<(), Status> {
-        let Some(token) = &self.token else {
-            return Ok(());
-        };
-        let given = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        // Time independent of the guess: every byte of the token is compared, with the
-        // length difference folded in, so neither how much of a guess was right nor its
-        // length shows.
-        let given = given.as_bytes();
-        let differ = token
-            .bytes()
-            .enumerate()
-            .fold(u8::from(given.len() != token.len()), |acc, (i, t)| {
-                acc | (t ^ given.get(i).copied().unwrap_or(0))
-            });
-        let same = differ == 0;
-        if same {
-            Ok(())
-        } else {
-            Err(Status::unauthenticated("missing or wrong bearer token"))
-        }
+/// Lets `request` through if it carries `token` (as `authorization: Bearer TOKEN`), or if
+/// the server has none.
+fn authorize(
+    token: Option<&String>,
+    request: Request<()>,
+) -> std::result::Result<Request<()>, Status> {
+    let Some(token) = token else {
+        return Ok(request);
+    };
+    let given = request
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    // Time independent of the guess: every byte of the token is compared, with the
+    // length difference folded in, so neither how much of a guess was right nor its
+    // length shows.
+    let given = given.as_bytes();
+    let differ = token
+        .bytes()
+        .enumerate()
+        .fold(u8::from(given.len() != token.len()), |acc, (i, t)| {
+            acc | (t ^ given.get(i).copied().unwrap_or(0))
+        });
+    if differ == 0 {
+        Ok(request)
+    } else {
+        Err(Status::unauthenticated("missing or wrong bearer token"))
     }
 }
 
@@ -403,10 +417,8 @@ fn forward(
                 };
                 // The topic let go of, the client gets what was taken from it, then the
                 // end, once it reads again.
-                if !outbox.hand_all(&mut messages.pending) {
-                    return Ok(());
-                }
-                return end;
+                outbox.finish(std::mem::take(&mut messages.pending), end.err());
+                return Ok(());
             }
         }
         let frame = match sub.recv(Some(POLL)) {
@@ -438,8 +450,7 @@ fn forward(
             // The topic let go of first: a client that stalls now must not keep it,
             // nor what it was lent.
             drop(sub);
-            outbox.revoke();
-            outbox.hand_all(&mut messages.pending);
+            outbox.finish(std::mem::take(&mut messages.pending), None);
             return Ok(());
         }
     }
@@ -517,7 +528,6 @@ impl FlightService for TopicService {
         &self,
         request: Request<Ticket>,
     ) -> std::result::Result<Response<Self::DoGetStream>, Status> {
-        self.authorize(&request)?;
         let ticket = parse_ticket(&request.get_ref().ticket)?;
         let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(
@@ -531,10 +541,13 @@ impl FlightService for TopicService {
         let max_stall = self.max_stall;
         let catch_up = self.catch_up.clone();
         tokio::task::spawn_blocking(move || {
-            let _permit = permit;
             let mut outbox = Outbox::new(tx, runtime, max_stall);
-            if let Err(status) = forward(&namespace, &ticket, catch_up.as_ref(), &mut outbox) {
-                outbox.fail(status);
+            let forwarded = forward(&namespace, &ticket, catch_up.as_ref(), &mut outbox);
+            // The topic is let go of by now: a client slow to take its last status must
+            // not keep its place from the next one.
+            drop(permit);
+            if let Err(status) = forwarded {
+                outbox.finish(Default::default(), Some(status));
             }
         });
         let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
@@ -587,17 +600,16 @@ impl FlightService for TopicService {
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> std::result::Result<Response<Self::DoPutStream>, Status> {
-        self.authorize(&request)?;
         let Some(sink) = self.feedback.clone() else {
             return Err(Status::unimplemented(
                 "do_put: this server takes no reports; topics are published by `sluice run`",
             ));
         };
-        // A request holds its reports in memory: it counts as a stream served.
-        let _permit = self.streams.clone().try_acquire_owned().map_err(|_| {
+        // A request holds its reports in memory until they are written.
+        let _permit = self.puts.clone().try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(
-                "the server serves as many requests as it was allowed (sluice serve \
-                 --max-streams); try again later",
+                "the server receives as many requests of reports at once as it serves \
+                 streams (sluice serve --max-streams); try again later",
             )
         })?;
         let (topic, trainer, batches) = crate::feedback::receive(request.into_inner()).await?;

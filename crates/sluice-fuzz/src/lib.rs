@@ -9,7 +9,8 @@
 //! Who sends these bytes: a producer's messages in shared memory (`wire`, `descriptor`;
 //! the producer is trusted as the same user, but a subscriber must not crash on a
 //! corrupt one), a remote client (`ticket`), a remote server (`meta`), a plan file
-//! (`plan`), and files in the state directory (`checkpoint`, `status`).
+//! (`plan`), files in the state directory (`checkpoint`, `status`), and the images a
+//! dataset holds (`jpeg`).
 
 use std::path::Path;
 
@@ -30,7 +31,7 @@ pub fn init() {
 pub type Target = fn(&[u8]);
 
 /// Every target, by the name of its corpus directory and cargo-fuzz binary.
-pub const TARGETS: [(&str, Target); 7] = [
+pub const TARGETS: [(&str, Target); 8] = [
     ("wire", wire),
     ("descriptor", descriptor),
     ("ticket", ticket),
@@ -38,6 +39,7 @@ pub const TARGETS: [(&str, Target); 7] = [
     ("plan", plan),
     ("checkpoint", checkpoint),
     ("status", status),
+    ("jpeg", jpeg),
 ];
 
 /// A message of a topic, as a subscriber reads it from shared memory: cut into its
@@ -126,4 +128,18 @@ pub fn status(data: &[u8]) {
     if let Ok(s) = serde_json::from_slice::<sluice::status::SubscriberReport>(data) {
         let _ = serde_json::to_string(&s);
     }
+}
+
+/// An image of a dataset, as a decode stage inspects it to choose its decoder.
+pub fn jpeg(data: &[u8]) {
+    use sluice_plan::functions::jpeg::{Engine, Fallbacks, inspect};
+    let header = inspect(data);
+    if let Ok(h) = &header {
+        let _ = (h.color(), h.subsampling());
+    }
+    let mut fallbacks = Fallbacks::default();
+    for engine in [Engine::Cpu, Engine::NvjpegCuda, Engine::NvjpegHardware] {
+        fallbacks.count(engine.route(&header));
+    }
+    let _ = fallbacks.to_string();
 }

@@ -284,3 +284,37 @@ pub fn row_error(
         "{function}: row {row} of a batch of {rows}: {message}"
     ))
 }
+
+/// The most memory one batch's output of a function may take: a quarter of what this
+/// process may use (4 GiB where that cannot be read). Forged image headers, decompression
+/// bombs and size literals (`one_hot(label, 2147483647)`) then fail the query with an
+/// error instead of aborting the process on an allocation that cannot succeed.
+pub fn batch_budget() -> usize {
+    static BUDGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| crate::memory::usable_memory().map_or(4 << 30, |m| m / 4))
+}
+
+/// `rows × per_row` elements of `width` bytes: the output of a batch, checked against
+/// [`batch_budget`].
+pub fn output_len(function: &str, rows: usize, per_row: usize, width: usize) -> Result<usize> {
+    let len = rows.checked_mul(per_row);
+    match len.and_then(|n| n.checked_mul(width)) {
+        Some(bytes) if bytes <= batch_budget() => Ok(len.unwrap_or(0)),
+        bytes => Err(over_budget(
+            function,
+            rows,
+            bytes.unwrap_or(usize::MAX),
+            "output",
+        )),
+    }
+}
+
+/// The error of a batch whose output would take `bytes`, more than [`batch_budget`].
+pub fn over_budget(function: &str, rows: usize, bytes: usize, what: &str) -> DataFusionError {
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    DataFusionError::Execution(format!(
+        "{function}: the {what} of a batch of {rows} rows would take {:.1} GiB, more than a quarter of the memory this process may use ({:.1} GiB); use smaller sizes or smaller batches (SET datafusion.execution.batch_size = N)",
+        gib(bytes),
+        gib(batch_budget())
+    ))
+}

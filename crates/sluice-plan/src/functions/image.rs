@@ -18,9 +18,9 @@ use datafusion::logical_expr::{
 use image::{ColorType, DynamicImage, ImageDecoder, ImageReader};
 
 use super::common::{
-    IMAGE_CHANNELS_KEY, check_arity, fixed_size_list, function_context, is_key_type, literal_usize,
-    null_buffer, return_shape, row_error, row_keys, row_rng, tensor_field, tensor_shape,
-    tensor_value_type,
+    IMAGE_CHANNELS_KEY, batch_budget, check_arity, fixed_size_list, function_context, is_key_type,
+    literal_usize, null_buffer, output_len, over_budget, return_shape, row_error, row_keys,
+    row_rng, tensor_field, tensor_shape, tensor_value_type,
 };
 
 pub(super) fn udfs() -> Vec<ScalarUDF> {
@@ -128,11 +128,13 @@ fn header_unchecked(bytes: &[u8], channels: usize) -> std::result::Result<(u32, 
     if w == 0 || h == 0 {
         return Err(format!("empty image ({w}x{h})"));
     }
-    if (w as usize)
+    // The decoder fills a buffer of the file's own pixel format first (16-bit samples,
+    // an alpha channel) when it differs from the one asked for.
+    let native = usize::try_from(decoder.total_bytes()).unwrap_or(usize::MAX);
+    let asked = (w as usize)
         .saturating_mul(h as usize)
-        .saturating_mul(channels)
-        > MAX_IMAGE_BYTES
-    {
+        .saturating_mul(channels);
+    if asked.max(native) > MAX_IMAGE_BYTES {
         return Err(format!(
             "the image is {w}x{h}, more than {} MiB decoded",
             MAX_IMAGE_BYTES >> 20
@@ -212,7 +214,7 @@ impl ScalarUDFImpl for Decode {
             DataType::Null => vec![None; rows],
             other => return internal_err!("{}: unexpected input {other}", self.name),
         };
-        // First pass: headers only, to size the one output buffer of the batch.
+        // First pass: headers only, to size the output buffer of the batch.
         let mut sizes = Vec::with_capacity(rows);
         let mut total = 0usize;
         for (row, b) in bytes.iter().enumerate() {
@@ -221,15 +223,20 @@ impl ScalarUDFImpl for Decode {
                 Some(b) => match header(b, channels) {
                     Ok((h, w)) => Some((h, w)),
                     Err(_) if self.null_on_error => None,
-                    Err(e) => return Err(self.bad_row(row, rows, e)),
+                    Err(e) => return Err(self.bad_row(row, rows, b, e)),
                 },
             };
             if let Some((h, w)) = size {
-                total += h as usize * w as usize * channels;
+                total = total.saturating_add(h as usize * w as usize * channels);
             }
             sizes.push(size);
         }
-        let mut data = vec![0u8; total];
+        // Headers cost nothing to forge: the rows' declared sizes are checked together,
+        // and the buffer grows as rows decode rather than all at once.
+        if total > batch_budget() {
+            return Err(over_budget(self.name, rows, total, "decoded images"));
+        }
+        let mut data = Vec::with_capacity(total.min(PREALLOCATE));
         let mut offsets = Vec::with_capacity(rows + 1);
         offsets.push(0i64);
         let mut heights = Vec::with_capacity(rows);
@@ -240,6 +247,7 @@ impl ScalarUDFImpl for Decode {
             let mut ok = false;
             if let (Some(b), Some((h, w))) = (b, size) {
                 let len = *h as usize * *w as usize * channels;
+                data.resize(at + len, 0);
                 match decode_into(b, channels, &mut data[at..at + len]) {
                     Ok(()) => {
                         at += len;
@@ -248,10 +256,11 @@ impl ScalarUDFImpl for Decode {
                         ok = true;
                     }
                     Err(_) if self.null_on_error => {}
-                    Err(e) => return Err(self.bad_row(row, rows, e)),
+                    Err(e) => return Err(self.bad_row(row, rows, b, e)),
                 }
             }
             if !ok {
+                data.truncate(at);
                 heights.push(0);
                 widths.push(0);
             }
@@ -277,14 +286,24 @@ impl ScalarUDFImpl for Decode {
     }
 }
 
+/// The most a batch's buffer takes before its rows decode.
+const PREALLOCATE: usize = 256 << 20;
+
 impl Decode {
-    fn bad_row(&self, row: usize, rows: usize, e: impl std::fmt::Display) -> DataFusionError {
+    fn bad_row(
+        &self,
+        row: usize,
+        rows: usize,
+        bytes: &[u8],
+        e: impl std::fmt::Display,
+    ) -> DataFusionError {
+        let kind = super::jpeg::cpu_refusal(bytes).unwrap_or_default();
         row_error(
             self.name,
             row,
             rows,
             format!(
-                "cannot decode the image: {e}; fix or filter the row, or use try_decode_image to get a null for it"
+                "cannot decode the image: {e}{kind}; fix or filter the row, or use try_decode_image to get a null for it"
             ),
         )
     }
@@ -410,7 +429,11 @@ impl Images {
                         ),
                     ));
                 }
-                if image.pixels.len() != image.height * image.width * image.channels {
+                let expected = image
+                    .height
+                    .checked_mul(image.width)
+                    .and_then(|n| n.checked_mul(image.channels));
+                if expected != Some(image.pixels.len()) {
                     return Err(row_error(
                         function,
                         row,
@@ -533,7 +556,7 @@ impl ScalarUDFImpl for Geometry {
         };
         let (seed, epoch) = function_context(&args.config_options);
         let size = h * w * c;
-        let mut out = vec![0u8; rows * size];
+        let mut out = vec![0u8; output_len(name, rows, size, 1)?];
         let mut valid = Vec::with_capacity(rows);
         let mut resampler = Resampler::default();
         for row in 0..rows {
@@ -716,7 +739,12 @@ impl Resampler {
 /// Plan-time check of a `[height, width, channels]` tensor argument of any number type.
 fn hwc_shape(function: &str, field: &Field) -> Result<Vec<usize>> {
     match (tensor_shape(field), tensor_value_type(field)) {
-        (Some(shape), Some(t)) if shape.len() == 3 && t.is_primitive() => Ok(shape),
+        (Some(shape), Some(t)) if shape.len() == 3 && t.is_primitive() => {
+            if shape.contains(&0) {
+                return plan_err!("{function}: the tensor's shape {shape:?} has a zero size");
+            }
+            Ok(shape)
+        }
         _ => plan_err!(
             "{function}: expected a [height, width, channels] tensor (from resize, center_crop or random_crop), got {}",
             field.data_type()

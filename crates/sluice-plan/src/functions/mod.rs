@@ -50,6 +50,7 @@
 
 mod common;
 mod image;
+pub mod jpeg;
 mod sample_cut;
 mod selection;
 mod tensor;

@@ -14,8 +14,8 @@ use datafusion::logical_expr::{
 };
 
 use super::common::{
-    check_arity, fixed_size_list, is_key_type, literal_usize, null_buffer, return_shape, row_error,
-    row_keys, tensor_field,
+    check_arity, fixed_size_list, is_key_type, literal_usize, null_buffer, output_len,
+    return_shape, row_error, row_keys, tensor_field,
 };
 
 pub(super) fn udfs() -> Vec<ScalarUDF> {
@@ -68,7 +68,7 @@ impl ScalarUDFImpl for OneHot {
         let n = return_shape("one_hot", &args.return_field, 1)?[0];
         let labels = args.args[0].to_array(rows)?;
         let labels = labels.as_primitive::<Int64Type>();
-        let mut out = vec![0f32; rows * n];
+        let mut out = vec![0f32; output_len("one_hot", rows, n, 4)?];
         for (row, label) in labels.iter().enumerate() {
             if let Some(label) = label {
                 if label < 0 || label as usize >= n {

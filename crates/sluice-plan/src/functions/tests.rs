@@ -196,6 +196,142 @@ async fn a_bad_image_fails_with_the_function_and_the_row() {
     assert!(err.contains("try_decode_image"), "{err}");
 }
 
+/// A PNG whose header declares `w × h` pixels of `depth` bits and colour type `color`
+/// (2: RGB, 6: RGBA), with almost no pixel data: what a hostile dataset costs nothing to
+/// make.
+fn forged_png(w: u32, h: u32, depth: u8, color: u8) -> Vec<u8> {
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for b in bytes {
+            crc ^= u32::from(*b);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0xEDB8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+    fn chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
+        out.extend((data.len() as u32).to_be_bytes());
+        let start = out.len();
+        out.extend(kind);
+        out.extend(data);
+        let crc = crc32(&out[start..]);
+        out.extend(crc.to_be_bytes());
+    }
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    let mut ihdr = Vec::new();
+    ihdr.extend(w.to_be_bytes());
+    ihdr.extend(h.to_be_bytes());
+    ihdr.extend([depth, color, 0, 0, 0]);
+    chunk(&mut png, b"IHDR", &ihdr);
+    // A zlib stream of one zero byte.
+    chunk(
+        &mut png,
+        b"IDAT",
+        &[0x78, 0x9C, 0x63, 0x00, 0x00, 0x00, 0x01, 0x00, 0x01],
+    );
+    chunk(&mut png, b"IEND", &[]);
+    png
+}
+
+/// Rows whose headers each declare just under 512 MiB: together they are refused before
+/// anything is allocated (they asked for 32 GiB at once, and the process aborted), also
+/// by `try_decode_image`; a few of them are nulls.
+#[tokio::test]
+async fn forged_headers_cannot_make_a_batch_allocate_what_they_declare() {
+    let bomb = forged_png(16384, 10922, 8, 2);
+    let batch = images(vec![Some(bomb.clone()); 64]);
+    for function in ["decode_image", "try_decode_image"] {
+        let err = try_run(&batch, "", &format!("SELECT {function}(image) FROM t"), 0)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("the decoded images of a batch of 64 rows would take"),
+            "{err}"
+        );
+        assert!(err.contains("datafusion.execution.batch_size"), "{err}");
+    }
+    let few = images(vec![Some(bomb); 2]);
+    let out = run(&few, "SELECT try_decode_image(image) AS img FROM t").await;
+    assert_eq!(out.column(0).null_count(), 2);
+}
+
+/// The limit of one image counts the file's own pixel format: 16-bit RGBA decodes to 8
+/// bytes a pixel before it becomes the one grey byte asked for.
+#[tokio::test]
+async fn an_image_over_the_limit_in_its_own_format_is_refused() {
+    let batch = images(vec![Some(forged_png(8300, 8300, 16, 6))]);
+    let err = try_run(&batch, "", "SELECT decode_image(image, 1) FROM t", 0)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("more than 512 MiB decoded"), "{err}");
+}
+
+/// An image struct read from data whose height × width × channels overflows is refused
+/// (it wrapped to 0 in release builds and passed for an empty image, then `resize` sized
+/// its scratch space from the height).
+#[tokio::test]
+async fn an_image_struct_whose_size_overflows_is_refused() {
+    use datafusion::arrow::array::{LargeBinaryArray, StructArray, UInt8Array, UInt32Array};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let fields = super::image::image_fields();
+    let huge = 1u32 << 31;
+    let image = StructArray::new(
+        fields.clone(),
+        vec![
+            Arc::new(LargeBinaryArray::from_iter_values([b"".as_slice()])) as ArrayRef,
+            Arc::new(UInt32Array::from(vec![huge])),
+            Arc::new(UInt32Array::from(vec![huge])),
+            Arc::new(UInt8Array::from(vec![4u8])),
+        ],
+        None,
+    );
+    let field = Field::new("img", DataType::Struct(fields), true)
+        .with_metadata([(super::IMAGE_CHANNELS_KEY.to_string(), "4".to_string())].into());
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![field])),
+        vec![Arc::new(image) as ArrayRef],
+    )
+    .unwrap();
+    for select in [
+        "SELECT resize(img, 4, 4) FROM t",
+        "SELECT center_crop(img, 4, 4) FROM t",
+    ] {
+        let err = try_run(&batch, "", select, 0)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("the image struct holds 0 bytes"),
+            "{select}: {err}"
+        );
+    }
+}
+
+/// A JPEG kind the CPU decoder does not read is named, with what to do.
+#[tokio::test]
+async fn an_arithmetic_coded_jpeg_is_named_with_the_fix() {
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/jpeg");
+    let jpeg = |name: &str| std::fs::read(corpus.join(format!("seed-{name}.jpg"))).unwrap();
+    let batch = images(vec![Some(jpeg("progressive")), Some(jpeg("arithmetic"))]);
+    let err = try_run(&batch, "", "SELECT decode_image(image) FROM t", 0)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("decode_image: row 1 of a batch of 2"), "{err}");
+    assert!(
+        err.contains("the CPU decoder does not read this JPEG: arithmetic-coded"),
+        "{err}"
+    );
+    assert!(err.contains("jpegtran"), "{err}");
+}
+
 #[tokio::test]
 async fn try_decode_image_turns_bad_rows_and_nulls_into_nulls() {
     let good = picture(4, 3, 0);
@@ -684,4 +820,39 @@ fn the_function_context_round_trips_through_its_named_entries() {
     );
     assert!(received.set("sluice_functions.seed", "x").is_err());
     assert!(received.set("sluice_functions.nope", "1").is_err());
+}
+
+/// A size literal whose batch output cannot fit in memory is an error naming the batch
+/// size to lower (it asked for 3 × 8 GiB and aborted the process).
+#[tokio::test]
+async fn a_size_literal_too_large_for_memory_is_an_error_not_an_abort() {
+    let batch = labels(vec![Some(1), Some(2), Some(3)]);
+    let err = try_run(&batch, "", "SELECT one_hot(label, 2147483647) FROM t", 0)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("one_hot: the output of a batch of 3 rows would take"),
+        "{err}"
+    );
+    assert!(err.contains("datafusion.execution.batch_size"), "{err}");
+}
+
+/// A length that leaves no room after the tokenizer's special tokens is refused (the
+/// tokenizer's own arithmetic wrapped to no truncation at all).
+#[tokio::test]
+async fn tokenize_refuses_a_length_its_special_tokens_fill() {
+    let batch = RecordBatch::try_from_iter([(
+        "text",
+        Arc::new(StringArray::from(vec!["the quick brown fox"])) as ArrayRef,
+    )])
+    .unwrap();
+    let select = |n: usize| format!("SELECT tokenize(text, '{}', {n}) FROM t", tokenizer_path());
+    let err = try_run(&batch, "", &select(2), 0)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("adds 2 special token(s)"), "{err}");
+    let out = run(&batch, &select(3)).await;
+    assert_eq!(out.num_rows(), 1);
 }

@@ -10,10 +10,11 @@ use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
     Volatility,
 };
-use tokenizers::{Tokenizer, TruncationParams};
+use tokenizers::{PostProcessor, Tokenizer, TruncationParams};
 
 use super::common::{
-    check_arity, fixed_size_list, literal_str, literal_usize, return_shape, row_error, tensor_field,
+    check_arity, fixed_size_list, literal_str, literal_usize, output_len, return_shape, row_error,
+    tensor_field,
 };
 
 pub(super) fn udf() -> ScalarUDF {
@@ -68,6 +69,16 @@ impl Tokenize {
                 "tokenize: cannot load the tokenizer file '{path}': {e}; give the path of a Hugging Face tokenizer.json (relative to the working directory)"
             ))
         })?;
+        // The tokenizer subtracts its special tokens from the length unchecked: a shorter
+        // length wraps (release) to no truncation at all, or panics (debug).
+        let special = tokenizer
+            .get_post_processor()
+            .map_or(0, |p| p.added_tokens(false));
+        if max_len <= special {
+            return Err(DataFusionError::Plan(format!(
+                "tokenize: max_len {max_len} leaves no room for text: the tokenizer '{path}' adds {special} special token(s) to each row; raise max_len"
+            )));
+        }
         tokenizer
             .with_truncation(Some(TruncationParams {
                 max_length: max_len,
@@ -153,7 +164,7 @@ impl ScalarUDFImpl for Tokenize {
         let loaded = self.load(path, max_len)?;
         let text = args.args[0].to_array(rows)?;
         let text = text.as_string::<i32>();
-        let mut ids = vec![loaded.pad_id as i64; rows * max_len];
+        let mut ids = vec![loaded.pad_id as i64; output_len("tokenize", rows, max_len, 9)?];
         let mut mask = vec![0i8; rows * max_len];
         for (row, s) in text.iter().enumerate() {
             let Some(s) = s else { continue };

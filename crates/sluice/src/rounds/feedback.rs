@@ -53,6 +53,9 @@ pub struct FeedbackWriter {
     rows: usize,
     since: Option<Instant>,
     files: u64,
+    /// Random, so that writers of processes with the same pid (trainers in containers,
+    /// each pid 1, sharing the state directory) never name a file alike.
+    id: u64,
 }
 
 static WRITERS: AtomicU64 = AtomicU64::new(0);
@@ -87,6 +90,12 @@ impl FeedbackWriter {
             rows: 0,
             since: None,
             files: 0,
+            id: {
+                use std::hash::{BuildHasher, Hasher};
+                std::collections::hash_map::RandomState::new()
+                    .build_hasher()
+                    .finish()
+            },
         })
     }
 
@@ -237,9 +246,10 @@ impl FeedbackWriter {
         let n = WRITERS.fetch_add(1, Ordering::Relaxed);
         self.files += 1;
         let name = format!(
-            "{}-{}-{n}-{}.arrow",
+            "{}-{}-{:016x}-{n}-{}.arrow",
             self.trainer,
             std::process::id(),
+            self.id,
             self.files
         );
         let mut bytes = Vec::new();
@@ -352,7 +362,7 @@ fn conform(batch: &RecordBatch, columns: &[String]) -> Result<Vec<ArrayRef>> {
     ];
     for name in columns {
         out.push(match batch.column_by_name(name) {
-            Some(values) => cast(values, &DataType::Float64)?,
+            Some(values) => finite(&cast(values, &DataType::Float64)?),
             None => Arc::new(Float64Array::new_null(rows)) as ArrayRef,
         });
     }
@@ -373,9 +383,45 @@ fn conform(batch: &RecordBatch, columns: &[String]) -> Result<Vec<ArrayRef>> {
     Ok(out)
 }
 
+/// `values` with every NaN and infinity made null. A diverged trainer reports NaN or
+/// infinite losses, and SQL orders NaN above every number: one such report would make
+/// `max(loss)` NaN, put its keys first in `ORDER BY loss DESC` and move the median, in
+/// every round after, since reports are kept.
+fn finite(values: &ArrayRef) -> ArrayRef {
+    let floats = values.as_primitive::<arrow::datatypes::Float64Type>();
+    if floats.iter().flatten().all(f64::is_finite) {
+        return values.clone();
+    }
+    let kept: Float64Array = floats.iter().map(|v| v.filter(|x| x.is_finite())).collect();
+    tracing::debug!(
+        dropped = kept.null_count() - floats.null_count(),
+        "non-finite reported values read as null"
+    );
+    Arc::new(kept)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// NaN and infinite values are read as nulls (not reported), finite ones as they are.
+    #[test]
+    fn non_finite_values_are_read_as_not_reported() {
+        let cols = vec!["loss".to_string()];
+        let values = vec![
+            Some(0.5),
+            Some(f64::NAN),
+            Some(f64::INFINITY),
+            Some(-f64::NAN),
+            Some(f64::NEG_INFINITY),
+            None,
+        ];
+        let batch = feedback_batch(&cols, (0..6).collect(), "t", (0, 0), vec![values], 1).unwrap();
+        let out = conform(&batch, &cols).unwrap();
+        let loss = out[4].as_primitive::<arrow::datatypes::Float64Type>();
+        let read: Vec<Option<f64>> = loss.iter().collect();
+        assert_eq!(read, vec![Some(0.5), None, None, None, None, None]);
+    }
 
     #[test]
     fn reports_round_trip_and_bad_files_are_skipped() {
