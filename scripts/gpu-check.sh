@@ -158,8 +158,14 @@ step rust_gpu_ipc 60 bash -c 'set -o pipefail
   rc=$?
   if grep -q SKIPPED gpu_ipc.out; then echo "the Rust GPU tests were skipped: no driver"; exit 3; fi
   exit $rc'
-step rust_gpu_decode 60 bash -c 'echo "SLUICE_NVJPEG=${SLUICE_NVJPEG:-}"
-  SLUICE_JPEG_FIXTURES="$PWD/jpeg" ./gpu_decode --nocapture --test-threads=1'
+# Exit 3: no driver; 4: a driver but no nvJPEG (nothing decoded).
+step rust_gpu_decode 60 bash -c 'set -o pipefail
+  echo "SLUICE_NVJPEG=${SLUICE_NVJPEG:-}"
+  SLUICE_JPEG_FIXTURES="$PWD/jpeg" ./gpu_decode --nocapture --test-threads=1 2>&1 | tee gpu_decode.out
+  rc=$?
+  if grep -q SKIPPED gpu_decode.out; then exit 3; fi
+  if grep -q "NOT RUN" gpu_decode.out; then exit 4; fi
+  exit $rc'
 step install 30 "$PY" -m pip install --no-index --no-deps --target "$BUNDLE/site" --upgrade sluice-*.whl
 export PYTHONPATH="$BUNDLE/site${PYTHONPATH:+:$PYTHONPATH}"
 export SLUICE_GPU_IPC_TEST="$BUNDLE/gpu_ipc"
