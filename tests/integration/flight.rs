@@ -438,6 +438,39 @@ fn a_stalled_subscriber_gives_its_stream_back_before_it_reads_again() {
     server.kill9();
 }
 
+/// A remote trainer that computes for longer than the server's keepalive (a ping every
+/// 20 s, 20 s to answer) between batches keeps its connection and gets every row once:
+/// its client answers pings meanwhile (its runtime ran only inside `recv`, so the server
+/// closed the connection of any trainer slower than 40 s a batch). Sleeps 2 × 45 s.
+#[test]
+fn a_remote_trainer_slower_than_the_keepalive_keeps_its_connection() {
+    let mut h = Harness::new();
+    h.dataset(20_000);
+    plan(&h, "slow", 2);
+    let (rows, sum) = h.source_checksum(&h.path("p.sql"));
+    let (server, addr) = serve_with(&mut h, &[]);
+    let url = format!("flight://{addr}/slow");
+    // An epoch a batch: after the first, far more than the HTTP/2 window holds waits.
+    let slow = subscribe(
+        &mut h,
+        TOKEN,
+        &[
+            &url,
+            "--json",
+            "--timeout",
+            "200",
+            "--batch-size",
+            "20000",
+            "--delay-ms",
+            "45000",
+        ],
+    );
+    let producer = h.spawn_producer(1, &[]);
+    assert_exactly_once(&slow.wait(Duration::from_secs(240)), 2, rows, &sum);
+    assert!(producer.wait(LIMIT).status.success());
+    server.kill9();
+}
+
 /// The threads of a process named `name` (Linux's `comm`, as tokio names its workers).
 fn threads_named(pid: i32, name: &str) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task"))

@@ -81,7 +81,7 @@ pub enum CudaError {
     Unsupported(String),
     /// nvJPEG cannot be loaded.
     #[error(
-        "nvJPEG not found: {tried}. Install CUDA's libnvjpeg (the CUDA toolkit, or `pip install nvidia-nvjpeg-cu12`) or set SLUICE_NVJPEG to the library's path"
+        "nvJPEG not found: {tried}. Install CUDA's libnvjpeg (the CUDA toolkit, or the wheel `nvidia-nvjpeg-cu12` for CUDA 12, `nvidia-nvjpeg` for CUDA 13) or set SLUICE_NVJPEG to the library's path"
     )]
     NoNvjpeg {
         /// Each library tried and why it failed to load.

@@ -146,8 +146,9 @@ fn load() -> std::result::Result<Api, String> {
         // SAFETY: loading runs the library's initialisers; these are NVIDIA's nvJPEG
         // (or whatever the user named in SLUICE_NVJPEG, which is theirs to vouch for),
         // loaded as cudarc loads libcuda.
-        match unsafe { libloading::Library::new(name) } {
-            Ok(library) => return resolve(library).map_err(|e| format!("{name}: {e}")),
+        match unsafe { libloading::Library::new(name) }.map(resolve) {
+            Ok(Ok(api)) => return Ok(api),
+            Ok(Err(e)) => failures.push(format!("{name} (opened, but {e})")),
             Err(e) => failures.push(format!("{name} ({e})")),
         }
     }
@@ -268,7 +269,9 @@ impl JpegDecoder {
     ///
     /// `dst` must be device memory of this decoder's GPU holding at least
     /// `pitch × height` bytes, `pitch ≥ 3 × width` (from [`Self::size`]), that nothing
-    /// else reads or writes until the work queued on `stream` has completed.
+    /// else reads or writes until the work queued on `stream` has completed; `stream`
+    /// must be a stream of this decoder's GPU; and the decoder must not be dropped before
+    /// that work has completed (its state holds the decode's scratch memory).
     pub unsafe fn decode_rgb(
         &mut self,
         jpeg: &[u8],

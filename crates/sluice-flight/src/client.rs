@@ -153,7 +153,16 @@ const RETRY: Duration = Duration::from_millis(500);
 impl FlightInlet {
     /// Connects to `target`'s server and asks for the topic.
     pub fn connect(target: &FlightTarget, options: ClientOptions) -> Result<Self> {
-        let rt = tokio::runtime::Builder::new_current_thread()
+        // One worker of its own drives the connection while the trainer computes between
+        // batches: a runtime driven only inside `recv` answered none of the server's
+        // keepalive pings meanwhile, and the server closed the connection of any trainer
+        // that took more than 40 s over a batch.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(format!(
+                "{}-flight-client",
+                sluice_core::panics::RUNTIME_THREAD_PREFIX
+            ))
             .enable_all()
             .build()
             .map_err(|e| SluiceError::Transport(format!("cannot start a client runtime: {e}")))?;
@@ -413,8 +422,9 @@ fn from_flight(e: FlightError, target: &FlightTarget) -> SluiceError {
 
 impl Inlet<RecordBatch> for FlightInlet {
     fn recv(&mut self, timeout: Option<Duration>) -> Result<Inbound<RecordBatch>> {
-        // One deadline for the call, whatever comes before a batch or an end.
-        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        // One deadline for the call, whatever comes before a batch or an end (none for a
+        // wait too long to be an instant: `--timeout inf`).
+        let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
         loop {
             if self.ended {
                 return Ok(Inbound::EndOfStream);

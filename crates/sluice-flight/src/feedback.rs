@@ -103,20 +103,41 @@ fn put(
     })
 }
 
-/// Longest a client waits for a server to take one request of reports.
-const PUT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+/// Longest a client waits for a server to take one request of reports: more than the
+/// server gives a request to arrive, so that a client gives up (and sends the reports
+/// again) only when the server has.
+const PUT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(360);
 
 /// Longest a `do_put` of reports may go without a message: a client that opens one and
 /// sends nothing holds a request slot of the server.
 pub const FEEDBACK_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+/// Longest a `do_put` of reports may take to arrive, all of it (256 MiB at 1 MB/s).
+pub const FEEDBACK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The topic and trainer of a `do_put` of reports, and its batches, bounded by
 /// [`MAX_FEEDBACK_ROWS`] and [`MAX_FEEDBACK_BYTES`] (the bytes as they come on the wire,
 /// counted as each message arrives: a decoded batch's buffers are slices of its message,
 /// and dictionary messages yield no batch at all), with at most [`FEEDBACK_IDLE`]
-/// between messages. Compressed messages are refused before they are decoded: a buffer's
-/// decompressed size is the sender's word, which Arrow allocates.
+/// between messages and [`FEEDBACK_DEADLINE`] in all. Compressed messages are refused
+/// before they are decoded: a buffer's decompressed size is the sender's word, which
+/// Arrow allocates.
 pub(crate) async fn receive(
+    stream: impl futures::Stream<Item = std::result::Result<FlightData, Status>>
+    + Send
+    + Unpin
+    + 'static,
+) -> std::result::Result<(String, String, Vec<RecordBatch>), Status> {
+    tokio::time::timeout(FEEDBACK_DEADLINE, receive_all(stream))
+        .await
+        .unwrap_or_else(|_| {
+            Err(Status::deadline_exceeded(format!(
+                "a do_put of reports took more than {} s",
+                FEEDBACK_DEADLINE.as_secs()
+            )))
+        })
+}
+
+async fn receive_all(
     stream: impl futures::Stream<Item = std::result::Result<FlightData, Status>>
     + Send
     + Unpin

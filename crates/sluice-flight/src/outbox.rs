@@ -16,8 +16,6 @@ use tonic::Status;
 /// How often the server's subscriber looks whether its client is still there, and, while
 /// its client takes nothing, whether the topic's producer is.
 pub(crate) const POLL: Duration = Duration::from_millis(200);
-/// How many times the server's `max_stall` the end of a stream waits for its client.
-const LAST_WAIT_STALLS: u32 = 10;
 
 /// What the server hands gRPC: a Flight message of its own, or one whose bytes are
 /// still the producer's, in shared memory ([`Loan`]).
@@ -75,9 +73,37 @@ impl Loan {
     }
 }
 
+type Item = std::result::Result<Outgoing, Status>;
+
+/// The end of a stream, left by its thread for the response stream to yield once the
+/// queue is drained: what was copied out of the topic, then the error it ends with.
+/// Nothing waits for a slow client then, and it is all dropped with the response stream
+/// when the client goes.
+#[derive(Clone, Default)]
+pub(crate) struct Tail(Arc<Mutex<VecDeque<Item>>>);
+
+impl Tail {
+    /// The response stream: `rx`'s messages, then the tail once every sender is gone.
+    pub(crate) fn after(
+        self,
+        mut rx: mpsc::Receiver<Item>,
+    ) -> impl futures::Stream<Item = Item> + Send + 'static {
+        futures::stream::poll_fn(move |cx| match rx.poll_recv(cx) {
+            std::task::Poll::Ready(None) => std::task::Poll::Ready(
+                self.0
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .pop_front(),
+            ),
+            other => other,
+        })
+    }
+}
+
 /// The server's end of one client's stream: messages go to gRPC through a queue of two.
 pub(crate) struct Outbox {
-    pub(crate) tx: mpsc::Sender<std::result::Result<Outgoing, Status>>,
+    pub(crate) tx: mpsc::Sender<Item>,
+    tail: Tail,
     runtime: tokio::runtime::Handle,
     /// The loans of the messages handed to gRPC or about to be, which gRPC may not have
     /// taken yet (those it took and encoded are dead).
@@ -97,12 +123,14 @@ enum Handed {
 impl Outbox {
     /// The stream whose messages go to `tx`, from a blocking thread of `runtime`.
     pub(crate) fn new(
-        tx: mpsc::Sender<std::result::Result<Outgoing, Status>>,
+        tx: mpsc::Sender<Item>,
+        tail: Tail,
         runtime: tokio::runtime::Handle,
         max_stall: Option<Duration>,
     ) -> Self {
         Self {
             tx,
+            tail,
             runtime,
             loans: Vec::new(),
             max_stall,
@@ -138,37 +166,14 @@ impl Outbox {
         }
     }
 
-    /// Ends the stream: `rest` (messages copied out of the topic, or none), then `end`
-    /// if the stream ends with an error, handed over by a task of the runtime. Nothing of
-    /// a topic is held by then, and this thread and the stream's place are free at once;
-    /// the task gives the client [`LAST_WAIT_STALLS`] times the server's `max_stall` to
-    /// take them (for as long as it stays connected without one), then drops them: a
-    /// client that reads then finds its stream cut, which it takes for a lost producer.
+    /// Ends the stream: `rest` (messages copied out of the topic), then `end` if it ends
+    /// with an error, go to the [`Tail`], which the client gets after what is queued,
+    /// however long it takes; this thread and the stream's place are free at once.
     pub(crate) fn finish(&mut self, rest: VecDeque<Outgoing>, end: Option<Status>) {
         self.revoke();
-        if rest.is_empty() && end.is_none() {
-            return;
-        }
-        let tx = self.tx.clone();
-        let limit = self.max_stall.map(|l| l.saturating_mul(LAST_WAIT_STALLS));
-        self.runtime.spawn(async move {
-            let send = async {
-                for message in rest {
-                    tx.send(Ok(message)).await.map_err(|_| ())?;
-                }
-                match end {
-                    Some(status) => tx.send(Err(status)).await.map_err(|_| ()),
-                    None => Ok(()),
-                }
-            };
-            let taken = match limit {
-                Some(limit) => tokio::time::timeout(limit, send).await.is_ok(),
-                None => send.await.is_ok(),
-            };
-            if !taken {
-                tracing::debug!("a remote subscriber did not take the end of its stream");
-            }
-        });
+        let mut tail = self.tail.0.lock().unwrap_or_else(PoisonError::into_inner);
+        tail.extend(rest.into_iter().map(Ok));
+        tail.extend(end.map(Err));
     }
 
     /// `bytes`, lent to the messages that point into them until [`Self::revoke`].
@@ -238,6 +243,8 @@ pub(crate) fn flush(
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
+    use futures::StreamExt;
+
     use super::*;
 
     /// Bytes whose owner says when it is dropped, as a shared-memory sample goes back.
@@ -270,7 +277,7 @@ mod tests {
             .build()
             .unwrap();
         let (tx, rx) = mpsc::channel(capacity);
-        let outbox = Outbox::new(tx, runtime.handle().clone(), None);
+        let outbox = Outbox::new(tx, Tail::default(), runtime.handle().clone(), None);
         (outbox, rx, runtime)
     }
 
@@ -326,26 +333,39 @@ mod tests {
         assert!(matches!(outbox.hand(message()), Handed::ClientGone));
     }
 
-    /// The end of a stream goes from a task: the client gets what was left, then the
-    /// error, once it reads, and nothing waits for it on the thread that served it.
+    /// The end of a stream waits in its tail: the client gets what was queued, what was
+    /// left, then the error, and the thread that served it returns at once.
     #[test]
-    fn the_end_of_a_stream_waits_for_the_client_on_a_task() {
-        let (mut outbox, mut rx, runtime) = outbox(1);
-        let message = || Outgoing::Owned(FlightData::default());
-        assert!(matches!(outbox.hand(message()), Handed::Yes));
+    fn the_end_of_a_stream_follows_what_was_queued() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (tx, rx) = mpsc::channel(1);
+        let tail = Tail::default();
+        let mut outbox = Outbox::new(tx, tail.clone(), runtime.handle().clone(), None);
+        let message = |meta: &'static [u8]| {
+            Outgoing::Owned(FlightData {
+                app_metadata: Bytes::from_static(meta),
+                ..FlightData::default()
+            })
+        };
+        assert!(matches!(outbox.hand(message(b"queued")), Handed::Yes));
         // The queue is full: `finish` returns at once all the same.
         outbox.finish(
-            VecDeque::from([message()]),
+            VecDeque::from([message(b"left")]),
             Some(Status::aborted("stalled")),
         );
         drop(outbox);
-        let taken: Vec<bool> = runtime.block_on(async {
-            let mut taken = Vec::new();
-            while let Some(item) = rx.recv().await {
-                taken.push(item.is_ok());
-            }
-            taken
-        });
-        assert_eq!(taken, vec![true, true, false]);
+        let got: Vec<String> = runtime.block_on(
+            tail.after(rx)
+                .map(|item| match item {
+                    Ok(m) => String::from_utf8(m.into_data().app_metadata.to_vec()).unwrap(),
+                    Err(status) => status.message().to_string(),
+                })
+                .collect(),
+        );
+        assert_eq!(got, ["queued", "left", "stalled"]);
     }
 }

@@ -535,13 +535,15 @@ impl FlightService for TopicService {
                  (sluice serve --max-streams); try again later, or raise the limit",
             )
         })?;
-        let (tx, mut rx) = mpsc::channel(2);
+        let (tx, rx) = mpsc::channel(2);
+        let tail = crate::outbox::Tail::default();
         let namespace = self.namespace.clone();
         let runtime = tokio::runtime::Handle::current();
         let max_stall = self.max_stall;
         let catch_up = self.catch_up.clone();
+        let tail_end = tail.clone();
         tokio::task::spawn_blocking(move || {
-            let mut outbox = Outbox::new(tx, runtime, max_stall);
+            let mut outbox = Outbox::new(tx, tail_end, runtime, max_stall);
             let forwarded = forward(&namespace, &ticket, catch_up.as_ref(), &mut outbox);
             // The topic is let go of by now: a client slow to take its last status must
             // not keep its place from the next one.
@@ -550,7 +552,8 @@ impl FlightService for TopicService {
                 outbox.finish(Default::default(), Some(status));
             }
         });
-        let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+        let stream = tail
+            .after(rx)
             .map(|message| message.map(Outgoing::into_data));
         Ok(Response::new(Box::pin(stream)))
     }
@@ -606,17 +609,22 @@ impl FlightService for TopicService {
             ));
         };
         // A request holds its reports in memory until they are written.
-        let _permit = self.puts.clone().try_acquire_owned().map_err(|_| {
+        let permit = self.puts.clone().try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(
                 "the server receives as many requests of reports at once as it serves \
                  streams (sluice serve --max-streams); try again later",
             )
         })?;
         let (topic, trainer, batches) = crate::feedback::receive(request.into_inner()).await?;
-        tokio::task::spawn_blocking(move || sink(&topic, &trainer, batches))
-            .await
-            .map_err(|e| Status::internal(format!("writing reports: {e}")))?
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        // The permit goes with the reports until they are written, whether or not the
+        // client waits for that.
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            sink(&topic, &trainer, batches)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("writing reports: {e}")))?
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
         Ok(Response::new(futures::stream::empty().boxed()))
     }
 

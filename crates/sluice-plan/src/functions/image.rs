@@ -231,12 +231,13 @@ impl ScalarUDFImpl for Decode {
             }
             sizes.push(size);
         }
-        // Headers cost nothing to forge: the rows' declared sizes are checked together,
-        // and the buffer grows as rows decode rather than all at once.
+        // Headers cost nothing to forge: the rows' declared sizes are checked together.
+        // (The buffer's pages are the kernel's zeroed ones until a row is decoded into
+        // them: rows that fail cost no memory.)
         if total > batch_budget() {
             return Err(over_budget(self.name, rows, total, "decoded images"));
         }
-        let mut data = Vec::with_capacity(total.min(PREALLOCATE));
+        let mut data = vec![0u8; total];
         let mut offsets = Vec::with_capacity(rows + 1);
         offsets.push(0i64);
         let mut heights = Vec::with_capacity(rows);
@@ -247,7 +248,6 @@ impl ScalarUDFImpl for Decode {
             let mut ok = false;
             if let (Some(b), Some((h, w))) = (b, size) {
                 let len = *h as usize * *w as usize * channels;
-                data.resize(at + len, 0);
                 match decode_into(b, channels, &mut data[at..at + len]) {
                     Ok(()) => {
                         at += len;
@@ -260,7 +260,6 @@ impl ScalarUDFImpl for Decode {
                 }
             }
             if !ok {
-                data.truncate(at);
                 heights.push(0);
                 widths.push(0);
             }
@@ -285,9 +284,6 @@ impl ScalarUDFImpl for Decode {
         )?)))
     }
 }
-
-/// The most a batch's buffer takes before its rows decode.
-const PREALLOCATE: usize = 256 << 20;
 
 impl Decode {
     fn bad_row(

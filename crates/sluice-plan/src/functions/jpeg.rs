@@ -83,6 +83,8 @@ pub struct JpegHeader {
     pub components: Vec<Component>,
     /// The transform byte of an Adobe APP14 segment (0: none, 1: YCbCr, 2: YCCK).
     pub adobe_transform: Option<u8>,
+    /// A JFIF APP0 segment: colour is YCbCr, whatever else the file says.
+    pub jfif: bool,
     /// MCUs between restart markers (0: none).
     pub restart_interval: u16,
     /// Components in the first scan (all of them when the image is interleaved).
@@ -133,14 +135,14 @@ impl JpegHeader {
     pub fn color(&self) -> ColorModel {
         match self.components.as_slice() {
             [_] => ColorModel::Grey,
-            [r, g, b] => {
-                let rgb_ids = (r.id, g.id, b.id) == (b'R', b'G', b'B');
-                if self.adobe_transform == Some(0) || (self.adobe_transform.is_none() && rgb_ids) {
-                    ColorModel::Rgb
-                } else {
-                    ColorModel::YCbCr
-                }
-            }
+            // libjpeg's order: JFIF, then Adobe's transform, then the component ids.
+            [r, g, b] => match (self.jfif, self.adobe_transform) {
+                (true, _) => ColorModel::YCbCr,
+                (false, Some(0)) => ColorModel::Rgb,
+                (false, Some(_)) => ColorModel::YCbCr,
+                (false, None) if (r.id, g.id, b.id) == (b'R', b'G', b'B') => ColorModel::Rgb,
+                (false, None) => ColorModel::YCbCr,
+            },
             [_, _, _, _] if self.adobe_transform == Some(2) => ColorModel::Ycck,
             [_, _, _, _] => ColorModel::Cmyk,
             other => ColorModel::Other(other.len()),
@@ -174,6 +176,7 @@ pub fn inspect(bytes: &[u8]) -> Result<JpegHeader, JpegError> {
     }
     let mut frame: Option<JpegHeader> = None;
     let mut adobe_transform = None;
+    let mut jfif = false;
     let mut restart_interval = 0;
     let mut hierarchical = false;
     let mut at = 2;
@@ -204,6 +207,7 @@ pub fn inspect(bytes: &[u8]) -> Result<JpegHeader, JpegError> {
                 restart_interval = u16::from_be_bytes([*hi, *lo]);
             }
             0xDE => hierarchical = true,
+            0xE0 if data.starts_with(b"JFIF\0") => jfif = true,
             0xEE if data.starts_with(b"Adobe") => adobe_transform = data.get(11).copied(),
             0xDA => {
                 let Some(mut header) = frame else {
@@ -211,6 +215,7 @@ pub fn inspect(bytes: &[u8]) -> Result<JpegHeader, JpegError> {
                 };
                 header.hierarchical |= hierarchical;
                 header.adobe_transform = adobe_transform;
+                header.jfif = jfif;
                 header.restart_interval = restart_interval;
                 header.first_scan_components = data.first().copied().unwrap_or(0);
                 return Ok(header);
@@ -309,6 +314,7 @@ fn frame_header(marker: u8, at: usize, data: &[u8]) -> Result<JpegHeader, JpegEr
         width,
         components,
         adobe_transform: None,
+        jfif: false,
         restart_interval: 0,
         first_scan_components: 0,
     })

@@ -302,3 +302,19 @@ fn fallbacks_are_counted_by_reason() {
     );
     assert_eq!(Fallbacks::default().to_string(), "0 of 0 images fell back");
 }
+
+/// Colour is read in libjpeg's order: a JFIF file is YCbCr whatever its component ids.
+#[test]
+fn a_jfif_file_is_ycbcr_whatever_its_component_ids() {
+    let mut bytes = fixture("baseline-444.jpg");
+    assert!(header("baseline-444.jpg").jfif);
+    let sof = bytes.windows(2).position(|w| w == [0xFF, 0xC0]).unwrap();
+    for (i, id) in [b'R', b'G', b'B'].into_iter().enumerate() {
+        bytes[sof + 10 + 3 * i] = id;
+    }
+    assert_eq!(inspect(&bytes).unwrap().color(), ColorModel::YCbCr);
+    assert!(
+        !header("rgb.jpg").jfif,
+        "libjpeg writes no JFIF segment for RGB"
+    );
+}

@@ -74,9 +74,9 @@ impl Tokenize {
         let special = tokenizer
             .get_post_processor()
             .map_or(0, |p| p.added_tokens(false));
-        if max_len <= special {
+        if max_len < special {
             return Err(DataFusionError::Plan(format!(
-                "tokenize: max_len {max_len} leaves no room for text: the tokenizer '{path}' adds {special} special token(s) to each row; raise max_len"
+                "tokenize: max_len {max_len} is shorter than the {special} special token(s) the tokenizer '{path}' adds to each row; raise max_len"
             )));
         }
         tokenizer
