@@ -1378,3 +1378,30 @@ fn a_full_dev_shm_is_named_not_a_bus_error() {
         );
     }
 }
+
+/// A run told to wait for more subscribers than its topic has places for is refused at
+/// once, naming the option (it waited out its whole wait for subscribers that could not
+/// attach).
+#[test]
+fn a_run_waiting_for_more_subscribers_than_places_is_refused() {
+    let mut h = Harness::new();
+    h.dataset(100);
+    h.plan("p.sql", &plan_sql("places", "", QUERY));
+    let out = h.run(&[
+        "run",
+        "p.sql",
+        "--quiet",
+        "--min-subscribers",
+        "17",
+        "--wait-timeout",
+        "1",
+        "--linger",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("sluice.max_subscribers = 16"),
+        "{}",
+        out.stderr
+    );
+}

@@ -88,3 +88,49 @@ fn the_text_pipeline_tokenizes_the_demo_dataset() {
         out.stdout
     );
 }
+
+/// The demo writes its dataset into a new directory or one it made, never over anything
+/// else (it emptied any directory it was given), and the plan it writes reads `--data`.
+#[test]
+fn the_demo_never_replaces_a_directory_it_did_not_make() {
+    let mut h = Harness::new();
+    std::fs::create_dir_all(h.path("mine/sub")).unwrap();
+    std::fs::write(h.path("mine/thesis.txt"), b"keep").unwrap();
+    let prepare = |h: &mut Harness, rows: &str, data: &str, plan: &str| {
+        h.run(&[
+            "demo",
+            "--prepare-only",
+            "--rows",
+            rows,
+            "--data",
+            data,
+            "--plan",
+            plan,
+        ])
+    };
+    let refused = prepare(&mut h, "100", "mine", "a.sql");
+    assert!(!refused.status.success());
+    assert!(
+        refused.stderr.contains("holds files the demo did not make"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(std::fs::read(h.path("mine/thesis.txt")).unwrap(), b"keep");
+    assert!(h.path("mine/sub").is_dir() && !h.path("a.sql").exists());
+    // Its own directory, made again for another size; the plan reads it.
+    for rows in ["100", "200"] {
+        let out = prepare(&mut h, rows, "elsewhere/d", "b.sql");
+        assert!(out.status.success(), "{}", out.stderr);
+    }
+    assert!(h.path("elsewhere/d/.complete-200").exists());
+    let plan = std::fs::read_to_string(h.path("b.sql")).unwrap();
+    assert!(plan.contains("LOCATION 'elsewhere/d/'"), "{plan}");
+    let explained = h.run(&["explain", "b.sql"]);
+    assert!(explained.status.success(), "{}", explained.stderr);
+    let huge = prepare(&mut h, "1000000000000", "big", "c.sql");
+    assert!(
+        huge.stderr.contains("--rows must be 1 to"),
+        "{}",
+        huge.stderr
+    );
+}

@@ -1370,3 +1370,77 @@ def test_a_loaders_device_is_checked_and_a_gpu_topic_without_a_gpu_tells_its_tra
             sluice.publish(batches, topic, device=device)
     out, err = trainer.communicate(timeout=60)
     assert "told:" in out and "no CUDA driver found" in out, (out, err)
+
+
+def test_arrow_batches_whose_columns_change_are_refused(topic: str, tmp_path: Path, run_python: Any) -> None:
+    """Arrow batches carry their columns in their structure: a loader whose next batch
+    has other column types is refused naming both (a subscriber reading the topic as one
+    Arrow stream read it as the first one's columns: garbage, or polars crashed)."""
+    out = tmp_path / "sub.pickle"
+    sub = run_python(SUBSCRIBER, topic, "none", str(out))
+    loader = [pa.record_batch({"a": pa.array(["x", "y"])}), pa.record_batch({"a": pa.array([1, 2])})]
+    with pytest.raises(ValueError, match="another structure") as raised:
+        sluice.publish(loader, topic, epochs=1, min_subscribers=1, wait_timeout=60)
+    assert '"string"' in str(raised.value) and '"int64"' in str(raised.value)
+    sub.communicate(timeout=120)
+
+
+FORKED_CHILD = """
+import os, sys, numpy as np, sluice
+producer = sluice.Producer([{"id": np.arange(10)}] * 100, topic=sys.argv[1], epochs=1, min_subscribers=1)
+pid = os.fork()
+if pid == 0:
+    for use in (producer.close, producer.wait):
+        try:
+            use()
+            os._exit(1)
+        except sluice.TransportError as e:
+            assert "forked child" in str(e), e
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), flush=True)
+producer.close()
+"""
+
+
+def test_a_loader_producer_used_in_a_forked_child_is_refused_not_a_hang(topic: str, run_python: Any) -> None:
+    """``close()`` and ``wait()`` of a loader's producer in a forked child raise
+    ``TransportError`` (``close()`` waited for good for a run thread the child does not
+    have)."""
+    child = run_python(FORKED_CHILD, topic)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0 and "child 0" in out, (out, err)
+
+
+INTERRUPTED_WAIT = """
+import os, signal, sys, threading, time, numpy as np, sluice
+class Slow:
+    def __iter__(self):
+        for i in range(100):
+            time.sleep(0.01)
+            yield {"id": np.arange(i * 10, (i + 1) * 10)}
+producer = sluice.Producer(Slow(), topic=sys.argv[1], epochs=1)
+threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    producer.wait()
+    print("not interrupted", flush=True)
+except KeyboardInterrupt:
+    print("interrupted; running", producer.running, flush=True)
+print("rows", producer.wait(timeout=60).rows, flush=True)
+"""
+
+
+def test_ctrl_c_in_wait_leaves_a_loader_producer_running(topic: str, run_python: Any) -> None:
+    """Ctrl-C in ``wait()`` interrupts the wait, not the run: the producer says it runs,
+    and a later ``wait()`` gets every row (it said the run was closed, mid-epoch)."""
+    child = run_python(INTERRUPTED_WAIT, topic)
+    out, err = child.communicate(timeout=90)
+    assert "interrupted; running True" in out and "rows 1000" in out, (out, err)
+
+
+def test_epoch_size_checks_its_timeout(ns: str) -> None:
+    for bad in (float("nan"), -1):
+        with pytest.raises(ValueError, match="timeout"):
+            sluice.epoch_size("t", timeout=bad)
+    with pytest.raises(TypeError, match="timeout"):
+        sluice.epoch_size("t", timeout="1")

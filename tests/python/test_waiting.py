@@ -38,7 +38,39 @@ except KeyboardInterrupt:
 """
 
 
-@pytest.mark.parametrize("code", [BLOCKED_IN_NEXT, BLOCKED_IN_SUBSCRIBE], ids=["next", "subscribe"])
+BLOCKED_IN_STREAM = """
+import sys, time, numpy as np, pyarrow as pa, sluice
+class Stalling:  # one batch, then nothing for two minutes
+    def __iter__(self):
+        yield {"id": np.arange(10)}
+        time.sleep(120)
+        yield {"id": np.arange(10)}
+topic = sys.argv[1] + "-stream"
+producer = sluice.Producer(Stalling(), topic=topic, epochs=1, min_subscribers=1)
+sub = sluice.subscribe(topic, timeout=120)
+print("ready", flush=True)
+def read():
+    try:
+        pa.table(sub)
+    except Exception as e:  # the stream's error, then KeyboardInterrupt once it returned
+        if "interrupted" not in str(e):
+            raise
+try:
+    read()
+    print("read", flush=True)
+except KeyboardInterrupt:
+    pass
+print("interrupted", flush=True)
+sub.close()
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize(
+    "code",
+    [BLOCKED_IN_NEXT, BLOCKED_IN_SUBSCRIBE, BLOCKED_IN_STREAM],
+    ids=["next", "subscribe", "arrow-stream"],
+)
 def test_ctrl_c_interrupts_a_blocked_wait_promptly(plans, run_python, code):
     """A process blocked waiting for a batch (or for a producer) gets KeyboardInterrupt
     within seconds of SIGINT, not at the end of its 120 s wait (the bound is generous:

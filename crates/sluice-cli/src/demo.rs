@@ -80,6 +80,11 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
     if args.subscribers == 0 {
         bail!("--subscribers must be at least 1");
     }
+    // Each file of the dataset is made as one batch in memory.
+    let most = if args.images { MAX_IMAGES } else { MAX_ROWS };
+    if args.rows == 0 || args.rows > most {
+        bail!("--rows must be 1 to {most}");
+    }
     prepare(&args)?;
     if args.prepare_only {
         return Ok(());
@@ -231,18 +236,19 @@ fn collect(child: &mut Child) -> anyhow::Result<Report> {
 }
 
 fn prepare(args: &Demo) -> anyhow::Result<()> {
-    if !args.plan.exists() {
-        if let Some(dir) = args.plan.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        std::fs::write(&args.plan, args.plan_text)
-            .with_context(|| format!("cannot write {}", args.plan.display()))?;
-    }
     let marker = args.data.join(format!(".complete-{}", args.rows));
+    let replace = !marker.exists() && args.data.exists();
+    if replace && !made_by_demo(&args.data)? {
+        bail!(
+            "{} holds files the demo did not make: give --data a new or empty directory (the demo replaces what it generated there, nothing else)",
+            args.data.display()
+        );
+    }
+    write_plan(args)?;
     if marker.exists() {
         return Ok(());
     }
-    if args.data.exists() {
+    if replace {
         std::fs::remove_dir_all(&args.data)
             .with_context(|| format!("cannot replace {}", args.data.display()))?;
     }
@@ -259,6 +265,48 @@ fn prepare(args: &Demo) -> anyhow::Result<()> {
     }
     std::fs::write(marker, b"")?;
     Ok(())
+}
+
+/// Writes the built-in plan to `--plan` unless a file is there, reading `--data`.
+fn write_plan(args: &Demo) -> anyhow::Result<()> {
+    if args.plan.exists() {
+        return Ok(());
+    }
+    if let Some(dir) = args.plan.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let default_data = if args.images {
+        "data/images/"
+    } else {
+        "data/demo/"
+    };
+    let data = format!("{}/", args.data.display()).replace('\'', "''");
+    let text = args.plan_text.replace(default_data, &data);
+    std::fs::write(&args.plan, text)
+        .with_context(|| format!("cannot write {}", args.plan.display()))
+}
+
+/// The most rows of `--rows`, and of `--rows` with `--images`.
+const MAX_ROWS: usize = 50_000_000;
+const MAX_IMAGES: usize = 1_000_000;
+
+/// Whether `dir` holds only what the demo writes (its Parquet parts and completion
+/// markers), so that replacing it loses nothing else.
+fn made_by_demo(dir: &Path) -> anyhow::Result<bool> {
+    if !dir.is_dir() {
+        return Ok(false);
+    }
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let ours = (name.starts_with("part-") && name.ends_with(".parquet"))
+            || name.starts_with(".complete-");
+        if !ours || !entry.file_type()?.is_file() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Writes `rows` deterministic rows as four Parquet files with several row groups each.

@@ -69,6 +69,9 @@ pub enum Window {
     Batches(usize),
 }
 
+/// The most batches `sluice.message_batches` may put in one message.
+pub const MAX_MESSAGE_BATCHES: usize = 4096;
+
 /// `sluice.message_batches`: how many consecutive batches one message may carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MessageBatches {
@@ -263,10 +266,14 @@ impl SluiceOptions {
         Ok(auto_or_count("window", &self.window)?.map_or(Window::Auto, Window::Batches))
     }
 
-    /// The validated `sluice.message_batches`.
+    /// The validated `sluice.message_batches` (at most [`MAX_MESSAGE_BATCHES`]).
     pub fn message_batches(&self) -> Result<MessageBatches> {
-        Ok(auto_or_count("message_batches", &self.message_batches)?
-            .map_or(MessageBatches::Auto, MessageBatches::Most))
+        match auto_or_count("message_batches", &self.message_batches)? {
+            Some(n) if n > MAX_MESSAGE_BATCHES => Err(SluiceError::Config(format!(
+                "sluice.message_batches must be 'auto' or at most {MAX_MESSAGE_BATCHES} batches, not {n}"
+            ))),
+            n => Ok(n.map_or(MessageBatches::Auto, MessageBatches::Most)),
+        }
     }
 
     /// The validated `sluice.read_ahead`: bytes a remote Parquet scan fetches ahead of
@@ -319,6 +326,13 @@ mod tests {
         assert_eq!(o.message_batches().unwrap(), MessageBatches::Auto);
         o.set_checked("message_batches", "1").unwrap();
         assert_eq!(o.message_batches().unwrap(), MessageBatches::Most(1));
+        o.set_checked("message_batches", "4096").unwrap();
+        assert_eq!(o.message_batches().unwrap(), MessageBatches::Most(4096));
+        let err = o
+            .set_checked("message_batches", "1000000000000000")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("at most 4096"), "{err}");
         for bad in ["0", "-3", "several", ""] {
             let err = SluiceOptions::default()
                 .set_checked("message_batches", bad)

@@ -137,6 +137,7 @@ impl<'a> Planner<'a> {
                     ),
                 ));
             }
+            nesting_within_limit(&statement).map_err(|m| plan_err(here.clone(), m))?;
             if let Some(plan) = self.statement(statement, &here).await? {
                 query = Some((plan, here));
             }
@@ -316,6 +317,45 @@ impl<'a> Planner<'a> {
             });
         }
         Err(plan_err(here.clone(), message))
+    }
+}
+
+/// The deepest expression a plan may hold: DataFusion plans an expression by recursion,
+/// a level per operator of a chain (`a + b + c …` nests to the left), and a chain of
+/// 5,000 terms overflowed even the 32 MiB stack of the planning thread in a test build,
+/// which ends the process (4,000 planned).
+const MAX_NESTING: usize = 2_500;
+
+/// `Err` with what to do when `statement` nests expressions deeper than [`MAX_NESTING`].
+/// The walk stops as soon as it gets there, so it never recurses deeper itself.
+fn nesting_within_limit(statement: &Statement) -> std::result::Result<(), String> {
+    use datafusion::sql::sqlparser::ast::{Expr, Visit, Visitor};
+    use std::ops::ControlFlow;
+
+    struct Depth(usize);
+    impl Visitor for Depth {
+        type Break = ();
+        fn pre_visit_expr(&mut self, _: &Expr) -> ControlFlow<()> {
+            self.0 += 1;
+            if self.0 > MAX_NESTING {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        }
+        fn post_visit_expr(&mut self, _: &Expr) -> ControlFlow<()> {
+            self.0 -= 1;
+            ControlFlow::Continue(())
+        }
+    }
+    let Statement::Statement(statement) = statement else {
+        return Ok(());
+    };
+    match statement.visit(&mut Depth(0)) {
+        ControlFlow::Continue(()) => Ok(()),
+        ControlFlow::Break(()) => Err(format!(
+            "an expression nests more than {MAX_NESTING} deep (a chain of that many operators, such as a + b + c …): write long lists as IN (…), or split the expression"
+        )),
     }
 }
 

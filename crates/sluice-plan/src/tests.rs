@@ -741,3 +741,24 @@ async fn a_truncated_arrow_file_is_named() {
     );
     assert!(!message.contains("issue tracker"), "{message}");
 }
+
+/// An expression nested deeper than the planner's recursion allows is a plan error with
+/// its location, not a stack overflow that ends the process.
+#[test]
+fn an_expression_nested_too_deep_is_a_plan_error() {
+    let outcome = sluice_core::threads::on_deep_stack("test", || {
+        let terms: String = (0..3_000).map(|i| format!(" + {i}")).collect();
+        let sql = format!("SET sluice.topic = 'deep';\nSELECT 1{terms} AS x;");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime
+            .block_on(Plan::from_sql("deep.sql", &sql))
+            .err()
+            .map(|e| e.to_string())
+    })
+    .unwrap();
+    let err = outcome.expect("a plan error");
+    assert!(err.contains("nests more than 2500 deep"), "{err}");
+    assert!(err.contains("deep.sql:2:1"), "{err}");
+}

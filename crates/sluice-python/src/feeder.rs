@@ -89,8 +89,10 @@ impl PyFeeder {
         to_py(&e)
     }
 
-    /// Ends the feeding and waits for the run's outcome.
+    /// Ends the feeding and waits for the run's outcome (in the process that started it:
+    /// a forked child has no run thread to wait for).
     fn join(&self, py: Python<'_>) -> PyResult<PyRunStats> {
+        self.owner.check("producer").map_err(|e| to_py(&e))?;
         drop(
             self.feeder
                 .lock()
@@ -250,8 +252,10 @@ impl PyFeeder {
         self.join(py)
     }
 
-    /// Stops the run where it is (subscribers are told it stopped) and waits for it.
+    /// Stops the run where it is (subscribers are told it stopped) and waits for it; in a
+    /// forked child, `TransportError` (the run is its parent's).
     fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.owner.check("producer").map_err(|e| to_py(&e))?;
         self.handle.stop();
         let _ = self.join(py);
         Ok(())

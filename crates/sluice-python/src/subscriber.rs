@@ -329,6 +329,13 @@ impl PySubscriber {
             let result = py.detach(|| lock(stream).next_within(Some(slice)));
             match result {
                 Ok(event) => {
+                    // A signal that came meanwhile (Ctrl-C) is raised with the event put
+                    // back: CPython raises it as soon as this returns, and the event
+                    // would be lost, though the cursor counts it as handed out.
+                    if let Err(e) = py.check_signals() {
+                        self.put_back(py, event);
+                        return Err(e);
+                    }
                     if let Event::Batch { batch, .. } = &event
                         && let Some(round) = sluice::rounds::round_of(batch)
                     {
@@ -744,9 +751,9 @@ impl PySubscriber {
     ///
     /// Stream consumers usually keep every batch (`read_all`), more than a subscriber may
     /// hold in shared memory (`sluice.max_held`), so the stream copies each batch out of
-    /// shared memory once; iterate the subscriber itself for zero-copy batches. The
-    /// stream waits without Python's signal handling; the subscriber's `timeout` bounds
-    /// each wait.
+    /// shared memory once; iterate the subscriber itself for zero-copy batches. Ctrl-C
+    /// ends a wait of the stream with an error (and `KeyboardInterrupt` once its consumer
+    /// returns); the subscriber's `timeout` bounds each wait.
     #[pyo3(signature = (requested_schema=None))]
     fn __arrow_c_stream__<'py>(
         &self,
@@ -807,11 +814,13 @@ impl Iterator for StreamReader {
         if let Err(forked) = self.owner.check("subscriber") {
             return Some(Err(ArrowError::ExternalError(Box::new(forked))));
         }
-        let mut stream = lock(&self.stream);
         let start = Instant::now();
         loop {
-            match stream.next_within(Some(SLICE)) {
-                Ok(Event::Batch { batch, .. }) => return Some(deep_copy(&batch)),
+            // The lock is held a slice at a time: `close()` and `closed` from another
+            // thread do not wait for the next batch.
+            let event = lock(&self.stream).next_within(Some(SLICE));
+            match event {
+                Ok(Event::Batch { batch, .. }) => return Some(self.conforming(&batch)),
                 Ok(Event::DeviceBatch { .. }) => {
                     return Some(Err(ArrowError::ExternalError(Box::new(
                         device_stream_refused(),
@@ -820,6 +829,9 @@ impl Iterator for StreamReader {
                 Ok(Event::EpochEnd(_)) => {}
                 Ok(Event::End) => return None,
                 Err(SluiceError::Timeout { .. }) => {
+                    if let Some(interrupted) = interrupted() {
+                        return Some(Err(interrupted));
+                    }
                     if self.timeout.is_some_and(|t| start.elapsed() >= t) {
                         let e = SluiceError::Timeout {
                             what: "the next batch".into(),
@@ -832,6 +844,44 @@ impl Iterator for StreamReader {
             }
         }
     }
+}
+
+impl StreamReader {
+    /// `batch`, copied out of shared memory, if it has the stream's schema: a C stream's
+    /// consumer reads every batch as the schema it was given first (a batch of other
+    /// columns would be read as garbage, or crash it).
+    fn conforming(&self, batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
+        if batch.schema().fields() != self.schema.fields() {
+            return Err(ArrowError::SchemaError(format!(
+                "the topic's batches changed their columns, from {} to {}: read them one by one (iterate the subscription) rather than as one stream",
+                self.schema,
+                batch.schema()
+            )));
+        }
+        deep_copy(batch)
+    }
+}
+
+/// The error of a wait that a signal interrupted (Ctrl-C), with the signal raised again
+/// for Python once the consumer of the stream returns; `None` without one.
+fn interrupted() -> Option<ArrowError> {
+    let raised = Python::attach(|py| {
+        py.check_signals().err().map(|e| {
+            (
+                e.to_string(),
+                e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py),
+            )
+        })
+    })?;
+    let (message, keyboard) = raised;
+    if keyboard {
+        // SAFETY: PyErr_SetInterrupt only marks SIGINT as pending for the interpreter;
+        // it may be called from any thread, with or without the GIL.
+        unsafe { pyo3::ffi::PyErr_SetInterrupt() };
+    }
+    Some(ArrowError::ExternalError(
+        format!("the wait for the next batch was interrupted: {message}").into(),
+    ))
 }
 
 impl RecordBatchReader for StreamReader {

@@ -39,6 +39,7 @@ import functools
 import importlib
 import inspect
 import json
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -636,7 +637,10 @@ def flatten(
     pa = _pa()
     arrow = _arrow(batch)
     if arrow is not None:
-        structure: dict[str, Any] = {"arrow": True}
+        # Its columns are part of its structure: a stream's consumers read every batch
+        # as the first one's columns (and polars or pyarrow read another as garbage).
+        columns = [[f.name, str(f.type)] for f in arrow.schema]
+        structure: dict[str, Any] = {"arrow": True, "columns": columns}
         metadata = dict(arrow.schema.metadata or {})
     else:
         structure, columns = _columns(batch, like, rows if like is None else None)
@@ -805,6 +809,10 @@ class LoaderRun:
         # Made here: bad settings are raised by the constructor, as a plan's are.
         self._feeder, loader = _start(loader, topic, epochs, resumable, **settings)
         self._stop = threading.Event()
+        # Set by the run's thread as it ends: `Thread.join` interrupted by Ctrl-C leaves
+        # the thread marked as stopped in CPython 3.11, though it runs on.
+        self._done = threading.Event()
+        self._pid = os.getpid()
         self._stats: RunStats | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(loader,), name="sluice-publish", daemon=True)
@@ -815,10 +823,22 @@ class LoaderRun:
             self._stats = _feed(self._feeder, loader, self.epochs, self._stop)
         except BaseException as e:  # noqa: BLE001 - raised again by wait() / close()
             self._error = e
+        finally:
+            self._done.set()
+
+    def _here(self) -> None:
+        """``TransportError`` in a forked child: the run and its thread are the parent's."""
+        if os.getpid() != self._pid:
+            from sluice._sluice import TransportError
+
+            raise TransportError(
+                f"this producer belongs to process {self._pid}, of which this process is a "
+                "forked child: its run is its parent's, so it cannot be waited for or closed here"
+            )
 
     @property
     def running(self) -> bool:
-        return self._thread.is_alive()
+        return not self._done.is_set()
 
     @property
     def closed(self) -> bool:
@@ -832,8 +852,8 @@ class LoaderRun:
     def wait(self, timeout: float | None = None) -> RunStats:
         from sluice._sluice import SluiceError, Timeout
 
-        self._thread.join(timeout)
-        if self._thread.is_alive():
+        self._here()
+        if not self._done.wait(timeout):
             raise Timeout(f"the loader's run on topic '{self.topic}' did not end within {timeout} s")
         if self._error is not None:
             raise self._error
@@ -846,11 +866,12 @@ class LoaderRun:
         return self._stats
 
     def close(self) -> None:
-        failed = self._error if not self._stop.is_set() and not self._thread.is_alive() else None
+        self._here()
+        failed = self._error if not self._stop.is_set() and self._done.is_set() else None
         self._stop.set()
         # A send waiting for subscribers that read nothing ends with the run.
         self._feeder.close()
-        self._thread.join()
+        self._done.wait()
         if failed is not None:
             raise failed
 

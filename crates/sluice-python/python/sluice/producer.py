@@ -136,8 +136,15 @@ def epoch_size(topic: str, timeout: float | None = None) -> tuple[int | None, in
     that failed (one of this process's, or one still telling its subscribers why) raises
     :class:`sluice.ProducerFailed` with its error, as a subscription would. Remote (``flight://``) topics are a ``ValueError``: their
     producer's reports are on another machine."""
+    if not isinstance(topic, str):
+        raise TypeError(f"topic must be a str, not {type(topic).__name__}")
     if "://" in topic:
         raise ValueError(f"the size of an epoch of the remote topic '{topic}' is not known here")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds or None, not {type(timeout).__name__}")
+        if not timeout >= 0:  # NaN too
+            raise ValueError(f"timeout must be a number of seconds, at least 0, not {timeout}")
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         # Before the report too: a failed run's report may still be there for a moment.

@@ -535,7 +535,10 @@ impl Producer {
         namespace: &Namespace,
         options: &RunOptions,
     ) -> Result<Plan> {
-        let error = match handle.block_on(Plan::load(path)) {
+        let loaded = handle
+            .block_on(Plan::load(path))
+            .and_then(|plan| fits_min_subscribers(&plan, options).map(|()| plan));
+        let error = match loaded {
             Ok(plan) => return Ok(plan),
             Err(e) => e,
         };
@@ -602,5 +605,19 @@ impl Producer {
         publisher.publish_error(&message)?;
         publisher.drain(options.linger.min(Duration::from_secs(2)));
         Ok(())
+    }
+}
+
+/// `Ok` unless the run is told to wait for more subscribers than the plan's topic has
+/// places for, which it would do until its wait timeout.
+fn fits_min_subscribers(plan: &Plan, options: &RunOptions) -> Result<()> {
+    let places = plan.options().max_subscribers;
+    match options.min_subscribers {
+        Some(min) if min > places => Err(SluiceError::Config(format!(
+            "the run waits for {min} subscribers but its topic has places for \
+             sluice.max_subscribers = {places}: raise sluice.max_subscribers in the plan, \
+             or wait for fewer"
+        ))),
+        _ => Ok(()),
     }
 }
