@@ -1405,3 +1405,34 @@ fn a_run_waiting_for_more_subscribers_than_places_is_refused() {
         out.stderr
     );
 }
+
+/// A DataFusion operator that panics as the plan starts (a sort given a batch size of
+/// 2^64 - 1) is the plan's error, which its waiting subscriber is told (it panicked the
+/// producer's thread and the subscriber waited for a topic that never came).
+#[test]
+fn a_panic_as_the_plan_starts_is_an_error_its_subscribers_are_told() {
+    let mut h = Harness::new();
+    h.dataset(100);
+    let extra = "SET datafusion.execution.batch_size = 18446744073709551615;";
+    let query = "SELECT id, text FROM train ORDER BY text";
+    h.plan("p.sql", &plan_sql("panics", extra, query));
+    let checksum = h.run(&["checksum", "p.sql"]);
+    assert_ne!(checksum.status.code(), Some(101), "{}", checksum.stderr);
+    assert!(
+        checksum
+            .stderr
+            .contains("DataFusion failed starting the plan"),
+        "{}",
+        checksum.stderr
+    );
+    let waiting = h.spawn(&["subscribe", "panics", "--timeout", "60"]);
+    h.wait_for_interest("panics", 1, LIMIT);
+    let _ = h.run(&["run", "p.sql", "--quiet"]);
+    let told = waiting.wait(LIMIT);
+    assert_eq!(told.status.code(), Some(3), "{}", told.stderr);
+    assert!(
+        told.stderr.contains("DataFusion failed starting the plan"),
+        "{}",
+        told.stderr
+    );
+}

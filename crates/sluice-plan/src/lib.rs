@@ -588,7 +588,15 @@ impl Plan {
     pub async fn execute_epoch(&self, epoch: u64) -> Result<BatchStream> {
         let (physical, task) = self.physical_plan_for_epoch(epoch).await?;
         let files = listing::files(&physical);
-        let mut streams = execute_stream_partitioned(physical, task)
+        // DataFusion's operators allocate as they start, from settings that may be
+        // extreme (`datafusion.execution.batch_size = 18446744073709551615` made the sort
+        // panic): that is the plan's error, which subscribers are told.
+        let mut streams = sluice_core::panics::catch(|| execute_stream_partitioned(physical, task))
+            .map_err(|panic| {
+                SluiceError::Execution(format!(
+                    "DataFusion failed starting the plan (it panicked: {panic}); check the plan's datafusion.* settings"
+                ))
+            })?
             .map_err(|e| SluiceError::Execution(self.redact(&df_message(e))))?;
         if let Some(seed) = self.options.shuffle_seed {
             let mut rng = SplitMix64::new(epoch_seed(seed, epoch));

@@ -297,7 +297,15 @@ impl Source for PlanSource<'_> {
                 continue;
             }
             let asked = Instant::now();
-            let next = handle.block_on(stream.next());
+            // A panic in an operator polled here (DataFusion's own, on an extreme
+            // setting) is this epoch's error, which the subscribers are told, rather
+            // than the end of the producer's thread, which leaves them waiting.
+            let next = sluice_core::panics::catch(|| handle.block_on(stream.next()))
+                .unwrap_or_else(|panic| {
+                    Some(Err(SluiceError::Internal(format!(
+                        "the plan's execution panicked: {panic}"
+                    ))))
+                });
             self.waited += asked.elapsed();
             match next {
                 Some(batch) => shaper.add(batch?)?,
