@@ -198,3 +198,25 @@ def test_writes_to_named_columns_raise_or_change_a_private_copy_only(plans):
     named.close()
     whole.close()
     producer.wait(timeout=30)
+
+
+def test_copy_false_is_refused_where_a_copy_is_needed(plans):
+    """DLPack's ``copy=False`` gets the shared values or a ``BufferError``: a batch put
+    together from two producer batches lives in this process's memory, shared with its
+    other views, and is exported only as a copy (which ``copy=False`` got silently)."""
+    producer = sluice.Producer(plans.plan(rows=400, batch_rows=100), min_subscribers=1)
+    with sluice.subscribe(plans.topic, timeout=30, batch_size=150) as sub:
+        whole = next(sub)  # rows 0..150: cut from two producer batches
+        assert whole.shm_range is None
+        with pytest.raises(BufferError, match="without a copy"):
+            np.from_dlpack(whole["x"], copy=False)
+        assert np.from_dlpack(whole["x"]).tolist() == [i * 0.5 for i in range(150)]
+        del whole
+    producer.wait(timeout=30)
+    producer = sluice.Producer(plans.plan(rows=100, batch_rows=100), min_subscribers=1)
+    with sluice.subscribe(plans.topic, timeout=30) as sub:
+        zero_copy = next(sub)
+        assert zero_copy.shm_range is not None
+        assert not np.from_dlpack(zero_copy["x"], copy=False).flags.writeable
+        del zero_copy
+    producer.wait(timeout=30)

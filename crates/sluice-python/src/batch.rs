@@ -436,7 +436,7 @@ impl PyColumn {
         let view = dlpack::describe(self.field.name(), &self.field, self.array.as_ref())
             .map_err(dlpack::buffer_error)?;
         let versioned = max_version.is_some_and(|(major, _)| major >= 1);
-        dlpack::to_capsule(py, view, versioned, copy == Some(true))
+        dlpack::to_capsule(py, view, versioned, copy)
     }
 
     /// `(kDLCPU, 0)`: the column is in host memory.

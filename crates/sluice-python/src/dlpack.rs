@@ -594,14 +594,18 @@ unsafe extern "C" fn versioned_capsule_destructor(capsule: *mut ffi::PyObject) {
 }
 
 /// Wraps `view` in a DLPack capsule whose deleter keeps `view`'s buffer alive until the
-/// consumer is done with the tensor. With `copy`, the values are copied first.
-/// `versioned` selects `DLManagedTensorVersioned` (flagged read-only unless copied).
+/// consumer is done with the tensor. `copy` is the consumer's: `Some(true)` copies the
+/// values first; `Some(false)` is a `BufferError` where they would have to be copied
+/// (DLPack's rule); `None` copies where needed. `versioned` selects
+/// `DLManagedTensorVersioned` (flagged read-only unless copied).
 pub fn to_capsule<'py>(
     py: Python<'py>,
     view: TensorView,
     versioned: bool,
-    copy: bool,
+    copy: Option<bool>,
 ) -> PyResult<Bound<'py, PyCapsule>> {
+    let no_copy = copy == Some(false);
+    let copy = copy == Some(true);
     // Consumers that ignore the read-only flag (torch) write through the pointer: values
     // in shared memory are handed out in a private copy-on-write mapping, so such a write
     // changes this tensor only (see `private_map`), or copied where that cannot be made.
@@ -616,9 +620,16 @@ pub fn to_capsule<'py>(
         (Memory::Device { .. }, _) => (view, FLAG_READ_ONLY, None),
         (Memory::Host { .. }, Some(bytes)) if copy => (view.copied(bytes), FLAG_IS_COPIED, None),
         (Memory::Host { .. }, Some(bytes)) => match PrivateMapping::of(bytes) {
-            Backing::NotShared => (view.copied(bytes), FLAG_IS_COPIED, None),
             Backing::Private(mapping, data) => (view, FLAG_READ_ONLY, Some((mapping, data))),
-            Backing::Unavailable => (view.copied(bytes), FLAG_IS_COPIED, None),
+            Backing::NotShared | Backing::Unavailable if no_copy => {
+                return Err(buffer_error(
+                    "this column cannot be exported without a copy (it is in this \
+                     process's memory, shared with its other views): pass copy=None or \
+                     copy=True"
+                        .into(),
+                ));
+            }
+            Backing::NotShared | Backing::Unavailable => (view.copied(bytes), FLAG_IS_COPIED, None),
         },
         (Memory::Host { .. }, None) => {
             return Err(buffer_error("internal: a host view without bytes".into()));

@@ -342,7 +342,7 @@ impl PyDeviceColumn {
         );
         let view = self.view_at(ptr, ordinal, copied, Box::new(column))?;
         let versioned = max_version.is_some_and(|(major, _)| major >= 1);
-        dlpack::to_capsule(py, view, versioned, false)
+        dlpack::to_capsule(py, view, versioned, None)
     }
 
     /// The CUDA Array Interface (version 3). The data is ready on `stream`, the

@@ -614,9 +614,9 @@ fn fits_min_subscribers(plan: &Plan, options: &RunOptions) -> Result<()> {
     let places = plan.options().max_subscribers;
     match options.min_subscribers {
         Some(min) if min > places => Err(SluiceError::Config(format!(
-            "the run waits for {min} subscribers but its topic has places for \
-             sluice.max_subscribers = {places}: raise sluice.max_subscribers in the plan, \
-             or wait for fewer"
+            "the run waits for min_subscribers = {min} subscribers but its topic has \
+             places for sluice.max_subscribers = {places}: raise sluice.max_subscribers in \
+             the plan, or wait for fewer"
         ))),
         _ => Ok(()),
     }
