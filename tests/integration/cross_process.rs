@@ -1436,3 +1436,31 @@ fn a_panic_as_the_plan_starts_is_an_error_its_subscribers_are_told() {
         told.stderr
     );
 }
+
+/// A subscriber of a topic whose places are all taken is told so, naming the option (it
+/// said only that the library could not create a listener).
+#[test]
+fn a_subscriber_of_a_full_topic_is_told_it_is_full() {
+    let mut h = Harness::new();
+    h.dataset(20_000);
+    h.plan(
+        "p.sql",
+        &plan_sql("full", "SET sluice.max_subscribers = 1;", QUERY),
+    );
+    let first = h.spawn(&["subscribe", "full", "--timeout", "60", "--delay-ms", "200"]);
+    let producer = h.spawn_producer(1, &[]);
+    h.wait_for_topic(LIMIT);
+    // The first, already polling for the topic (every 25 ms), has its place by then.
+    std::thread::sleep(Duration::from_secs(1));
+    let second = h.run(&["subscribe", "full", "--timeout", "3"]);
+    assert_ne!(second.status.code(), Some(0), "{}", second.stderr);
+    assert!(
+        second
+            .stderr
+            .contains("every place of topic 'full' is taken"),
+        "{}",
+        second.stderr
+    );
+    first.kill9();
+    producer.kill9();
+}

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use iceoryx2::port::listener::Listener;
+use iceoryx2::port::listener::{Listener, ListenerCreateError};
 use iceoryx2::port::notifier::Notifier;
 use iceoryx2::prelude::*;
 use iceoryx2::service::builder::publish_subscribe::PublishSubscribeOpenError as OpenError;
@@ -207,7 +207,14 @@ impl<'a> Search<'a> {
             .map_err(transport("cannot open the topic's ready event"))?
             .listener_builder()
             .create()
-            .map_err(transport("cannot listen on the topic"))?;
+            .map_err(|e| match e {
+                ListenerCreateError::ExceedsMaxSupportedListeners => SluiceError::Transport(format!(
+                    "every place of topic '{}' is taken (sluice.max_subscribers subscribers are \
+                     attached): wait for one to leave, or raise sluice.max_subscribers",
+                    self.topic
+                )),
+                other => SluiceError::Transport(format!("cannot listen on the topic: {other}")),
+            })?;
         let released = self
             .node
             .service_builder(&service_name(self.topic, generation, "released")?)
