@@ -71,6 +71,9 @@ impl<'a> Search<'a> {
 
     /// Looks until a generation with a live producer is open, for at most `timeout`.
     pub(crate) fn wait(mut self, timeout: Option<Duration>) -> Result<Attached> {
+        // The last reason a look gave (a full topic, a dead producer): a look that found
+        // nothing to open says less than the one before it.
+        let mut last_why = None;
         loop {
             let why = match self.look()? {
                 Look::Attached(attached) => return Ok(*attached),
@@ -81,10 +84,11 @@ impl<'a> Search<'a> {
                 // else may come to remove them (see `Namespace::reclaim_dead`).
                 self.namespace.reclaim_dead_now_and_then();
             }
+            last_why = why.or(last_why);
             if timeout.is_some_and(|t| self.started.elapsed() >= t) {
                 let topic = self.topic;
                 return Err(SluiceError::Timeout {
-                    what: match why {
+                    what: match last_why {
                         Some(e) => format!("a live producer on topic '{topic}' ({e})"),
                         None => format!("a producer to create topic '{topic}'"),
                     },
