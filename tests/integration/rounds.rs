@@ -505,6 +505,28 @@ fn sluice_round_starts_a_manual_round() {
     assert!(producer.wait(Duration::from_secs(60)).status.success());
 }
 
+/// `sluice round` asked of a producer whose rounds start on another trigger is refused,
+/// naming its trigger (it was taken, and no round came of it).
+#[test]
+fn sluice_round_is_refused_by_a_producer_of_another_trigger() {
+    let mut h = Harness::new();
+    std::fs::create_dir(h.path("data")).unwrap();
+    write_ids(h.dir.path(), "a.parquet", 0..100);
+    h.plan("p.sql", &plan("rows", 2, 60));
+    let producer = h.spawn(&["run", "p.sql", "--quiet", "--min-subscribers", "1"]);
+    let mut sub = subscribe(&h.ns, "rows");
+    let (round0, _) = read_round(&mut sub);
+    assert_eq!(round0.len(), 60);
+    let asked = h.run(&["round", "rows"]);
+    assert_eq!(asked.status.code(), Some(2), "{}", asked.stderr);
+    assert!(
+        asked.stderr.contains("sluice.trigger = 'rows:50'"),
+        "{}",
+        asked.stderr
+    );
+    producer.kill9();
+}
+
 /// `every:D` starts each round D after the last one started, over the files then (a
 /// file written just after round 0 is in round 2, which starts 2 s after round 0).
 #[test]

@@ -141,6 +141,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             rows: Some(51200),
         },
         error: None,
+        trigger: None,
         updated: 1.7e9,
     };
     write(

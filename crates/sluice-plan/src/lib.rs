@@ -107,7 +107,7 @@ impl Plan {
     /// keeps the default topic. A producer whose plan failed to load uses them to find its
     /// topic and tell waiting subscribers why.
     pub async fn declared_options(sql: &str) -> Option<SluiceOptions> {
-        let statements = lenient_statements(sql)?;
+        let statements = lenient_statements(without_bom(sql))?;
         let mut options = SluiceOptions::default();
         let ctx = SessionContext::new_with_config(
             SessionConfig::new().with_option_extension(SluiceOptions::default()),
@@ -157,6 +157,7 @@ impl Plan {
         round: Option<&rounds::RoundInputs>,
         look: bool,
     ) -> Result<Self> {
+        let sql = without_bom(sql);
         let mut secrets = store::Secrets::default();
         store::env_secrets(&mut secrets);
         secrets.add_literals(sql);
@@ -720,6 +721,12 @@ fn round_robin(streams: Vec<SendableRecordBatchStream>) -> BatchStream {
     })
     .fuse()
     .boxed()
+}
+
+/// `sql` without a leading UTF-8 byte-order mark, which editors on Windows write and
+/// SQL does not parse.
+fn without_bom(sql: &str) -> &str {
+    sql.strip_prefix('\u{feff}').unwrap_or(sql)
 }
 
 /// The statements of `sql` that parse, each one that does not skipped up to its `;`;

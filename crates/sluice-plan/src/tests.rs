@@ -762,3 +762,14 @@ fn an_expression_nested_too_deep_is_a_plan_error() {
     assert!(err.contains("nests more than 2500 deep"), "{err}");
     assert!(err.contains("deep.sql:2:1"), "{err}");
 }
+
+/// A plan file that starts with a UTF-8 byte-order mark (as editors on Windows save
+/// them) plans, and its options are read (it was a syntax error at the mark).
+#[tokio::test]
+async fn a_byte_order_mark_before_the_plan_is_ignored() {
+    let sql = "\u{feff}SET sluice.topic = 'bom';\nSELECT 1 AS x;\n";
+    let plan = Plan::from_sql("bom.sql", sql).await.unwrap();
+    assert_eq!(plan.options().topic, "bom");
+    let declared = Plan::declared_options(sql).await.unwrap();
+    assert_eq!(declared.topic, "bom");
+}

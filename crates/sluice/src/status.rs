@@ -58,6 +58,10 @@ pub struct ProducerReport {
     /// Why the run failed (`state` `failed`), as its subscribers are told.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// `sluice.trigger` of a run of several rounds (`""`: each at once); `None` for a run
+    /// of one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<String>,
     /// When the report was written, in seconds since the Unix epoch.
     pub updated: f64,
 }

@@ -354,6 +354,7 @@ impl Producer {
                 opts.lag_limit,
                 shm_bytes,
                 self.loader_epoch_size(),
+                (opts.rounds > 1).then(|| opts.trigger.clone()),
             ),
             publisher,
             sink,

@@ -15,6 +15,8 @@ pub(crate) struct ProducerReporter {
     lag_limit: usize,
     shm_bytes: u64,
     epoch_size: EpochSize,
+    /// `sluice.trigger` of a run of rounds.
+    trigger: Option<String>,
     /// Why the run failed, once it did.
     error: Option<String>,
 }
@@ -27,6 +29,7 @@ impl ProducerReporter {
         lag_limit: usize,
         shm_bytes: u64,
         epoch_size: EpochSize,
+        trigger: Option<String>,
     ) -> Self {
         Self {
             reporter: Reporter::new(namespace, topic, "producer"),
@@ -35,6 +38,7 @@ impl ProducerReporter {
             lag_limit,
             shm_bytes,
             epoch_size,
+            trigger,
             error: None,
         }
     }
@@ -82,6 +86,7 @@ impl ProducerReporter {
                 lag_limit: self.lag_limit,
                 epoch_size: self.epoch_size,
                 error: self.error.clone(),
+                trigger: self.trigger.clone(),
                 updated: unix_now(),
             });
     }

@@ -46,13 +46,34 @@ pub fn request_round(namespace: &Namespace, topic: &str) -> Result<()> {
     let topic = TopicName::new(topic)?;
     // A producer clears requests when it starts: one made with no producer running
     // would be lost without a word.
-    if crate::status::producer_report(namespace, &topic)?.is_none() {
+    let Some(report) = crate::status::producer_report(namespace, &topic)? else {
         return Err(SluiceError::Config(format!(
             "no producer of topic '{topic}' runs in namespace '{}': a round is asked of a \
              running producer of rounds (sluice.trigger = 'manual'); start it first, or \
              check SLUICE_NAMESPACE",
             namespace.name()
         )));
+    };
+    // Asked of a producer that does not take requests, a round would never come.
+    match report
+        .trigger
+        .as_deref()
+        .map(sluice_plan::rounds::Trigger::parse)
+    {
+        Some(Ok(sluice_plan::rounds::Trigger::Manual)) => {}
+        None => {
+            return Err(SluiceError::Config(format!(
+                "the producer of topic '{topic}' runs no rounds (sluice.rounds = 1): there is \
+                 no round to ask for"
+            )));
+        }
+        Some(_) => {
+            return Err(SluiceError::Config(format!(
+                "the producer of topic '{topic}' starts its rounds on sluice.trigger = '{}': a \
+                 round is asked only of a producer whose trigger is 'manual'",
+                report.trigger.as_deref().unwrap_or_default()
+            )));
+        }
     }
     let path = request_path(namespace, &topic);
     crate::checkpoint::write_state(&path, b"round\n")
