@@ -56,6 +56,10 @@ pub struct FeedbackWriter {
     /// Random, so that writers of processes with the same pid (trainers in containers,
     /// each pid 1, sharing the state directory) never name a file alike.
     id: u64,
+    /// Whether this writer has left its mark in the feedback directory (a hidden file
+    /// named by `id`): a new run of the producer replaces the directory, mark included,
+    /// and reports on the rows of a run that ended must not steer the next one.
+    marked: bool,
 }
 
 static WRITERS: AtomicU64 = AtomicU64::new(0);
@@ -96,6 +100,7 @@ impl FeedbackWriter {
                     .build_hasher()
                     .finish()
             },
+            marked: false,
         })
     }
 
@@ -266,6 +271,24 @@ impl FeedbackWriter {
             dir,
             "set TMPDIR or XDG_RUNTIME_DIR to a directory of your own",
         )?;
+        // (An inode number does not tell one directory from the next: it is reused.)
+        let mark = dir.join(format!(".writer-{:016x}", self.id));
+        if self.marked && !mark.exists() {
+            tracing::warn!(
+                trainer = %self.trainer,
+                "reports on a run that has ended are dropped: a new run of the producer started"
+            );
+            return Ok(());
+        }
+        if !self.marked {
+            sluice_shm::write_private(
+                &dir.join(format!(".writer-{:016x}.tmp", self.id)),
+                &mark,
+                b"",
+            )
+            .map_err(|e| SluiceError::io(format!("cannot write {}", mark.display()), e))?;
+            self.marked = true;
+        }
         let to = dir.join(&name);
         let tmp = dir.join(format!(".{name}.tmp"));
         sluice_shm::write_private(&tmp, &to, &bytes)
@@ -403,6 +426,31 @@ fn finite(values: &ArrayRef) -> ArrayRef {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A writer that wrote during one run of the producer writes nothing once a new run
+    /// replaced the feedback directory: its reports are on rows of a run that ended. A
+    /// writer that first writes in the new run writes there.
+    #[test]
+    fn reports_on_a_run_that_ended_do_not_reach_the_next() {
+        let ns = Namespace::new(&format!("fbrun{}", std::process::id())).unwrap();
+        let dir = feedback_dir(&ns, &TopicName::new("t").unwrap());
+        let _ = std::fs::remove_dir_all(&dir);
+        let loss = |v: f64| vec![("loss".to_string(), vec![Some(v)])];
+        let mut old = FeedbackWriter::open(&ns, "t", "old").unwrap();
+        old.report(vec![1], (0, 0), loss(1.0)).unwrap();
+        old.flush().unwrap();
+        assert_eq!(feedback_files(&dir).len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap(); // what a new run does
+        old.report(vec![2], (0, 1), loss(2.0)).unwrap();
+        old.flush().unwrap();
+        let mut new = FeedbackWriter::open(&ns, "t", "new").unwrap();
+        new.report(vec![3], (0, 0), loss(3.0)).unwrap();
+        new.flush().unwrap();
+        let files = feedback_files(&dir);
+        assert_eq!(files.len(), 1, "{files:?}");
+        assert!(files[0].starts_with("new-"), "{files:?}");
+        let _ = std::fs::remove_dir_all(ns.state_dir());
+    }
 
     /// NaN and infinite values are read as nulls (not reported), finite ones as they are.
     #[test]
