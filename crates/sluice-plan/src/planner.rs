@@ -271,6 +271,12 @@ impl<'a> Planner<'a> {
         };
         let mut remote = false;
         for location in &create.locations {
+            if let Some(what) = not_data(location) {
+                return Err(plan_err(
+                    here.clone(),
+                    format!("LOCATION '{location}' is {what}, not a file or directory of data"),
+                ));
+            }
             let is_remote = store::register(
                 &self.planned.ctx,
                 location,
@@ -356,6 +362,25 @@ fn nesting_within_limit(statement: &Statement) -> std::result::Result<(), String
         ControlFlow::Break(()) => Err(format!(
             "an expression nests more than {MAX_NESTING} deep (a chain of that many operators, such as a + b + c …): write long lists as IN (…), or split the expression"
         )),
+    }
+}
+
+/// What a local `location` is when it exists but is neither a file nor a directory (a
+/// device such as `/dev/null`, a FIFO, a socket), which DataFusion reads as an empty table.
+fn not_data(location: &str) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let path = match location.strip_prefix("file://") {
+        Some(path) => path,
+        None if location.contains("://") => return None,
+        None => location,
+    };
+    let kind = std::fs::metadata(path).ok()?.file_type();
+    match () {
+        _ if kind.is_file() || kind.is_dir() => None,
+        _ if kind.is_char_device() || kind.is_block_device() => Some("a device"),
+        _ if kind.is_fifo() => Some("a FIFO"),
+        _ if kind.is_socket() => Some("a socket"),
+        _ => Some("neither"),
     }
 }
 

@@ -773,3 +773,15 @@ async fn a_byte_order_mark_before_the_plan_is_ignored() {
     let declared = Plan::declared_options(sql).await.unwrap();
     assert_eq!(declared.topic, "bom");
 }
+
+/// A LOCATION that is a device is a plan error, not an empty table.
+#[tokio::test]
+async fn a_device_as_a_location_is_a_plan_error() {
+    let sql = "CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION '/dev/null';\nSELECT * FROM t;";
+    let Err(err) = Plan::from_sql("dev.sql", sql).await.map(|_| ()) else {
+        panic!("a device was read as a table");
+    };
+    let err = err.to_string();
+    assert!(err.contains("LOCATION '/dev/null' is a device"), "{err}");
+    assert!(err.contains("dev.sql:1:1"), "{err}");
+}
