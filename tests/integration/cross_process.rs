@@ -270,8 +270,9 @@ fn bad_inputs_fail_clearly() {
             );
         }
     }
+    // A plan file that is not there is a mistake in the command: exit 2, as a bad plan.
     let out = h.run(&["run", "does-not-exist.sql"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         out.stderr
             .contains("cannot read plan file does-not-exist.sql"),

@@ -95,8 +95,14 @@ impl Plan {
     /// Reads and plans the plan file at `path`.
     pub async fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let sql = std::fs::read_to_string(path)
-            .map_err(|e| SluiceError::io(format!("cannot read plan file {}", path.display()), e))?;
+        let sql = std::fs::read_to_string(path).map_err(|e| match e.kind() {
+            // A plan that is not there is the command's mistake (exit 2), not a failure.
+            std::io::ErrorKind::NotFound => SluiceError::Config(format!(
+                "cannot read plan file {}: there is no such file",
+                path.display()
+            )),
+            _ => SluiceError::io(format!("cannot read plan file {}", path.display()), e),
+        })?;
         Self::from_sql(&path.display().to_string(), &sql).await
     }
 
