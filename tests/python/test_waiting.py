@@ -254,3 +254,39 @@ def test_subscriber_processes_started_before_a_producer_process_get_every_epoch_
         assert sub.returncode == 0, err
         lines = [line.split() for line in out.splitlines() if line != "ready"]
         assert lines == [[str(e), str(rows), "True", str(rows)] for e in range(2)], (out, err)
+
+
+def test_an_arrow_stream_closed_part_way_is_an_error_not_a_short_table(plans):
+    """A subscription closed by another thread while ``pa.table(sub)`` reads it makes
+    the read fail: it returned the rows read so far as if they were all of them."""
+    import numpy as np
+
+    gate = threading.Event()
+
+    class Stalling:  # three batches, then nothing until the test is done
+        def __iter__(self):
+            for i in range(3):
+                yield {"id": np.arange(i * 10, (i + 1) * 10)}
+            gate.wait(60)
+            yield {"id": np.arange(30, 40)}
+
+    producer = sluice.Producer(Stalling(), topic=plans.topic, epochs=1, min_subscribers=1)
+    sub = sluice.subscribe(plans.topic, timeout=60)
+    result: list[object] = []
+
+    def read() -> None:
+        try:
+            result.append(pa.table(sub))
+        except Exception as e:  # noqa: BLE001 - the test looks at what it is
+            result.append(e)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.5)  # the reader has the three batches and waits for the fourth
+    sub.close()
+    reader.join(timeout=30)
+    gate.set()
+    producer.close()
+    assert result, "the reader did not end"
+    assert not isinstance(result[0], pa.Table), f"a short table of {result[0].num_rows} rows"
+    assert "closed before its stream ended" in str(result[0]), result[0]

@@ -56,6 +56,8 @@ struct Stream {
     /// The closed subscription's cursor (its identity: topic, plan, batch size), kept
     /// for `state_dict()` once `sub` is gone.
     closed_cursor: Option<Cursor>,
+    /// Closed before the end of its stream: an Arrow stream reader ends with an error.
+    closed_early: bool,
 }
 
 impl Stream {
@@ -511,6 +513,7 @@ impl PySubscriber {
                 before_last: None,
                 peeked_after: None,
                 closed_cursor: None,
+                closed_early: false,
             })),
             last_epoch: Mutex::new(None),
             round: Mutex::new(None),
@@ -722,6 +725,7 @@ impl PySubscriber {
         let sub = py.detach(|| {
             let mut stream = lock(stream);
             *stream.peeked = None;
+            stream.closed_early |= !stream.ended;
             stream.ended = true;
             let at = stream.consumed.unwrap_or_default();
             stream.closed_cursor = stream.sub.as_ref().map(|s| s.cursor_at(at));
@@ -818,8 +822,22 @@ impl Iterator for StreamReader {
         loop {
             // The lock is held a slice at a time: `close()` and `closed` from another
             // thread do not wait for the next batch.
-            let event = lock(&self.stream).next_within(Some(SLICE));
+            let (event, closed) = {
+                let mut stream = lock(&self.stream);
+                let event = stream.next_within(Some(SLICE));
+                // An end that is not the stream's: the subscription was closed (by
+                // another thread) part-way.
+                let closed = matches!(event, Ok(Event::End)) && stream.closed_early;
+                (event, closed)
+            };
             match event {
+                Ok(Event::End) if closed => {
+                    return Some(Err(ArrowError::ExternalError(
+                        "the subscription was closed before its stream ended: what was read \
+                         is not all of it"
+                            .into(),
+                    )));
+                }
                 Ok(Event::Batch { batch, .. }) => return Some(self.conforming(&batch)),
                 Ok(Event::DeviceBatch { .. }) => {
                     return Some(Err(ArrowError::ExternalError(Box::new(
