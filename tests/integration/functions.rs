@@ -133,4 +133,25 @@ fn the_demo_never_replaces_a_directory_it_did_not_make() {
         "{}",
         huge.stderr
     );
+    // A dataset another tool wrote, named as the demo names its parts (pyarrow's
+    // write_dataset writes part-0.parquet): not the demo's.
+    std::fs::create_dir(h.path("theirs")).unwrap();
+    std::fs::write(h.path("theirs/part-0.parquet"), b"theirs").unwrap();
+    let refused = prepare(&mut h, "100", "theirs", "d.sql");
+    assert!(
+        refused.stderr.contains("holds files the demo did not make"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(
+        std::fs::read(h.path("theirs/part-0.parquet")).unwrap(),
+        b"theirs"
+    );
+    // A plan there already that reads another directory than --data.
+    let other = prepare(&mut h, "100", "elsewhere/e", "b.sql");
+    assert!(
+        other.stderr.contains("does not read elsewhere/e"),
+        "{}",
+        other.stderr
+    );
 }

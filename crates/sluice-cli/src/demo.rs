@@ -91,6 +91,13 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     let rt = crate::runtime()?;
     let plan = rt.block_on(Plan::load(&args.plan))?;
+    let places = plan.options().max_subscribers;
+    if args.subscribers > places {
+        bail!(
+            "--subscribers {} is more than the plan's topic has places for (sluice.max_subscribers = {places})",
+            args.subscribers
+        );
+    }
     let topic = plan.options().topic.clone();
     let epochs = plan.options().epochs;
     say!(
@@ -253,6 +260,7 @@ fn prepare(args: &Demo) -> anyhow::Result<()> {
             .with_context(|| format!("cannot replace {}", args.data.display()))?;
     }
     std::fs::create_dir_all(&args.data)?;
+    std::fs::write(args.data.join(DEMO_MARK), b"")?;
     say!(
         "demo: generating {} rows in {}",
         args.rows,
@@ -269,7 +277,21 @@ fn prepare(args: &Demo) -> anyhow::Result<()> {
 
 /// Writes the built-in plan to `--plan` unless a file is there, reading `--data`.
 fn write_plan(args: &Demo) -> anyhow::Result<()> {
+    // The data directory as a plan's LOCATION names it: quoted, with one trailing '/'.
+    let data =
+        format!("{}/", args.data.display().to_string().trim_end_matches('/')).replace('\'', "''");
+    let location = format!("'{data}'");
     if args.plan.exists() {
+        // A plan there already (pipelines/demo.sql in a checkout) must read --data.
+        let text = std::fs::read_to_string(&args.plan)
+            .with_context(|| format!("cannot read {}", args.plan.display()))?;
+        if !text.contains(&location) {
+            bail!(
+                "{} does not read {} (its LOCATION is another directory): give --plan a new file, which the demo writes for --data",
+                args.plan.display(),
+                args.data.display()
+            );
+        }
         return Ok(());
     }
     if let Some(dir) = args.plan.parent() {
@@ -280,7 +302,6 @@ fn write_plan(args: &Demo) -> anyhow::Result<()> {
     } else {
         "data/demo/"
     };
-    let data = format!("{}/", args.data.display()).replace('\'', "''");
     let text = args.plan_text.replace(default_data, &data);
     std::fs::write(&args.plan, text)
         .with_context(|| format!("cannot write {}", args.plan.display()))
@@ -290,23 +311,32 @@ fn write_plan(args: &Demo) -> anyhow::Result<()> {
 const MAX_ROWS: usize = 50_000_000;
 const MAX_IMAGES: usize = 1_000_000;
 
-/// Whether `dir` holds only what the demo writes (its Parquet parts and completion
-/// markers), so that replacing it loses nothing else.
+/// The file that marks a directory as the demo's, written before anything else in it.
+const DEMO_MARK: &str = ".sluice-demo";
+
+/// Whether `dir` is the demo's to replace: empty, or marked as the demo's (by
+/// [`DEMO_MARK`], or a completion marker of an earlier version) and holding only what
+/// the demo writes. A directory of `part-*.parquet` files alone is not: pyarrow's
+/// `write_dataset` names its files so.
 fn made_by_demo(dir: &Path) -> anyhow::Result<bool> {
     if !dir.is_dir() {
         return Ok(false);
     }
+    let mut marked = false;
+    let mut empty = true;
     for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
         let entry = entry?;
+        empty = false;
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        let ours = (name.starts_with("part-") && name.ends_with(".parquet"))
-            || name.starts_with(".complete-");
+        let mark = name == DEMO_MARK || name.starts_with(".complete-");
+        marked |= mark;
+        let ours = mark || (name.starts_with("part-") && name.ends_with(".parquet"));
         if !ours || !entry.file_type()?.is_file() {
             return Ok(false);
         }
     }
-    Ok(true)
+    Ok(empty || marked)
 }
 
 /// Writes `rows` deterministic rows as four Parquet files with several row groups each.

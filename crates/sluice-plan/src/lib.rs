@@ -600,9 +600,9 @@ impl Plan {
         // panic): that is the plan's error, which subscribers are told.
         let mut streams = sluice_core::panics::catch(|| execute_stream_partitioned(physical, task))
             .map_err(|panic| {
-                SluiceError::Execution(format!(
+                SluiceError::Execution(self.redact(&format!(
                     "DataFusion failed starting the plan (it panicked: {panic}); check the plan's datafusion.* settings"
-                ))
+                )))
             })?
             .map_err(|e| SluiceError::Execution(self.redact(&df_message(e))))?;
         if let Some(seed) = self.options.shuffle_seed {

@@ -332,10 +332,13 @@ impl<'a> Planner<'a> {
 /// which ends the process (4,000 planned).
 const MAX_NESTING: usize = 2_500;
 
-/// `Err` with what to do when `statement` nests expressions deeper than [`MAX_NESTING`].
-/// The walk stops as soon as it gets there, so it never recurses deeper itself.
+/// `Err` with what to do when `statement` nests expressions, or set operations (`UNION`
+/// chains nest to the left too), deeper than [`MAX_NESTING`]. The walk stops as soon as
+/// it gets there, so it never recurses deeper itself. `EXPLAIN` and `COPY` are looked
+/// into: DataFusion plans what they hold before it refuses them.
 fn nesting_within_limit(statement: &Statement) -> std::result::Result<(), String> {
-    use datafusion::sql::sqlparser::ast::{Expr, Visit, Visitor};
+    use datafusion::sql::parser::CopyToSource;
+    use datafusion::sql::sqlparser::ast::{Expr, Query, SetExpr, Visit, Visitor};
     use std::ops::ControlFlow;
 
     struct Depth(usize);
@@ -353,15 +356,37 @@ fn nesting_within_limit(statement: &Statement) -> std::result::Result<(), String
             self.0 -= 1;
             ControlFlow::Continue(())
         }
+        fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<()> {
+            // The left spine of a chain of set operations, walked without recursion.
+            let mut body = query.body.as_ref();
+            let mut operations = 0;
+            while let SetExpr::SetOperation { left, .. } = body {
+                operations += 1;
+                if operations > MAX_NESTING {
+                    return ControlFlow::Break(());
+                }
+                body = left.as_ref();
+            }
+            ControlFlow::Continue(())
+        }
     }
-    let Statement::Statement(statement) = statement else {
-        return Ok(());
+    let refused = || {
+        format!(
+            "an expression or a chain of set operations nests more than {MAX_NESTING} deep (a + b + c …, or SELECT … UNION ALL SELECT …): write long lists as IN (…), or split the query"
+        )
     };
-    match statement.visit(&mut Depth(0)) {
+    let outcome = match statement {
+        Statement::Statement(statement) => statement.visit(&mut Depth(0)),
+        Statement::Explain(explain) => return nesting_within_limit(&explain.statement),
+        Statement::CopyTo(copy) => match &copy.source {
+            CopyToSource::Query(query) => query.visit(&mut Depth(0)),
+            CopyToSource::Relation(_) => ControlFlow::Continue(()),
+        },
+        _ => ControlFlow::Continue(()),
+    };
+    match outcome {
         ControlFlow::Continue(()) => Ok(()),
-        ControlFlow::Break(()) => Err(format!(
-            "an expression nests more than {MAX_NESTING} deep (a chain of that many operators, such as a + b + c …): write long lists as IN (…), or split the expression"
-        )),
+        ControlFlow::Break(()) => Err(refused()),
     }
 }
 

@@ -761,6 +761,27 @@ fn an_expression_nested_too_deep_is_a_plan_error() {
     let err = outcome.expect("a plan error");
     assert!(err.contains("nests more than 2500 deep"), "{err}");
     assert!(err.contains("deep.sql:2:1"), "{err}");
+    // Inside EXPLAIN, and a chain of UNIONs (planned by recursion too).
+    let refused = |sql: String| {
+        sluice_core::threads::on_deep_stack("test", move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            runtime
+                .block_on(Plan::from_sql("deep.sql", &sql))
+                .err()
+                .map(|e| e.to_string())
+        })
+        .unwrap()
+    };
+    let terms: String = (0..3_000).map(|i| format!(" + {i}")).collect();
+    let explain = refused(format!("EXPLAIN SELECT 1{terms} AS x;"));
+    assert!(explain.is_some_and(|e| e.contains("nests more than 2500 deep")));
+    let unions: String = (0..3_000)
+        .map(|i| format!(" UNION ALL SELECT {i}"))
+        .collect();
+    let union = refused(format!("SELECT 0 AS x{unions};"));
+    assert!(union.is_some_and(|e| e.contains("nests more than 2500 deep")));
 }
 
 /// A plan file that starts with a UTF-8 byte-order mark (as editors on Windows save

@@ -13,7 +13,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use arrow::datatypes::{Schema, SchemaRef};
+use arrow::datatypes::{DataType, Schema, SchemaRef};
 use arrow::error::ArrowError;
 use arrow::ffi_stream::FFI_ArrowArrayStream;
 use arrow::record_batch::{RecordBatch, RecordBatchReader};
@@ -333,11 +333,14 @@ impl PySubscriber {
                 Ok(event) => {
                     // A signal that came meanwhile (Ctrl-C) is raised with the event put
                     // back: CPython raises it as soon as this returns, and the event
-                    // would be lost, though the cursor counts it as handed out.
-                    if let Err(e) = py.check_signals() {
-                        self.put_back(py, event);
-                        return Err(e);
-                    }
+                    // would be lost, though the cursor counts it as handed out. Put back
+                    // before the handlers run: one that saves `state_dict()` or closes
+                    // the subscription sees the event as not handed out.
+                    self.put_back(py, event);
+                    py.check_signals()?;
+                    let event = py
+                        .detach(|| lock(stream).next_within(Some(Duration::ZERO)))
+                        .map_err(|e| to_py(&e))?;
                     if let Event::Batch { batch, .. } = &event
                         && let Some(round) = sluice::rounds::round_of(batch)
                     {
@@ -782,6 +785,7 @@ impl PySubscriber {
             }
         };
         let reader = StreamReader {
+            signals_seen: Instant::now(),
             owner: self.owner,
             stream: self.stream.clone(),
             schema,
@@ -807,6 +811,8 @@ struct StreamReader {
     stream: Arc<Mutex<Stream>>,
     schema: SchemaRef,
     timeout: Option<Duration>,
+    /// When signals were last looked at: also while batches keep coming.
+    signals_seen: Instant,
     /// The subscriber's process (see `PySubscriber::owner`).
     owner: Owner,
 }
@@ -819,6 +825,12 @@ impl Iterator for StreamReader {
             return Some(Err(ArrowError::ExternalError(Box::new(forked))));
         }
         let start = Instant::now();
+        if self.signals_seen.elapsed() >= SLICE {
+            self.signals_seen = start;
+            if let Some(interrupted) = interrupted() {
+                return Some(Err(interrupted));
+            }
+        }
         loop {
             // The lock is held a slice at a time: `close()` and `closed` from another
             // thread do not wait for the next batch.
@@ -869,7 +881,15 @@ impl StreamReader {
     /// consumer reads every batch as the schema it was given first (a batch of other
     /// columns would be read as garbage, or crash it).
     fn conforming(&self, batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
-        if batch.schema().fields() != self.schema.fields() {
+        // Names and types: nullability and field metadata do not change how a consumer
+        // reads the arrays.
+        let columns = |s: &Schema| -> Vec<(String, DataType)> {
+            s.fields()
+                .iter()
+                .map(|f| (f.name().clone(), f.data_type().clone()))
+                .collect()
+        };
+        if columns(&batch.schema()) != columns(&self.schema) {
             return Err(ArrowError::SchemaError(format!(
                 "the topic's batches changed their columns, from {} to {}: read them one by one (iterate the subscription) rather than as one stream",
                 self.schema,

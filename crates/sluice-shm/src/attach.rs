@@ -47,13 +47,16 @@ pub(crate) struct Search<'a> {
     /// used Sluice: it would take that process's nodes for alive forever, and that process
     /// its own.
     forked_from: Option<u32>,
+    /// Whether the last look found any generation of the topic.
+    exists: bool,
 }
 
 /// What one look at every generation found.
 enum Look {
     Attached(Box<Attached>),
-    /// No live producer: why, if a generation exists (its producer is gone, or not ready).
-    NotYet(Option<SluiceError>),
+    /// No live producer: why, if a generation exists (its producer is gone, or not ready),
+    /// and whether any generation exists at all.
+    NotYet(Option<SluiceError>, bool),
 }
 
 impl<'a> Search<'a> {
@@ -66,6 +69,7 @@ impl<'a> Search<'a> {
             refused_since: None,
             reclaimed: false,
             forked_from: crate::process::forked_identity(),
+            exists: false,
         }
     }
 
@@ -75,16 +79,17 @@ impl<'a> Search<'a> {
         // nothing to open says less than the one before it.
         let mut last_why = None;
         loop {
-            let why = match self.look()? {
+            let (why, exists) = match self.look()? {
                 Look::Attached(attached) => return Ok(*attached),
-                Look::NotYet(why) => why,
+                Look::NotYet(why, exists) => (why, exists),
             };
             if why.is_some() {
                 // A dead producer's leftovers go once its subscribers have let go; nobody
                 // else may come to remove them (see `Namespace::reclaim_dead`).
                 self.namespace.reclaim_dead_now_and_then();
             }
-            last_why = why.or(last_why);
+            // Nothing there any more: what an earlier look found no longer holds.
+            last_why = if exists { why.or(last_why) } else { why };
             if timeout.is_some_and(|t| self.started.elapsed() >= t) {
                 let topic = self.topic;
                 return Err(SluiceError::Timeout {
@@ -103,6 +108,7 @@ impl<'a> Search<'a> {
     fn look(&mut self) -> Result<Look> {
         let mut why = None;
         let mut parents = None;
+        self.exists = false;
         for generation in 0..GENERATIONS {
             let Some(data) = self.open(generation)? else {
                 continue;
@@ -132,7 +138,7 @@ impl<'a> Search<'a> {
         if let (Some(e), None) = (parents, &why) {
             return Err(e);
         }
-        Ok(Look::NotYet(why))
+        Ok(Look::NotYet(why, self.exists))
     }
 
     /// The data service of `generation`, if it exists and can be opened now.
@@ -147,6 +153,7 @@ impl<'a> Search<'a> {
         if !matches!(exists, Ok(true)) {
             return Ok(None);
         }
+        self.exists = true;
         let opened = self
             .node
             .service_builder(&name)

@@ -637,10 +637,10 @@ def flatten(
     pa = _pa()
     arrow = _arrow(batch)
     if arrow is not None:
-        # Its columns are part of its structure: a stream's consumers read every batch
-        # as the first one's columns (and polars or pyarrow read another as garbage).
-        columns = [[f.name, str(f.type)] for f in arrow.schema]
-        structure: dict[str, Any] = {"arrow": True, "columns": columns}
+        # Batches of other columns are published as they are: a subscriber that reads
+        # them one by one gets each as it is, and one that reads the topic as one Arrow
+        # stream gets an error where the columns change.
+        structure: dict[str, Any] = {"arrow": True}
         metadata = dict(arrow.schema.metadata or {})
     else:
         structure, columns = _columns(batch, like, rows if like is None else None)

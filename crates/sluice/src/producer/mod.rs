@@ -536,11 +536,10 @@ impl Producer {
         namespace: &Namespace,
         options: &RunOptions,
     ) -> Result<Plan> {
-        let loaded = handle
-            .block_on(Plan::load(path))
-            .and_then(|plan| fits_min_subscribers(&plan, options).map(|()| plan));
-        let error = match loaded {
-            Ok(plan) => return Ok(plan),
+        let error = match handle.block_on(Plan::load(path)) {
+            // A command asking the impossible: said at once, with no topic to tell (its
+            // subscribers could not all attach to one).
+            Ok(plan) => return fits_min_subscribers(&plan, options).map(|()| plan),
             Err(e) => e,
         };
         // An unreadable plan file names no topic: nobody to tell.

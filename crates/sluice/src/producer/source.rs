@@ -300,11 +300,12 @@ impl Source for PlanSource<'_> {
             // A panic in an operator polled here (DataFusion's own, on an extreme
             // setting) is this epoch's error, which the subscribers are told, rather
             // than the end of the producer's thread, which leaves them waiting.
+            let plan = &self.plan;
             let next = sluice_core::panics::catch(|| handle.block_on(stream.next()))
                 .unwrap_or_else(|panic| {
-                    Some(Err(SluiceError::Internal(format!(
-                        "the plan's execution panicked: {panic}"
-                    ))))
+                    Some(Err(SluiceError::Internal(
+                        plan.redact(&format!("the plan's execution panicked: {panic}")),
+                    )))
                 });
             self.waited += asked.elapsed();
             match next {

@@ -69,9 +69,13 @@ pub fn request_round(namespace: &Namespace, topic: &str) -> Result<()> {
         }
         Some(_) => {
             return Err(SluiceError::Config(format!(
-                "the producer of topic '{topic}' starts its rounds on sluice.trigger = '{}': a \
-                 round is asked only of a producer whose trigger is 'manual'",
-                report.trigger.as_deref().unwrap_or_default()
+                "the producer of topic '{topic}' starts its rounds on sluice.trigger = '{}'{}: \
+                 a round is asked only of a producer whose trigger is 'manual'",
+                report.trigger.as_deref().unwrap_or_default(),
+                match report.trigger.as_deref() {
+                    Some("") => " (each round at once)",
+                    _ => "",
+                }
             )));
         }
     }
