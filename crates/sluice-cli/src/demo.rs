@@ -91,13 +91,7 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     let rt = crate::runtime()?;
     let plan = rt.block_on(Plan::load(&args.plan))?;
-    let places = plan.options().max_subscribers;
-    if args.subscribers > places {
-        bail!(
-            "--subscribers {} is more than the plan's topic has places for (sluice.max_subscribers = {places})",
-            args.subscribers
-        );
-    }
+    sluice::check_min_subscribers(&plan, Some(args.subscribers))?;
     let topic = plan.options().topic.clone();
     let epochs = plan.options().epochs;
     say!(

@@ -742,13 +742,9 @@ async fn a_truncated_arrow_file_is_named() {
     assert!(!message.contains("issue tracker"), "{message}");
 }
 
-/// An expression nested deeper than the planner's recursion allows is a plan error with
-/// its location, not a stack overflow that ends the process.
-#[test]
-fn an_expression_nested_too_deep_is_a_plan_error() {
-    let outcome = sluice_core::threads::on_deep_stack("test", || {
-        let terms: String = (0..3_000).map(|i| format!(" + {i}")).collect();
-        let sql = format!("SET sluice.topic = 'deep';\nSELECT 1{terms} AS x;");
+/// The error of planning `sql` (as `deep.sql`), on a thread with a planner's stack.
+fn plan_error_on_deep_stack(sql: String) -> Option<String> {
+    sluice_core::threads::on_deep_stack("test", move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -757,30 +753,25 @@ fn an_expression_nested_too_deep_is_a_plan_error() {
             .err()
             .map(|e| e.to_string())
     })
-    .unwrap();
-    let err = outcome.expect("a plan error");
+    .unwrap()
+}
+
+/// An expression nested deeper than the planner's recursion allows is a plan error with
+/// its location, not a stack overflow that ends the process.
+#[test]
+fn an_expression_nested_too_deep_is_a_plan_error() {
+    let terms: String = (0..3_000).map(|i| format!(" + {i}")).collect();
+    let sql = format!("SET sluice.topic = 'deep';\nSELECT 1{terms} AS x;");
+    let err = plan_error_on_deep_stack(sql).expect("a plan error");
     assert!(err.contains("nests more than 2500 deep"), "{err}");
     assert!(err.contains("deep.sql:2:1"), "{err}");
     // Inside EXPLAIN, and a chain of UNIONs (planned by recursion too).
-    let refused = |sql: String| {
-        sluice_core::threads::on_deep_stack("test", move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .build()
-                .unwrap();
-            runtime
-                .block_on(Plan::from_sql("deep.sql", &sql))
-                .err()
-                .map(|e| e.to_string())
-        })
-        .unwrap()
-    };
-    let terms: String = (0..3_000).map(|i| format!(" + {i}")).collect();
-    let explain = refused(format!("EXPLAIN SELECT 1{terms} AS x;"));
+    let explain = plan_error_on_deep_stack(format!("EXPLAIN SELECT 1{terms} AS x;"));
     assert!(explain.is_some_and(|e| e.contains("nests more than 2500 deep")));
     let unions: String = (0..3_000)
         .map(|i| format!(" UNION ALL SELECT {i}"))
         .collect();
-    let union = refused(format!("SELECT 0 AS x{unions};"));
+    let union = plan_error_on_deep_stack(format!("SELECT 0 AS x{unions};"));
     assert!(union.is_some_and(|e| e.contains("nests more than 2500 deep")));
 }
 

@@ -54,6 +54,7 @@ pub use gpu::batch::{DeviceBatch, DeviceColumn, DevicePart};
 pub use gpu::host_copy::HostCopier;
 pub use producer::{
     Feeder, Producer, ProducerHandle, Progress, RunOptions, RunStats, auto_message_batches,
+    check_min_subscribers,
 };
 pub use rounds::{FeedbackWriter, request_round};
 pub use sluice_core::{Checksum, Columns, Position, Result, SluiceError};

@@ -297,15 +297,15 @@ pub fn batch_budget() -> usize {
 /// `rows × per_row` elements of `width` bytes: the output of a batch, checked against
 /// [`batch_budget`].
 pub fn output_len(function: &str, rows: usize, per_row: usize, width: usize) -> Result<usize> {
-    let len = rows.checked_mul(per_row);
-    match len.and_then(|n| n.checked_mul(width)) {
-        Some(bytes) if bytes <= batch_budget() => Ok(len.unwrap_or(0)),
-        bytes => Err(over_budget(
-            function,
-            rows,
-            bytes.unwrap_or(usize::MAX),
-            "output",
-        )),
+    let sized = rows
+        .checked_mul(per_row)
+        .and_then(|len| Some((len, len.checked_mul(width)?)));
+    match sized {
+        Some((len, bytes)) if bytes <= batch_budget() => Ok(len),
+        _ => {
+            let bytes = sized.map_or(usize::MAX, |(_, bytes)| bytes);
+            Err(over_budget(function, rows, bytes, "output"))
+        }
     }
 }
 

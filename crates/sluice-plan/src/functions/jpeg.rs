@@ -413,6 +413,11 @@ impl Engine {
             Err(JpegError::NotJpeg) => return Err(Unsupported::NotJpeg),
             Err(_) => return Err(Unsupported::Unreadable),
         };
+        // What every decoder refuses, then what nvJPEG's backends refuse beyond the CPU
+        // decoder, then what its hardware engine refuses beyond them: the first reason
+        // that holds. (Per image on a decode stage: no allocation.)
+        let (gpu, hardware) = (self != Self::Cpu, self == Self::NvjpegHardware);
+        let (color, subsampling) = (h.color(), h.subsampling());
         let checks = [
             (h.arithmetic, Unsupported::Arithmetic),
             (h.process == Process::Lossless, Unsupported::Lossless),
@@ -420,54 +425,37 @@ impl Engine {
             (h.precision != 8, Unsupported::Precision),
             (h.height == 0, Unsupported::HeightAfterScan),
             (
-                matches!(h.color(), ColorModel::Other(_)),
+                matches!(color, ColorModel::Other(_)),
                 Unsupported::ComponentCount,
             ),
+            (gpu && h.process == Process::Extended, Unsupported::Extended),
+            (
+                gpu && matches!(color, ColorModel::Cmyk | ColorModel::Ycck),
+                Unsupported::FourComponents,
+            ),
+            (gpu && color == ColorModel::Rgb, Unsupported::StoredRgb),
+            (
+                gpu && subsampling == Subsampling::Unusual,
+                Unsupported::Subsampling,
+            ),
+            (
+                hardware && h.process == Process::Progressive,
+                Unsupported::Progressive,
+            ),
+            (
+                hardware && matches!(subsampling, Subsampling::S411 | Subsampling::S410),
+                Unsupported::Subsampling,
+            ),
+            (
+                hardware && usize::from(h.first_scan_components) != h.components.len(),
+                Unsupported::Scans,
+            ),
         ];
-        let refused = checks.into_iter().chain(match self {
-            Self::Cpu => Vec::new(),
-            Self::NvjpegCuda => nvjpeg_checks(h),
-            Self::NvjpegHardware => hardware_checks(h),
-        });
-        match refused.into_iter().find(|(refused, _)| *refused) {
+        match checks.into_iter().find(|(refused, _)| *refused) {
             Some((_, why)) => Err(why),
             None => Ok(()),
         }
     }
-}
-
-/// What every nvJPEG backend refuses, beyond what the CPU decoder refuses.
-fn nvjpeg_checks(h: &JpegHeader) -> Vec<(bool, Unsupported)> {
-    let color = h.color();
-    vec![
-        (h.process == Process::Extended, Unsupported::Extended),
-        (
-            matches!(color, ColorModel::Cmyk | ColorModel::Ycck),
-            Unsupported::FourComponents,
-        ),
-        (color == ColorModel::Rgb, Unsupported::StoredRgb),
-        (
-            h.subsampling() == Subsampling::Unusual,
-            Unsupported::Subsampling,
-        ),
-    ]
-}
-
-/// What the hardware engine refuses, beyond the other backends.
-fn hardware_checks(h: &JpegHeader) -> Vec<(bool, Unsupported)> {
-    let mut checks = nvjpeg_checks(h);
-    checks.extend([
-        (h.process == Process::Progressive, Unsupported::Progressive),
-        (
-            matches!(h.subsampling(), Subsampling::S411 | Subsampling::S410),
-            Unsupported::Subsampling,
-        ),
-        (
-            usize::from(h.first_scan_components) != h.components.len(),
-            Unsupported::Scans,
-        ),
-    ]);
-    checks
 }
 
 /// Why the CPU decoder cannot read the JPEG in `bytes`, and what to do, when its header

@@ -539,7 +539,9 @@ impl Producer {
         let error = match handle.block_on(Plan::load(path)) {
             // A command asking the impossible: said at once, with no topic to tell (its
             // subscribers could not all attach to one).
-            Ok(plan) => return fits_min_subscribers(&plan, options).map(|()| plan),
+            Ok(plan) => {
+                return check_min_subscribers(&plan, options.min_subscribers).map(|()| plan);
+            }
             Err(e) => e,
         };
         // An unreadable plan file names no topic: nobody to tell.
@@ -608,11 +610,11 @@ impl Producer {
     }
 }
 
-/// `Ok` unless the run is told to wait for more subscribers than the plan's topic has
-/// places for, which it would do until its wait timeout.
-fn fits_min_subscribers(plan: &Plan, options: &RunOptions) -> Result<()> {
+/// `Ok` unless a run of `plan` is told to wait for more subscribers (`min`) than its
+/// topic has places for, which it would do until its wait timeout.
+pub fn check_min_subscribers(plan: &Plan, min: Option<usize>) -> Result<()> {
     let places = plan.options().max_subscribers;
-    match options.min_subscribers {
+    match min {
         Some(min) if min > places => Err(SluiceError::Config(format!(
             "the run waits for min_subscribers = {min} subscribers but its topic has \
              places for sluice.max_subscribers = {places}: raise sluice.max_subscribers in \
