@@ -414,3 +414,73 @@ fn a_cursor_past_its_epoch_is_a_clear_error() {
     other.join().unwrap();
     producer.join().unwrap().unwrap();
 }
+
+/// A trainer restarted from its cursor while the producer drains for a slow subscriber
+/// (it has published everything) gets the rest of its rows from a catch-up: the run's
+/// plan record stays until the drain ends. It was removed before, and the trainer was
+/// refused ("runs no plan that this process could compute again").
+#[test]
+fn a_trainer_restarted_while_the_producer_drains_gets_the_rest() {
+    const LIMIT: Duration = Duration::from_secs(120);
+    let mut h = Harness::new();
+    let data = h.dataset(300);
+    let sql = format!(
+        "SET sluice.topic = 'drain'; SET sluice.batch_rows = 10; SET sluice.epochs = 2;\n\
+         SET sluice.window = 20; SET sluice.message_batches = 1;\n\
+         CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION '{}/';\n\
+         SELECT id AS v FROM train;\n",
+        data.display()
+    );
+    h.plan("p.sql", &sql);
+    let ns = h.ns.clone();
+    let subscribe = |cursor| SubscribeOptions {
+        timeout: Some(Duration::from_secs(60)),
+        namespace: Some(ns.clone()),
+        batch_size: Some(10),
+        cursor,
+        ..SubscribeOptions::default()
+    };
+    // A first run: the trainer stops after 7 batches and keeps its cursor.
+    let first = h.spawn_producer(1, &[]);
+    let mut trainer = Subscriber::connect("drain", subscribe(None)).unwrap();
+    let mut before = Vec::new();
+    while before.len() < 70 {
+        if let Event::Batch { batch, .. } = trainer.next_event().unwrap() {
+            before.extend(values(&batch));
+        }
+    }
+    let cursor = trainer.cursor().unwrap();
+    drop(trainer);
+    assert!(first.wait(LIMIT).status.success());
+    // A second run, drained for seconds by a slow subscriber: the cursor is out of its
+    // history (20 messages), so the restarted trainer catches up.
+    let slow = h.spawn(&["subscribe", "drain", "--delay-ms", "200", "--timeout", "60"]);
+    let second = h.spawn_producer(1, &[]);
+    let topic = sluice::core::TopicName::new("drain").unwrap();
+    let start = std::time::Instant::now();
+    while sluice::status::producer_report(&h.ns, &topic)
+        .unwrap()
+        .is_none_or(|r| r.state != "draining")
+    {
+        assert!(start.elapsed() < LIMIT, "the producer never drained");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut restarted = Subscriber::connect("drain", subscribe(Some(cursor))).unwrap();
+    let mut after = [Vec::new(), Vec::new()];
+    loop {
+        match restarted.next_event().unwrap() {
+            Event::Batch { epoch, batch, .. } => after[epoch as usize].extend(values(&batch)),
+            Event::End => break,
+            _ => {}
+        }
+    }
+    let mut epoch0: Vec<i64> = before.iter().chain(&after[0]).copied().collect();
+    epoch0.sort_unstable();
+    epoch0.dedup();
+    assert_eq!((epoch0.len(), after[0].len()), (300, 230), "epoch 0: the rest, once");
+    after[1].sort_unstable();
+    after[1].dedup();
+    assert_eq!(after[1].len(), 300, "epoch 1: every row once");
+    assert!(slow.wait(LIMIT).status.success());
+    assert!(second.wait(LIMIT).status.success());
+}

@@ -223,11 +223,6 @@ impl<S: Source> Run<S> {
         result: Result<RunStats>,
         options: &RunOptions,
     ) -> Result<RunStats> {
-        // Whatever happens next, this run will not be resumed: it ended, or it told its
-        // subscribers that it failed. Only a crash leaves a checkpoint behind.
-        if let Some(checkpoint) = &self.checkpoint {
-            checkpoint.remove();
-        }
         let batch = self.source.produced().0;
         let state = if result.is_ok() { "draining" } else { "failed" };
         if let Err(e) = &result {
@@ -249,6 +244,13 @@ impl<S: Source> Run<S> {
         }
         if self.sink.holds_device_memory() {
             wait_for_device_holders(&self.publisher, &options.stop);
+        }
+        // Drained: this run will not be resumed (it ended, or told its subscribers that
+        // it failed). Not before: while it drains, a trainer restarted from its cursor
+        // catches up from the plan record, and a crash must leave the checkpoint for
+        // `--resume`, as any crash does.
+        if let Some(checkpoint) = &self.checkpoint {
+            checkpoint.remove();
         }
         result
     }
