@@ -477,7 +477,11 @@ fn a_trainer_restarted_while_the_producer_drains_gets_the_rest() {
     let mut epoch0: Vec<i64> = before.iter().chain(&after[0]).copied().collect();
     epoch0.sort_unstable();
     epoch0.dedup();
-    assert_eq!((epoch0.len(), after[0].len()), (300, 230), "epoch 0: the rest, once");
+    assert_eq!(
+        (epoch0.len(), after[0].len()),
+        (300, 230),
+        "epoch 0: the rest, once"
+    );
     after[1].sort_unstable();
     after[1].dedup();
     assert_eq!(after[1].len(), 300, "epoch 1: every row once");
